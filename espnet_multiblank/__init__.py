@@ -1,0 +1,30 @@
+"""espnet-multiblank: multi-blank RNN-T loss (Numba CPU/CUDA) and ESPnet plug-in."""
+
+from espnet_multiblank.autograd import GradMultiply, LogSoftmaxGradModification
+from espnet_multiblank.loss import (
+    MultiblankRNNTLoss,
+    MultiblankRNNTLossNumba,
+    multiblank_rnnt_loss,
+    rnnt_loss,
+)
+
+__version__ = "0.1.0"
+
+
+def register() -> None:
+    """Add the plug-in's classes to ESPnet's ASR task choices (idempotent)."""
+    from espnet_multiblank.espnet.registration import register as _register
+
+    _register()
+
+
+__all__ = [
+    "GradMultiply",
+    "LogSoftmaxGradModification",
+    "MultiblankRNNTLoss",
+    "MultiblankRNNTLossNumba",
+    "multiblank_rnnt_loss",
+    "rnnt_loss",
+    "register",
+    "__version__",
+]

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Create (or update) .venv at the repository root with a torch / torchaudio / ESPnet
+# combination that works together, then install espnet-multiblank in editable mode.
+#
+# Why not `pip install espnet`: ESPnet 202511 pins setuptools<74 while torch 2.14 needs
+# setuptools>=77, so pip either swaps torch for another build or backtracks to an old
+# ESPnet (see shared/anchors.md, "Installing ESPnet next to torch"). We therefore install
+# a pinned torch/torchaudio pair, ESPnet's own requirements without that pin, and ESPnet
+# itself with --no-deps; then we check that the result imports.
+#
+# Idempotent: a stamp holding the hash of the requirement files skips the installs when
+# nothing changed. Usage: bash tools/setup_env.sh   (PYTHON=python3.11 to choose Python)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PY=${PYTHON:-python3}
+STAMP="$VENV/.espnet-multiblank-setup"
+HASH=$(cat requirements/*.txt setup.py tools/setup_env.sh | sha256sum | cut -c1-16)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PY --version 2>&1)"
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
+  rm -f "$STAMP"
+  echo "[setup] installing torch/torchaudio (pinned), ESPnet's requirements, ESPnet 202511"
+  "${PIP[@]}" install -q "setuptools>=77" wheel
+  "${PIP[@]}" install -q -r requirements/torch.txt
+  "${PIP[@]}" install -q -r requirements/espnet.txt -r requirements/test.txt \
+    -c requirements/torch.txt "setuptools>=77"
+  "${PIP[@]}" install -q --no-deps "espnet==202511"
+  "${PIP[@]}" install -q --no-deps -e .
+  echo "$HASH" > "$STAMP"
+else
+  echo "[setup] $VENV is up to date"
+fi
+
+# Verify the environment: the pinned versions and ESPnet's ASR task import.
+"$VENV/bin/python" - <<'PY'
+import importlib.metadata as md
+import sys
+
+want = {}
+for line in open("requirements/torch.txt"):
+    line = line.split("#")[0].strip()
+    if "==" in line:
+        name, ver = line.split("==")
+        want[name] = ver
+for name, ver in want.items():
+    got = md.version(name)
+    if got.split("+")[0] != ver:
+        sys.exit(f"[setup] {name} is {got}, expected {ver}: the environment was altered")
+import espnet_multiblank.espnet.quiet  # noqa: F401  (silences ESPnet's nltk download noise)
+import numba
+import espnet2.tasks.asr  # noqa: F401
+import torch
+print(
+    f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, "
+    f"torchaudio {md.version('torchaudio')}, espnet {md.version('espnet')}, "
+    f"numba {numba.__version__}"
+)
+PY

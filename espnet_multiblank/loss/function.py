@@ -56,6 +56,12 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
         weights = reduction_weights(opts, label_lens, compute_dtype)
         costs, grads = kernel(acts_c, labels, act_lens, label_lens, opts, weights, need_grad)
         del acts_c
+        if bool(torch.isnan(costs).any()):
+            b = int(torch.isnan(costs).nonzero()[0])
+            raise ValueError(
+                f"acts must be finite logits (-inf allowed for masked symbols); "
+                f"utterance {b} contains NaN or +inf"
+            )
         if need_grad:
             if grads.dtype != in_dtype:
                 grads = grads.to(in_dtype)

@@ -1,0 +1,5 @@
+"""CPU backend: fused Numba kernels (see kernels.py for the recursion)."""
+
+from espnet_multiblank.loss.cpu.compute import compute
+
+__all__ = ["compute"]

@@ -71,13 +71,16 @@ def compute(
             costs = torch.zeros(B, dtype=acts.dtype)
             costs[torch.from_numpy(bad.astype(bool))] = float("nan")
             return costs, (torch.zeros_like(acts) if need_grad else None)
-        kernels.alpha_beta(lp, al, ll, durations, alpha, beta, log_p, need_grad)
+        kernels.alpha_beta(
+            lp, al, ll, durations, alpha, beta, log_p, opts.fastemit_lambda, need_grad
+        )
         if need_grad:
             grads = torch.empty_like(acts)
             w = grad_weights.to(torch.float64).numpy()
             kernels.gradients(
-                x, lab, al, ll, opts.blank, big_ids, durations, lp, denom, alpha, beta,
-                log_p, opts.fastemit_lambda, opts.clamp, w, grads.numpy(),
+                # after alpha_beta, lp holds the occupancies and alpha the coefficients
+                x, lab, al, ll, opts.blank, big_ids, denom, lp, alpha, log_p,
+                opts.fastemit_lambda, opts.clamp, w, grads.numpy(),
             )
     costs = torch.from_numpy(-(1.0 + opts.fastemit_lambda) * log_p).to(acts.dtype)
     return costs, grads

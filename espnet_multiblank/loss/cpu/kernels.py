@@ -42,17 +42,6 @@ from espnet_multiblank.loss.cpu.row_ops import (
 _NEG_INF = -np.inf
 
 
-@njit(cache=True, inline="always")
-def _log_add(a, b):
-    if a == _NEG_INF:
-        return b
-    if b == _NEG_INF:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
 @njit(parallel=True, cache=True)
 def row_statistics(acts, labels, act_lens, label_lens, blank, big_ids, sigma, lp, denom, bad):
     """Pass 1: per valid row (t < T_b, u < U_b) the log-softmax denominator and the
@@ -83,7 +72,7 @@ def row_statistics(acts, labels, act_lens, label_lens, blank, big_ids, sigma, lp
                 if m == _NEG_INF:
                     bad[b] = 1
                     continue
-            row_exp(x, m, ebuf, ibuf)
+            row_exp(x, m, 1.0, ebuf, ibuf)
             d = np.float64(m) + math.log(np.float64(row_sum_fast(ebuf)))
             denom[b, t, u] = d
             lp[b, t, u, 0] = x[blank] - d - sigma
@@ -104,14 +93,21 @@ def row_max_finite(x):
 
 
 @njit(parallel=True, cache=True)
-def alpha_beta(lp, act_lens, label_lens, durations, alpha, beta, log_p, need_beta):
-    """Pass 2: alpha (and beta) per utterance, float64, one utterance per thread.
+def alpha_beta(lp, act_lens, label_lens, durations, alpha, beta, log_p, fastemit_lambda, need_grad):
+    """Pass 2: alpha, log P and, when need_grad, beta and the gradient coefficients.
 
     lp: (B,T,U,N+2) float64; durations: (N,) int64; alpha, beta: (B,T,U) float64 out
     (only cells t < T_b, u < U_b are written); log_p: (B,) float64 out (0 for T_b = 0 =
     L_b, -inf for an impossible utterance).
+
+    Each log-sum-exp is taken as ``m + log(sum_i exp(v_i - m))``. When need_grad, the
+    backward sweep reuses the ``exp(e_i - m)`` of beta's log-sum-exp to form, with one
+    more exp, the transition occupancies W_e = exp(alpha + lp_e + beta(dest) - log P),
+    written over ``lp[b,t,u,:]`` (no longer needed), and the softmax coefficient
+    ``gamma + lambda * W_label`` written over ``alpha[b,t,u]``: pass 3 then needs no
+    transcendental function per cell.
     """
-    B, T, U, _ = lp.shape
+    B, T, U, K = lp.shape
     N = durations.size
     for b in prange(B):
         Tb = act_lens[b]
@@ -124,42 +120,78 @@ def alpha_beta(lp, act_lens, label_lens, durations, alpha, beta, log_p, need_bet
                 if t == 0 and u == 0:
                     alpha[b, 0, 0] = 0.0
                     continue
-                a = _NEG_INF
-                if t > 0:
-                    a = alpha[b, t - 1, u] + lp[b, t - 1, u, 0]
-                if u > 0:
-                    a = _log_add(a, alpha[b, t, u - 1] + lp[b, t, u - 1, 1])
+                v0 = alpha[b, t - 1, u] + lp[b, t - 1, u, 0] if t > 0 else _NEG_INF
+                v1 = alpha[b, t, u - 1] + lp[b, t, u - 1, 1] if u > 0 else _NEG_INF
+                m = max(v0, v1)
                 for i in range(N):
                     d = durations[i]
                     if t >= d:
-                        a = _log_add(a, alpha[b, t - d, u] + lp[b, t - d, u, 2 + i])
-                alpha[b, t, u] = a
+                        m = max(m, alpha[b, t - d, u] + lp[b, t - d, u, 2 + i])
+                if m == _NEG_INF:
+                    alpha[b, t, u] = _NEG_INF
+                    continue
+                s = math.exp(v0 - m) + math.exp(v1 - m)
+                for i in range(N):
+                    d = durations[i]
+                    if t >= d:
+                        s += math.exp(alpha[b, t - d, u] + lp[b, t - d, u, 2 + i] - m)
+                alpha[b, t, u] = m + math.log(s)
         u = Ub - 1
-        ll = alpha[b, Tb - 1, u] + lp[b, Tb - 1, u, 0]
+        m = alpha[b, Tb - 1, u] + lp[b, Tb - 1, u, 0]
         for i in range(N):
             d = durations[i]
             if Tb >= d:
-                ll = _log_add(ll, alpha[b, Tb - d, u] + lp[b, Tb - d, u, 2 + i])
-        log_p[b] = ll
-        if not need_beta:
+                m = max(m, alpha[b, Tb - d, u] + lp[b, Tb - d, u, 2 + i])
+        if m == _NEG_INF:
+            log_p[b] = _NEG_INF
             continue
+        s = math.exp(alpha[b, Tb - 1, u] + lp[b, Tb - 1, u, 0] - m)
+        for i in range(N):
+            d = durations[i]
+            if Tb >= d:
+                s += math.exp(alpha[b, Tb - d, u] + lp[b, Tb - d, u, 2 + i] - m)
+        lP = m + math.log(s)
+        log_p[b] = lP
+        if not need_grad:
+            continue
+        e = np.empty(K, np.float64)
         for t in range(Tb - 1, -1, -1):
             for u in range(Ub - 1, -1, -1):
                 last_row = u == Ub - 1
-                bb = _NEG_INF
+                # e_k = lp_k + beta(destination of transition k), -inf if not allowed
                 if t + 1 < Tb:
-                    bb = lp[b, t, u, 0] + beta[b, t + 1, u]
+                    e[0] = lp[b, t, u, 0] + beta[b, t + 1, u]
                 elif last_row:  # t + 1 == Tb: the blank ends the path
-                    bb = lp[b, t, u, 0]
-                if not last_row:
-                    bb = _log_add(bb, lp[b, t, u, 1] + beta[b, t, u + 1])
+                    e[0] = lp[b, t, u, 0]
+                else:
+                    e[0] = _NEG_INF
+                e[1] = _NEG_INF if last_row else lp[b, t, u, 1] + beta[b, t, u + 1]
                 for i in range(N):
                     d = durations[i]
                     if t + d < Tb:
-                        bb = _log_add(bb, lp[b, t, u, 2 + i] + beta[b, t + d, u])
+                        e[2 + i] = lp[b, t, u, 2 + i] + beta[b, t + d, u]
                     elif t + d == Tb and last_row:
-                        bb = _log_add(bb, lp[b, t, u, 2 + i])
-                beta[b, t, u] = bb
+                        e[2 + i] = lp[b, t, u, 2 + i]
+                    else:
+                        e[2 + i] = _NEG_INF
+                m = e[0]
+                for k in range(1, K):
+                    m = max(m, e[k])
+                if m == _NEG_INF:
+                    beta[b, t, u] = _NEG_INF
+                    for k in range(K):
+                        lp[b, t, u, k] = 0.0
+                    alpha[b, t, u] = 0.0
+                    continue
+                s = 0.0
+                for k in range(K):
+                    e[k] = math.exp(e[k] - m)
+                    s += e[k]
+                beta[b, t, u] = m + math.log(s)
+                c = math.exp(alpha[b, t, u] + m - lP)  # -inf alpha gives c = 0
+                for k in range(K):
+                    lp[b, t, u, k] = c * e[k]
+                alpha[b, t, u] = c * s + fastemit_lambda * lp[b, t, u, 1]
 
 
 @njit(parallel=True, cache=True)
@@ -170,11 +202,9 @@ def gradients(
     label_lens,
     blank,
     big_ids,
-    durations,
-    lp,
     denom,
-    alpha,
-    beta,
+    occupancy,
+    coef,
     log_p,
     fastemit_lambda,
     clamp,
@@ -183,53 +213,36 @@ def gradients(
 ):
     """Pass 3: grads (B,T,U,V) (acts dtype, out) = weighted, clamped d cost_b / d acts.
 
+    occupancy: (B,T,U,N+2) W of blank, label, big blanks (from alpha_beta);
+    coef: (B,T,U) gamma + lambda * W_label (from alpha_beta).
     Padding rows (t >= T_b or u >= U_b) and impossible utterances get exactly 0.
-    weights: (B,) float64 > 0. The weight is folded into the coefficients (and the clamp
-    threshold scaled by it), so each row costs one vectorised exp loop.
+    weights: (B,) float64 > 0, folded into the coefficients (and the clamp threshold).
     """
     B, T, U, V = acts.shape
     N = big_ids.size
-    lam = fastemit_lambda
+    lam1 = 1.0 + fastemit_lambda
     for bt in prange(B * T):
         b = bt // T
         t = bt - b * T
         Tb = act_lens[b]
         Ub = label_lens[b] + 1
-        lP = log_p[b]
+        ok = math.isfinite(log_p[b])
         ibuf = np.empty(V, np.int32)
         w = weights[b]
         for u in range(U):
             g = grads[b, t, u]
-            if t >= Tb or u >= Ub or not math.isfinite(lP):
+            if t >= Tb or u >= Ub or not ok:
                 g[:] = 0
                 continue
-            a = alpha[b, t, u] - lP
-            last_row = u == Ub - 1
-            w_blank = 0.0
-            if t + 1 < Tb:
-                w_blank = math.exp(a + lp[b, t, u, 0] + beta[b, t + 1, u])
-            elif last_row:
-                w_blank = math.exp(a + lp[b, t, u, 0])
-            w_label = 0.0
-            if not last_row:
-                w_label = math.exp(a + lp[b, t, u, 1] + beta[b, t, u + 1])
-            coef = (math.exp(a + beta[b, t, u]) + lam * w_label) * w
-            x = acts[b, t, u]
-            if coef > 0.0:
-                # coef * softmax(x)_k = exp(x_k - (denom - log coef))
-                row_exp(x, denom[b, t, u] - math.log(coef), g, ibuf)
+            c = coef[b, t, u] * w
+            if c > 0.0:
+                row_exp(acts[b, t, u], denom[b, t, u], c, g, ibuf)
             else:
                 g[:] = 0
-            g[blank] -= w_blank * w
-            if not last_row:
-                g[labels[b, u]] -= (1.0 + lam) * w_label * w
+            g[blank] -= occupancy[b, t, u, 0] * w
+            if u < Ub - 1:
+                g[labels[b, u]] -= lam1 * occupancy[b, t, u, 1] * w
             for i in range(N):
-                d = durations[i]
-                wi = 0.0
-                if t + d < Tb:
-                    wi = math.exp(a + lp[b, t, u, 2 + i] + beta[b, t + d, u])
-                elif t + d == Tb and last_row:
-                    wi = math.exp(a + lp[b, t, u, 2 + i])
-                g[big_ids[i]] -= wi * w
+                g[big_ids[i]] -= occupancy[b, t, u, 2 + i] * w
             if clamp > 0.0:
                 row_clamp(g, g.dtype.type(clamp * w))

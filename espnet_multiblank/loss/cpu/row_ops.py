@@ -69,16 +69,16 @@ def row_has_nan_or_posinf(x):
     return False
 
 
-def row_exp(x, shift, out, ibuf):  # pragma: no cover - replaced by the overload
-    """out[k] = exp(x[k] - shift) for a 1-D row; shift >= max(x) is expected."""
+def row_exp(x, shift, scale, out, ibuf):  # pragma: no cover - replaced by overload
+    """out[k] = scale * exp(x[k] - shift) for a 1-D row; shift >= max(x) expected."""
     raise NotImplementedError
 
 
 @overload(row_exp, jit_options={"fastmath": _NO_REASSOC})
-def _row_exp_overload(x, shift, out, ibuf):
+def _row_exp_overload(x, shift, scale, out, ibuf):
     if x.dtype == types.float32:
 
-        def impl(x, shift, out, ibuf):
+        def impl(x, shift, scale, out, ibuf):
             sh = np.float32(shift)
             fbuf = ibuf.view(np.float32)
             n = x.size
@@ -96,14 +96,15 @@ def _row_exp_overload(x, shift, out, ibuf):
                 p = p * r * r + r + np.float32(1.0)
                 ibuf[k] = (np.int32(fi) + np.int32(127)) << np.int32(23)
                 out[k] = p
+            sc = np.float32(scale)
             for k in range(n):
-                out[k] = out[k] * fbuf[k]
+                out[k] = out[k] * fbuf[k] * sc
 
         return impl
 
-    def impl64(x, shift, out, ibuf):
+    def impl64(x, shift, scale, out, ibuf):
         for k in range(x.size):
-            out[k] = math.exp(x[k] - shift)
+            out[k] = scale * math.exp(x[k] - shift)
 
     return impl64
 

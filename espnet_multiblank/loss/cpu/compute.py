@@ -1,6 +1,8 @@
 """Host-side driver of the CPU kernels: workspaces, threads, the kernel contract."""
 
 import contextlib
+import os
+import types
 from typing import Optional, Tuple
 
 import numba
@@ -11,16 +13,48 @@ from espnet_multiblank.loss.cpu import kernels
 from espnet_multiblank.loss.options import LossOptions
 
 
+def _serial_twin(dispatcher):
+    """A single-threaded copy of a ``parallel=True`` kernel (prange runs as range).
+
+    It gets its own qualified name so that Numba's on-disk cache keeps both versions.
+    """
+    f = dispatcher.py_func
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial")
+    g.__qualname__ = f.__qualname__ + "_serial"
+    return numba.njit(cache=True)(g)
+
+
+_PARALLEL = (kernels.row_statistics, kernels.alpha_beta, kernels.gradients)
+_SERIAL = tuple(_serial_twin(k) for k in _PARALLEL)
+
+# GNU OpenMP (Numba's default "omp" threading layer here) aborts a forked child that
+# starts a parallel region once the parent has used one ("Terminating: fork() called
+# from a process already using GNU OpenMP"). Forked children (DataLoader workers,
+# multiprocessing pools) therefore run the serial kernels.
+_state = {"parallel_used": False, "forked": False}
+
+
+def _after_fork_in_child():
+    _state["forked"] = _state["parallel_used"]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @contextlib.contextmanager
-def _numba_threads():
-    """Use as many Numba threads as torch is allowed (torch.set_num_threads), and leave
-    the caller's Numba thread setting as it was."""
+def _kernel_set():
+    """Pick serial or parallel kernels; for parallel, use as many Numba threads as torch
+    is allowed (torch.set_num_threads) and leave the caller's Numba setting unchanged."""
     n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if n == 1 or _state["forked"]:
+        yield _SERIAL
+        return
+    _state["parallel_used"] = True
     prev = numba.get_num_threads()
     if n != prev:
         numba.set_num_threads(n)
     try:
-        yield
+        yield _PARALLEL
     finally:
         if n != prev:
             numba.set_num_threads(prev)
@@ -65,19 +99,19 @@ def compute(
     log_p = np.empty(B, np.float64)
     bad = np.zeros(B, np.uint8)
     grads = None
-    with _numba_threads():
-        kernels.row_statistics(x, lab, al, ll, opts.blank, big_ids, opts.sigma, lp, denom, bad)
+    with _kernel_set() as (row_statistics, alpha_beta, gradients):
+        row_statistics(x, lab, al, ll, opts.blank, big_ids, opts.sigma, lp, denom, bad)
         if bad.any():
             costs = torch.zeros(B, dtype=acts.dtype)
             costs[torch.from_numpy(bad.astype(bool))] = float("nan")
             return costs, (torch.zeros_like(acts) if need_grad else None)
-        kernels.alpha_beta(
+        alpha_beta(
             lp, al, ll, durations, alpha, beta, log_p, opts.fastemit_lambda, need_grad
         )
         if need_grad:
             grads = torch.empty_like(acts)
             w = grad_weights.to(torch.float64).numpy()
-            kernels.gradients(
+            gradients(
                 # after alpha_beta, lp holds the occupancies and alpha the coefficients
                 x, lab, al, ll, opts.blank, big_ids, denom, lp, alpha, log_p,
                 opts.fastemit_lambda, opts.clamp, w, grads.numpy(),

@@ -1,0 +1,393 @@
+#!/usr/bin/env bash
+# Connected digits, 8 kHz: standard vs multi-blank RNN-T (espnet-multiblank), end to end.
+#
+#   bash egs/digits/asr1/run.sh                 # everything (~30 min on 2 CPU cores)
+#   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs (~3 min)
+#   bash egs/digits/asr1/run.sh --stage 8 --stop_stage 10
+#   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
+#
+# Stages (ESPnet style; each writes a done-marker only after it succeeded, outputs are
+# written under temporary names and renamed, so a re-run skips finished stages and redoes
+# a failed one from scratch; running a stage again invalidates the stages after it):
+#   1  tools: sox, espeak-ng, flite, festival + voices (apt-get install when root), venv
+#   2  data synthesis: TTS train / held-out dev, test; real-speech test from Debian packages
+#   3  Kaldi-style data dirs (wav.scp, text, utt2spk, spk2utt)
+#   4  word-level token list
+#   5  ESPnet collect_stats (feature mean/var, shape files)
+#   6  train the standard transducer
+#   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8])
+#   8  decode: standard greedy + beam; multi-blank mb_greedy + mb_beam; every test set
+#   9  score WER / CER
+#  10  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss plot
+set -euo pipefail
+
+recipe=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$recipe/../../.." && pwd)
+
+# ---------------------------------------------------------------- options
+stage=1
+stop_stage=10
+smoke=false
+dir=$recipe                 # working directory: data/, wav/, exp/ go there
+python=$repo/.venv/bin/python
+nj=2                        # parallel TTS processes
+num_train=8000              # synthetic utterances
+num_dev=300
+num_test=500
+num_real=150                # real-speech utterances per speaker (2 speakers)
+train_config=$recipe/conf/train_standard.yaml
+mb_train_config=$recipe/conf/train_multiblank.yaml
+decode_conf_dir=$repo/conf/decode
+inference_model=valid.loss.ave.pth
+decode_threads=1            # torch threads while decoding (speed comparison)
+train_args=""               # extra arguments for asr_train (both models)
+
+usage() {
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  echo "Options: --stage N --stop_stage N --smoke --dir DIR --python PY --nj N"
+  echo "         --num_train N --num_dev N --num_test N --num_real N --train_args '...'"
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) smoke=true; shift ;;
+    --stage|--stop_stage|--dir|--python|--nj|--num_train|--num_dev|--num_test|--num_real|\
+    --train_args|--inference_model|--decode_conf_dir|--decode_threads)
+      [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
+      declare "${1#--}=$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown option: $1" >&2; usage >&2; exit 1 ;;
+  esac
+done
+
+suffix=""
+if $smoke; then
+  suffix=_smoke
+  num_train=300; num_dev=40; num_test=60; num_real=20
+  # tiny model, 2 epochs; same structure as the full configs
+  train_args="--encoder_conf output_size=64 --encoder_conf linear_units=128
+    --encoder_conf num_blocks=1 --encoder_conf attention_heads=2
+    --decoder_conf hidden_size=64 --joint_net_conf joint_space_size=64
+    --max_epoch 2 --num_iters_per_epoch 12 --batch_size 16 --valid_batch_size 16
+    --scheduler_conf warmup_steps=20
+    --keep_nbest_models 1 $train_args"
+fi
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+wavdir=$dir/wav$suffix
+data=$dir/data$suffix
+exp=$dir/exp$suffix
+done_dir=$exp/.done
+mkdir -p "$exp" "$done_dir"
+export PYTHONUNBUFFERED=1
+train_cmd=("$python" -m espnet_multiblank.bin.asr_train)
+infer_cmd=("$python" -m espnet_multiblank.bin.asr_inference)
+train_sets="train"
+test_sets="test test_real"
+token_list=$data/token_list/word/tokens.txt
+stats_dir=$exp/asr_stats_word
+
+log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [run.sh] $*"; }
+die() { log "ERROR: $*" >&2; exit 1; }
+
+# run_stage N NAME FUNCTION: skip when done, else run, then mark done and invalidate later
+run_stage() {
+  local n=$1 name=$2 fn=$3
+  if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
+  if [ -e "$done_dir/$n" ]; then
+    log "stage $n ($name): done already ($(cat "$done_dir/$n")), skipped"
+    return 0
+  fi
+  local t0=$SECONDS
+  log "stage $n ($name): start"
+  "$fn"
+  local k
+  for k in $(seq $((n + 1)) 20); do rm -f "$done_dir/$k"; done
+  echo "$(date '+%Y-%m-%dT%H:%M:%S'), $((SECONDS - t0)) s" > "$done_dir/$n"
+  log "stage $n ($name): finished in $((SECONDS - t0)) s"
+}
+
+# --------------------------------------------------------------- stage 1: tools
+apt_pkgs="sox espeak-ng flite festival festvox-kallpc16k festvox-us-slt-hts festvox-kdlpc16k"
+real_pkgs="asterisk-core-sounds-en-wav asterisk-core-sounds-en saytime"
+missing_tools() {
+  local m=""
+  command -v sox >/dev/null || m="$m sox"
+  command -v espeak-ng >/dev/null || m="$m espeak-ng"
+  command -v flite >/dev/null || m="$m flite"
+  command -v festival >/dev/null || m="$m festival"
+  [ -d /usr/share/festival/voices/english/kal_diphone ] || m="$m festvox-kallpc16k"
+  [ -d /usr/share/festival/voices/english/ked_diphone ] || m="$m festvox-kdlpc16k"
+  [ -d /usr/share/festival/voices/us/cmu_us_slt_arctic_hts ] || m="$m festvox-us-slt-hts"
+  echo "$m"
+}
+stage_tools() {
+  local m
+  m=$(missing_tools)
+  if [ -n "$m" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "installing Debian packages:$m"
+      apt-get update -q
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q $apt_pkgs
+      m=$(missing_tools)
+      [ -z "$m" ] || die "still missing after apt-get install:$m"
+    else
+      die "missing:$m. Install with:  sudo apt-get update && sudo apt-get install -y $apt_pkgs"
+    fi
+  fi
+  for v in kal kal16 awb slt rms; do
+    flite -lv | grep -qw "$v" || die "flite voice $v missing (Debian package flite)"
+  done
+  espeak-ng --voices=en | grep -q " en-029 " || die "espeak-ng voice en-029 missing"
+  local p
+  for p in $real_pkgs; do
+    if [ -z "$(apt-cache policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}' | grep -v none)" ]; then
+      log "WARNING: Debian package $p not available (apt-get update?): the real-speech" \
+          "test set will lack its recordings"
+    fi
+  done
+  if [ ! -x "$python" ]; then
+    [ "$python" = "$repo/.venv/bin/python" ] || die "python $python not found"
+    log "no virtual environment yet: bash tools/setup_env.sh"
+    bash "$repo/tools/setup_env.sh"
+  fi
+  "$python" - <<'PY' || die "Python environment incomplete: run  bash tools/setup_env.sh  (repo root)"
+import importlib.util
+import sys
+
+import espnet_multiblank.espnet.quiet  # noqa: F401
+import espnet2.tasks.asr  # noqa: F401
+import matplotlib, soundfile  # noqa: F401,E401
+
+missing = [
+    m
+    for m in ("espnet_multiblank.bin.asr_train", "espnet_multiblank.bin.asr_inference")
+    if importlib.util.find_spec(m) is None
+]
+if missing:
+    sys.exit(f"entry points missing: {missing}")
+PY
+  log "tools ok: sox $(sox --version | awk '{print $NF}'), espeak-ng, flite, festival," \
+      "python $("$python" -c 'import sys; print(sys.version.split()[0])')"
+}
+
+# ------------------------------------------------------ stage 2: data synthesis
+stage_synth() {
+  local t0=$SECONDS s n seed
+  mkdir -p "$wavdir"
+  for s in train dev test; do
+    case $s in
+      train) n=$num_train; seed=1 ;;
+      dev) n=$num_dev; seed=2 ;;
+      test) n=$num_test; seed=3 ;;
+    esac
+    # a set completed by an interrupted earlier run (renamed only after success) is kept
+    # if it was made with the same parameters
+    if [ "$(cat "$wavdir/$s/params" 2>/dev/null)" = "$s $n $seed" ]; then
+      log "$s: kept from an earlier run ($n utterances)"
+      continue
+    fi
+    rm -rf "$wavdir/$s" "$wavdir/$s.tmp"
+    "$python" "$recipe/local/synth_digits.py" --set $s --num "$n" --seed $seed \
+      --nj "$nj" "$wavdir/$s.tmp"
+    # the manifest holds absolute paths: fix them for the final name
+    sed -i "s#$wavdir/$s.tmp/#$wavdir/$s/#" "$wavdir/$s.tmp/manifest.tsv"
+    echo "$s $n $seed" > "$wavdir/$s.tmp/params"
+    mv "$wavdir/$s.tmp" "$wavdir/$s"
+  done
+  log "synthetic data: $((SECONDS - t0)) s"
+  echo "$((SECONDS - t0))" > "$wavdir/synthesis_seconds"
+
+  # real speech: recordings of isolated digits from Debian packages, never installed
+  rm -rf "$wavdir/test_real" "$wavdir/test_real.tmp" "$wavdir/debs.tmp"
+  mkdir -p "$wavdir/debs.tmp/x"
+  local p got=0
+  for p in $real_pkgs; do
+    if (cd "$wavdir/debs.tmp" && apt-get download -q "$p" >/dev/null 2>&1); then
+      got=$((got + 1))
+    else
+      log "WARNING: apt-get download $p failed"
+    fi
+  done
+  for p in "$wavdir"/debs.tmp/*.deb; do
+    [ -e "$p" ] && dpkg -x "$p" "$wavdir/debs.tmp/x"
+  done
+  if [ $got -gt 0 ] && "$python" "$recipe/local/make_real_digits.py" \
+      --root "$wavdir/debs.tmp/x" --num_per_speaker "$num_real" "$wavdir/test_real.tmp"; then
+    sed -i "s#$wavdir/test_real.tmp/#$wavdir/test_real/#" "$wavdir/test_real.tmp/manifest.tsv"
+    mv "$wavdir/test_real.tmp" "$wavdir/test_real"
+  else
+    log "WARNING: no real-speech test set (packages $real_pkgs unavailable)"
+    rm -rf "$wavdir/test_real.tmp"
+  fi
+  rm -rf "$wavdir/debs.tmp"
+  du -sh "$wavdir"/* | sed 's/^/    /'
+}
+
+# --------------------------------------------------------- stage 3: data dirs
+stage_data() {
+  local s
+  mkdir -p "$data"
+  for s in train dev test test_real; do
+    rm -rf "$data/$s"
+    if [ -f "$wavdir/$s/manifest.tsv" ]; then
+      "$python" "$recipe/local/data_prep.py" "$wavdir/$s/manifest.tsv" "$data/$s"
+    fi
+  done
+  [ -f "$data/train/wav.scp" ] && [ -f "$data/dev/wav.scp" ] && [ -f "$data/test/wav.scp" ] \
+    || die "data dirs incomplete"
+}
+
+# -------------------------------------------------------- stage 4: token list
+stage_tokens() {
+  "$python" "$recipe/local/make_token_list.py" "$data/train/text" "$token_list"
+}
+
+# ----------------------------------------------------- stage 5: collect_stats
+common_args() {
+  echo --use_preprocessor true --token_type word --token_list "$token_list" \
+    --non_linguistic_symbols none --cleaner none --g2p none \
+    --train_data_path_and_name_and_type "$data/train/wav.scp,speech,sound" \
+    --train_data_path_and_name_and_type "$data/train/text,text,text" \
+    --valid_data_path_and_name_and_type "$data/dev/wav.scp,speech,sound" \
+    --valid_data_path_and_name_and_type "$data/dev/text,text,text"
+}
+stage_stats() {
+  rm -rf "$stats_dir" "$stats_dir.tmp"
+  mkdir -p "$stats_dir.tmp"
+  # the model is built (to run its frontend) from the standard config; the frontend is
+  # the same in both configs
+  # shellcheck disable=SC2046
+  "${train_cmd[@]}" --collect_stats true --ngpu 0 --config "$train_config" \
+    $(common_args) --normalize none \
+    --train_shape_file "$data/train/wav.scp" --valid_shape_file "$data/dev/wav.scp" \
+    --batch_size 32 --output_dir "$stats_dir.tmp" > "$stats_dir.tmp/collect_stats.log" 2>&1 \
+    || { tail -n 30 "$stats_dir.tmp/collect_stats.log" >&2; die "collect_stats failed"; }
+  # ESPnet's asr.sh: text_shape.<token_type> = "utt length,vocab_size"
+  local v s
+  v=$(wc -l < "$token_list")
+  for s in train valid; do
+    awk -v N="$v" '{ print $0 "," N }' "$stats_dir.tmp/$s/text_shape" \
+      > "$stats_dir.tmp/$s/text_shape.word"
+  done
+  [ -s "$stats_dir.tmp/train/feats_stats.npz" ] || die "no feats_stats.npz"
+  mv "$stats_dir.tmp" "$stats_dir"
+}
+
+# -------------------------------------------------------- stages 6, 7: training
+train_model() {
+  local name=$1 config=$2
+  local out=$exp/asr_$name
+  rm -rf "$out" "$out.tmp"
+  mkdir -p "$out.tmp"
+  log "training $name ($config): progress in $out.tmp/train.log"
+  local t0=$SECONDS
+  # shellcheck disable=SC2046,SC2086
+  "${train_cmd[@]}" --ngpu 0 --config "$config" $(common_args) \
+    --normalize_conf stats_file="$stats_dir/train/feats_stats.npz" \
+    --train_shape_file "$stats_dir/train/speech_shape" \
+    --train_shape_file "$stats_dir/train/text_shape.word" \
+    --valid_shape_file "$stats_dir/valid/speech_shape" \
+    --valid_shape_file "$stats_dir/valid/text_shape.word" \
+    --resume false --output_dir "$out.tmp" $train_args > "$out.tmp/train.log" 2>&1 &
+  local pid=$!
+  # show ESPnet's per-epoch summaries while it runs
+  tail -n +1 -F --pid=$pid "$out.tmp/train.log" 2>/dev/null | grep --line-buffered -E \
+    "epoch results|Traceback|Error|best model" | sed -u 's/^/    /' &
+  local tailpid=$!
+  local rc=0
+  wait $pid || rc=$?
+  wait $tailpid 2>/dev/null || true  # tail --pid ends with the training process
+  if [ $rc -ne 0 ]; then
+    tail -n 40 "$out.tmp/train.log" >&2
+    die "training $name failed (rc $rc), log: $out.tmp/train.log"
+  fi
+  [ -e "$out.tmp/$inference_model" ] || die "training $name: no $inference_model"
+  echo "$((SECONDS - t0))" > "$out.tmp/train_seconds"
+  # ESPnet's symlinks (valid.loss.ave.pth, ...) are relative: the rename keeps them valid
+  mv "$out.tmp" "$out"
+  # config.yaml holds absolute output paths of the temporary dir: harmless, but fix them
+  sed -i "s#$out.tmp#$out#g" "$out/config.yaml"
+}
+stage_train_std() { train_model standard "$train_config"; }
+stage_train_mb() { train_model multiblank "$mb_train_config"; }
+
+# ------------------------------------------------------------ stage 8: decode
+# model:search pairs; the speed comparison is greedy (standard) vs mb_greedy (multi-blank).
+# standard:mb_greedy runs the plug-in's greedy code on the standard model (no big blanks):
+# the same implementation on both models, which isolates the gain of the big blanks.
+decode_jobs="standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam"
+stage_decode() {
+  local job name search s out
+  for job in $decode_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    [ -f "$decode_conf_dir/$search.yaml" ] || die "missing decode config $decode_conf_dir/$search.yaml"
+    for s in $test_sets; do
+      [ -f "$data/$s/wav.scp" ] || { log "no $s data: skipped"; continue; }
+      out=$exp/asr_$name/decode_${search}_${inference_model%.pth}/$s
+      rm -rf "$out" "$out.tmp"
+      mkdir -p "$out.tmp"
+      log "decoding $s with $name / $search"
+      # batch_size 1 for every search, one process, $decode_threads torch threads:
+      # the decoding times are comparable between searches
+      OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
+        "${infer_cmd[@]}" --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size 1 \
+        --data_path_and_name_and_type "$data/$s/wav.scp,speech,sound" \
+        --key_file "$data/$s/wav.scp" \
+        --asr_train_config "$exp/asr_$name/config.yaml" \
+        --asr_model_file "$exp/asr_$name/$inference_model" \
+        --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
+        || { tail -n 30 "$out.tmp.log" >&2; die "decoding failed: $out.tmp.log"; }
+      mv "$out.tmp.log" "$out.tmp/decode.log"
+      [ -f "$out.tmp/1best_recog/text" ] || die "no 1best_recog/text in $out.tmp"
+      [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
+      mv "$out.tmp" "$out"
+    done
+  done
+}
+
+# ------------------------------------------------------------- stage 9: score
+stage_score() {
+  local job name search s out
+  for job in $decode_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for s in $test_sets; do
+      out=$exp/asr_$name/decode_${search}_${inference_model%.pth}/$s
+      [ -d "$out" ] || continue
+      "$python" "$recipe/local/score.py" "$data/$s/text" "$out/1best_recog/text" "$out"
+    done
+  done
+}
+
+# ------------------------------------------------------------ stage 10: report
+stage_report() {
+  "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
+    --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
+    --test_sets "$test_sets" $($smoke && echo --smoke)
+  if ! $smoke && [ "$dir" = "$recipe" ]; then
+    cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
+    cp "$exp/valid_loss.png" "$recipe/valid_loss.png"
+  fi
+  log "report: $exp/RESULTS.md"
+  cat "$exp/RESULTS.md"
+}
+
+main() {
+  log "dir=$dir smoke=$smoke stages $stage..$stop_stage"
+  run_stage 1 tools stage_tools
+  run_stage 2 synthesis stage_synth
+  run_stage 3 data_dirs stage_data
+  run_stage 4 token_list stage_tokens
+  run_stage 5 collect_stats stage_stats
+  run_stage 6 train_standard stage_train_std
+  run_stage 7 train_multiblank stage_train_mb
+  run_stage 8 decode stage_decode
+  run_stage 9 score stage_score
+  run_stage 10 report stage_report
+  log "all done ($SECONDS s)"
+}
+
+# one line: bash has parsed the whole file before running anything, so editing run.sh
+# while it runs does not affect the run
+main; exit $?

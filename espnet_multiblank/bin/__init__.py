@@ -1,0 +1,1 @@
+"""Command-line entry points (ESPnet's, with the plug-in registered)."""

@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""ASR decoding with the multi-blank transducer searches (ESPnet's CLI, same outputs).
+
+Usage (every argument of ``espnet2.bin.asr_inference``)::
+
+    python -m espnet_multiblank.bin.asr_inference \\
+        --config conf/decode/mb_greedy.yaml \\
+        --asr_train_config exp/asr/config.yaml --asr_model_file exp/asr/valid.loss.ave.pth \\
+        --data_path_and_name_and_type dump/raw/test/wav.scp,speech,sound \\
+        --output_dir exp/asr/decode_test
+
+It calls :func:`espnet_multiblank.register` first (so models trained with
+``model: multiblank_espnet`` rebuild), decodes with
+:class:`~espnet_multiblank.decoding.speech2text.MultiblankSpeech2Text`, writes ESPnet's
+layout (``<output_dir>/1best_recog/{text,token,token_int,score}``, ``Nbest_recog`` for
+``--nbest N``) and ``<output_dir>/decoding_stats.json``::
+
+    {"num_utterances", "audio_seconds", "decode_seconds", "rtf", "total_frames",
+     "frames_skipped_by_big_blanks", "big_blank_emissions", ...}
+
+``decode_seconds`` is the wall time of the decoding loop (data loading, encoder,
+search, writing; model loading excluded); ``rtf = decode_seconds / audio_seconds``.
+With ``--batch_size > 1`` and ``search_type: mb_greedy`` utterances are decoded in
+batches (batched encoder + batched greedy search); other searches fall back to one
+utterance at a time.
+"""
+
+import inspect
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+
+logger = logging.getLogger("espnet_multiblank.asr_inference")
+
+# arguments of ESPnet's inference() that are not Speech2Text arguments
+_LOOP_KEYS = (
+    "output_dir",
+    "batch_size",
+    "ngpu",
+    "seed",
+    "num_workers",
+    "log_level",
+    "data_path_and_name_and_type",
+    "key_file",
+    "allow_variable_data_keys",
+    "model_tag",
+    "word_lm_train_config",
+    "word_lm_file",
+)
+
+
+def _audio_seconds(speech_lengths, speech_dim: int, train_args: Any) -> float:
+    """Seconds of audio in a batch: samples / fs, or feature frames * frame shift.
+
+    Args:
+        speech_lengths: (B,) lengths of the ``speech`` input.
+        speech_dim: ``speech.dim()`` (2: waveform (B, L); 3: features (B, L, F)).
+    """
+    conf = dict(getattr(train_args, "frontend_conf", None) or {})
+    fs = conf.get("fs", 16000)
+    if isinstance(fs, str):
+        import humanfriendly
+
+        fs = humanfriendly.parse_size(fs)
+    total = float(speech_lengths.sum())
+    if speech_dim <= 2:
+        return total / float(fs)
+    hop = conf.get("hop_length", None)
+    return total * (float(hop) / float(fs) if hop else 0.01)
+
+
+def _write(writer, key: str, results, nbest: int) -> None:
+    for n, (text, token, token_int, hyp) in zip(range(1, nbest + 1), results):
+        ibest = writer[f"{n}best_recog"]
+        ibest["token"][key] = " ".join(token)
+        ibest["token_int"][key] = " ".join(map(str, token_int))
+        ibest["score"][key] = str(float(hyp.score))
+        if text is not None:
+            ibest["text"][key] = text
+
+
+def inference(
+    output_dir: str,
+    batch_size: int,
+    ngpu: int,
+    seed: int,
+    num_workers: int,
+    log_level: Any,
+    data_path_and_name_and_type: Sequence[Tuple[str, str, str]],
+    key_file: Optional[str],
+    allow_variable_data_keys: bool,
+    model_tag: Optional[str] = None,
+    word_lm_train_config: Optional[str] = None,
+    word_lm_file: Optional[str] = None,
+    **speech2text_kwargs: Any,
+) -> Dict[str, Any]:
+    """Decode a data set; same arguments as ``espnet2.bin.asr_inference.inference``.
+
+    Returns:
+        The statistics written to ``<output_dir>/decoding_stats.json``.
+    """
+    import torch
+    from espnet2.fileio.datadir_writer import DatadirWriter
+    from espnet2.tasks.asr import ASRTask
+    from espnet2.torch_utils.set_all_random_seed import set_all_random_seed
+    from espnet.nets.pytorch_backend.transformer.subsampling import TooShortUttError
+
+    from espnet_multiblank.decoding.speech2text import MultiblankSpeech2Text
+
+    if word_lm_train_config is not None:
+        raise NotImplementedError("Word LM is not implemented")
+    if ngpu > 1:
+        raise NotImplementedError("only single GPU decoding is supported")
+    if speech2text_kwargs.get("enh_s2t_task") or speech2text_kwargs.get("multi_asr"):
+        raise NotImplementedError(
+            "enh_s2t_task / multi_asr: use espnet2.bin.asr_inference"
+        )
+    logging.basicConfig(
+        level=log_level,
+        format="%(asctime)s (%(module)s:%(lineno)d) %(levelname)s: %(message)s",
+    )
+    device = "cuda" if ngpu >= 1 else "cpu"
+    set_all_random_seed(seed)
+
+    accepted = inspect.signature(MultiblankSpeech2Text.__init__).parameters
+    espnet_accepted = inspect.signature(
+        MultiblankSpeech2Text.__mro__[1].__init__
+    ).parameters
+    s2t_kwargs = {
+        k: v
+        for k, v in speech2text_kwargs.items()
+        if k in accepted or k in espnet_accepted
+    }
+    ignored = sorted(set(speech2text_kwargs) - set(s2t_kwargs))
+    if ignored:
+        logger.warning("arguments not used by Speech2Text: %s", ignored)
+    s2t_kwargs["device"] = device
+    if model_tag is not None:
+        from espnet_model_zoo.downloader import ModelDownloader
+
+        s2t_kwargs.update(ModelDownloader().download_and_unpack(model_tag))
+    speech2text = MultiblankSpeech2Text(**s2t_kwargs)
+    nbest = speech2text.nbest
+    dtype = s2t_kwargs.get("dtype", "float32")
+
+    batched = batch_size > 1 and speech2text.supports_batch
+    if batch_size > 1 and not batched:
+        logger.warning(
+            "batch_size=%d: the chosen search decodes one utterance at a time "
+            "(batched decoding: search_type mb_greedy)",
+            batch_size,
+        )
+    loader = ASRTask.build_streaming_iterator(
+        data_path_and_name_and_type,
+        dtype=dtype,
+        batch_size=batch_size if batched else 1,
+        key_file=key_file,
+        num_workers=num_workers,
+        preprocess_fn=ASRTask.build_preprocess_fn(speech2text.asr_train_args, False),
+        collate_fn=ASRTask.build_collate_fn(speech2text.asr_train_args, False),
+        allow_variable_data_keys=allow_variable_data_keys,
+        inference=True,
+    )
+
+    def too_short(key, err):
+        from espnet.nets.beam_search import Hypothesis
+
+        logger.warning(f"Utterance {key} {err}")
+        hyp = Hypothesis(score=0.0, scores={}, states={}, yseq=[])
+        return [(" ", ["<space>"], [2], hyp)] * nbest
+
+    audio_seconds, num_utterances = 0.0, 0
+    start = time.perf_counter()
+    with DatadirWriter(output_dir) as writer:
+        for keys, batch in loader:
+            speech = batch["speech"]
+            num_utterances += len(keys)
+            lengths = batch.get("speech_lengths")
+            if lengths is None:
+                lengths = torch.full((speech.size(0),), speech.size(1))
+            audio_seconds += _audio_seconds(
+                lengths, speech.dim(), speech2text.asr_train_args
+            )
+            if batched:
+                try:
+                    per_utt = speech2text.decode_batch(speech, lengths)
+                except TooShortUttError:  # decode one by one to isolate the culprit
+                    per_utt = None
+                if per_utt is not None:
+                    for key, results in zip(keys, per_utt):
+                        _write(writer, key, results, nbest)
+                    continue
+            for i, key in enumerate(keys):
+                try:
+                    results = speech2text(speech[i, : int(lengths[i])])
+                except TooShortUttError as e:
+                    results = too_short(key, e)
+                if isinstance(results, tuple):  # (results, intermediate CTC)
+                    results = results[0]
+                _write(writer, key, results, nbest)
+    decode_seconds = time.perf_counter() - start
+
+    st = speech2text.stats
+    stats = {
+        "num_utterances": num_utterances,
+        "audio_seconds": audio_seconds,
+        "decode_seconds": decode_seconds,
+        "rtf": decode_seconds / audio_seconds if audio_seconds > 0 else None,
+        "total_frames": st.total_frames,
+        "frames_skipped_by_big_blanks": st.frames_skipped_by_big_blanks,
+        "big_blank_emissions": st.big_blank_emissions,
+        "search": type(speech2text.beam_search_transducer).__name__,
+        "batch_size": batch_size if batched else 1,
+        "device": device,
+        "torch_num_threads": torch.get_num_threads(),
+    }
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(output_dir) / "decoding_stats.json", "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=2)
+        f.write("\n")
+    skipped = (
+        100.0 * st.frames_skipped_by_big_blanks / st.total_frames
+        if st.total_frames
+        else 0.0
+    )
+    logger.info(
+        "decoding_stats: %d utts, %.2f s audio, %.2f s wall, RTF %.4f, %d frames, "
+        "%d big blanks, %d frames skipped (%.1f%%)",
+        num_utterances,
+        audio_seconds,
+        decode_seconds,
+        stats["rtf"] or 0.0,
+        st.total_frames,
+        st.big_blank_emissions,
+        st.frames_skipped_by_big_blanks,
+        skipped,
+    )
+    return stats
+
+
+def get_parser():
+    """ESPnet's ``asr_inference`` parser (same arguments, same defaults)."""
+    from espnet2.bin.asr_inference import get_parser as espnet_get_parser
+
+    parser = espnet_get_parser()
+    parser.description = (
+        "ASR decoding with espnet-multiblank's transducer searches "
+        "(transducer_conf.search_type: mb_greedy, mb_beam, greedy, default, ...)"
+    )
+    return parser
+
+
+def main(cmd=None):
+    import espnet_multiblank
+    from espnet.utils.cli_utils import get_commandline_args
+
+    espnet_multiblank.register()
+    print(get_commandline_args(), file=sys.stderr)
+    parser = get_parser()
+    args = parser.parse_args(cmd)
+    kwargs = vars(args)
+    kwargs.pop("config", None)
+    inference(**kwargs)
+
+
+if __name__ == "__main__":
+    main()

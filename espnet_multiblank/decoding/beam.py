@@ -1,0 +1,270 @@
+"""Multi-blank beam search: frame-synchronous, with hypotheses parked ahead by big blanks.
+
+ESPnet and NeMo ship only greedy decoding for multi-blank transducers. This search
+generalises the frame-synchronous transducer beam search to symbols that advance a
+hypothesis by more than one frame.
+
+State. Every hypothesis carries its own frame position t (frames consumed), its label
+sequence y (starting with the standard blank, the prediction network's start symbol),
+its score (log-probability) and its prediction-network state. There is one queue
+``Q[t]`` per frame position t = 0..T, a dict keyed by y.
+
+Algorithm (B = beam size)::
+
+    Q[0] = {root}                                   # y = [blank], t = 0, score 0
+    for t = 0 .. T-1:
+        C = the B best hypotheses of Q[t]           # per-frame pruning
+        while C is not empty:                       # expansions within frame t
+            one batched joint call: log p(k | enc[t], y) for every h in C, every k
+            candidates = {(h, k)} for all allowed k, scored score(h) + log p(k)
+                # labels: only while h emitted < max_sym_per_frame labels at t
+                # big blank i: only if t + d_i <= T (paths end exactly at T)
+            keep the B best candidates over all of them (labels and blanks alike)
+            drop label candidates below the B-th best score already in Q[t+1]
+            blank          -> insert (y, score) into Q[t+1]
+            big blank i    -> insert (y, score) into Q[t+d_i]  ("parked" d_i frames ahead)
+            label k        -> y + [k] stays at frame t: one batched prediction-network
+                              step; these form the next C
+    return the nbest of Q[T] (by score, or score / len(y) with score_norm)
+
+Insertion into ``Q[t']`` merges: a hypothesis whose label sequence is already queued at
+the same frame position t' is the same prefix reached along a different alignment, so
+the scores are log-added (the statistics kept, big-blank emissions and frames skipped,
+are those of the better-scoring alignment). Hypotheses that a big blank parked at
+``t + d`` skip the joint evaluations of frames t+1 .. t+d-1, which is where the
+speed-up of multi-blank models comes from in beam search too.
+
+Properties. Pooling labels and blanks of the same expansion and keeping the B best
+means a hypothesis is only compared with its siblings (same frame, same parent set)
+before it is queued; queued hypotheses compete only with hypotheses at the same frame
+position. With B = 1 each expansion keeps exactly the arg-max symbol, so the search is
+the multi-blank greedy search (tested). Decoding uses the plain log-softmax (the
+training-time sigma is not applied). Beam search is not guaranteed to find a
+better-scoring path than greedy search, but in practice (and in the tests) its 1-best
+scores at least as well.
+"""
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from typeguard import typechecked
+
+from espnet_multiblank.decoding.common import (
+    JointStepper,
+    MultiblankHypothesis,
+    SymbolTable,
+    cat_states,
+    select_state,
+)
+from espnet_multiblank.decoding.layout import BlankLayout
+
+
+class MultiblankBeamSearch:
+    """Frame-synchronous multi-blank beam search (see the module docstring).
+
+    Args:
+        decoder: ESPnet ``TransducerDecoder``.
+        joint_network: ESPnet ``JointNetwork``.
+        blank_id: Index of the standard blank (start symbol of the prediction network).
+        big_blank_durations: ``(d_0, ..., d_{N-1})``; big blank i has index
+            ``blank_id - 1 - i``. ``()`` gives a standard transducer beam search.
+        beam_size: B.
+        nbest: Number of hypotheses returned.
+        max_sym_per_frame: Labels allowed at one frame before only blanks are allowed.
+        score_norm: Rank the final hypotheses by score / len(yseq).
+        vocab_size: V (defaults to ``decoder.odim``).
+    """
+
+    @typechecked
+    def __init__(
+        self,
+        decoder: Any,
+        joint_network: Any,
+        blank_id: int,
+        big_blank_durations: Sequence[int] = (),
+        beam_size: int = 4,
+        nbest: int = 1,
+        max_sym_per_frame: int = 10,
+        score_norm: bool = False,
+        vocab_size: int = 0,
+    ):
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1: {beam_size}")
+        if max_sym_per_frame < 1:
+            raise ValueError(f"max_sym_per_frame must be >= 1: {max_sym_per_frame}")
+        self.decoder = decoder
+        self.joint_network = joint_network
+        self.layout = BlankLayout(
+            blank_id=blank_id,
+            durations=tuple(int(d) for d in big_blank_durations),
+            vocab_size=vocab_size or int(decoder.odim),
+        )
+        self.blank_id = blank_id
+        self.beam_size = beam_size
+        self.nbest = nbest
+        self.max_sym_per_frame = max_sym_per_frame
+        self.score_norm = score_norm
+        self.stepper = JointStepper(decoder, joint_network)
+        self._tables = {}
+
+    def _table(self, device: torch.device) -> SymbolTable:
+        if device not in self._tables:
+            self._tables[device] = SymbolTable(self.layout, device)
+        return self._tables[device]
+
+    def __call__(self, enc_out: torch.Tensor) -> List[MultiblankHypothesis]:
+        """ESPnet ``BeamSearchTransducer`` interface.
+
+        Args:
+            enc_out: (T, D_enc) encoder output of one utterance.
+
+        Returns:
+            Up to ``nbest`` hypotheses, best first.
+        """
+        return self.search(enc_out)
+
+    @staticmethod
+    def _insert(queue: Dict[Tuple[int, ...], MultiblankHypothesis], hyp) -> None:
+        """Insert into a frame queue, log-adding the scores of equal label sequences."""
+        key = tuple(hyp.yseq)
+        old = queue.get(key)
+        if old is None:
+            queue[key] = hyp
+            return
+        total = float(np.logaddexp(old.score, hyp.score))
+        if hyp.score > old.score:
+            queue[key] = hyp
+        queue[key].score = total
+
+    @torch.no_grad()
+    def search(self, enc_out: torch.Tensor) -> List[MultiblankHypothesis]:
+        """Beam search for one utterance.
+
+        Args:
+            enc_out: (T, D_enc) encoder output.
+
+        Returns:
+            Up to ``nbest`` hypotheses, best first.
+        """
+        device = enc_out.device
+        self.stepper.set_device(device)
+        table = self._table(device)
+        B = self.beam_size
+        T = enc_out.size(0)
+        enc_proj = self.stepper.project_enc(enc_out)  # (T, J)
+
+        blank = torch.full((1,), self.blank_id, dtype=torch.long, device=device)
+        dec_proj, state = self.stepper.step(blank, self.stepper.init_state(1))
+        root = MultiblankHypothesis(
+            score=0.0, yseq=[self.blank_id], dec_state=state, dec_proj=dec_proj[0]
+        )
+        if T == 0:
+            return [root]
+        queues: List[Optional[Dict]] = [dict() for _ in range(T + 1)]
+        queues[0][tuple(root.yseq)] = root
+        length = torch.tensor([T], device=device)
+
+        for t in range(T):
+            queue = queues[t]
+            queues[t] = None
+            if not queue:
+                continue
+            current = sorted(queue.values(), key=lambda h: h.score, reverse=True)[:B]
+            while current:
+                current = self._expand(current, t, enc_proj[t], length, table, queues)
+
+        final = list(queues[T].values())
+        if self.score_norm:
+            final.sort(key=lambda h: h.score / len(h.yseq), reverse=True)
+        else:
+            final.sort(key=lambda h: h.score, reverse=True)
+        return final[: self.nbest]
+
+    def _expand(
+        self,
+        current: List[MultiblankHypothesis],
+        t: int,
+        enc_proj_t: torch.Tensor,
+        length: torch.Tensor,
+        table: SymbolTable,
+        queues: List[Optional[Dict]],
+    ) -> List[MultiblankHypothesis]:
+        """Expand the hypotheses of frame t once; queue blanks, return label children.
+
+        Args:
+            current: A hypotheses at frame t.
+            enc_proj_t: (J,) projected encoder frame t.
+            length: (1,) T.
+        """
+        B = self.beam_size
+        A = len(current)
+        device = enc_proj_t.device
+        dec_proj = torch.stack([h.dec_proj for h in current])  # (A, J)
+        logp = self.stepper.log_probs(enc_proj_t.expand(A, -1), dec_proj)  # (A, V)
+        num_sym = torch.tensor([h.num_sym_frame for h in current], device=device)
+        masked = table.mask(
+            logp,
+            torch.full((A,), t, dtype=torch.long, device=device),
+            length.expand(A),
+            num_sym,
+            self.max_sym_per_frame,
+        )
+        base = torch.tensor([h.score for h in current], dtype=torch.float64)
+        cand = base.to(device).unsqueeze(1) + masked.double()  # (A, V)
+        V = cand.size(1)
+        top_scores, top_idx = cand.view(-1).topk(min(B, A * V))
+        keep = torch.isfinite(top_scores)
+        top_scores, top_idx = top_scores[keep].tolist(), top_idx[keep].tolist()
+
+        nxt = queues[t + 1] if t + 1 < len(queues) else None
+        floor = float("-inf")
+        if nxt is not None and len(nxt) >= B:
+            floor = sorted((h.score for h in nxt.values()), reverse=True)[B - 1]
+
+        label_parents, label_syms, label_scores = [], [], []
+        for score, flat in zip(top_scores, top_idx):
+            a, k = divmod(flat, V)
+            parent = current[a]
+            adv = int(table.advance[k])
+            if adv == 0:
+                if score < floor:
+                    continue
+                label_parents.append(a)
+                label_syms.append(k)
+                label_scores.append(score)
+                continue
+            big = adv > 1
+            child = MultiblankHypothesis(
+                score=score,
+                yseq=parent.yseq,
+                dec_state=parent.dec_state,
+                dec_proj=parent.dec_proj,
+                frame=t + adv,
+                num_sym_frame=0,
+                big_blank_emissions=parent.big_blank_emissions + int(big),
+                frames_skipped=parent.frames_skipped + (adv - 1 if big else 0),
+            )
+            self._insert(queues[t + adv], child)
+
+        if not label_parents:
+            return []
+        states = cat_states([current[a].dec_state for a in label_parents])
+        labels = torch.tensor(label_syms, dtype=torch.long, device=device)
+        new_proj, new_state = self.stepper.step(labels, states)  # (L, J)
+        children = []
+        for j, (a, k, score) in enumerate(zip(label_parents, label_syms, label_scores)):
+            parent = current[a]
+            children.append(
+                MultiblankHypothesis(
+                    score=score,
+                    yseq=parent.yseq + [k],
+                    dec_state=select_state(new_state, torch.tensor([j], device=device)),
+                    dec_proj=new_proj[j],
+                    frame=t,
+                    num_sym_frame=parent.num_sym_frame + 1,
+                    big_blank_emissions=parent.big_blank_emissions,
+                    frames_skipped=parent.frames_skipped,
+                )
+            )
+        return children

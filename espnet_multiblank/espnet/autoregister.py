@@ -1,0 +1,115 @@
+"""Install a ``.pth`` start-up hook that registers the plug-in in every process.
+
+With ``espnet_multiblank_autoregister.pth`` in ``site-packages`` every Python process
+of that environment registers the plug-in's classes right after it imports
+``espnet2.tasks.asr``: stock ``python -m espnet2.bin.asr_train`` /
+``espnet2.bin.asr_inference``, ``--collect_stats`` jobs, DDP workers started with
+``spawn``, ``ASRTask.build_model_from_file`` in notebooks. Processes that never import
+ESPnet pay for one tiny ``exec`` at start-up (see :mod:`._hook`).
+
+Usage::
+
+    python -m espnet_multiblank.espnet.autoregister install    # into site-packages
+    python -m espnet_multiblank.espnet.autoregister uninstall
+    python -m espnet_multiblank.espnet.autoregister status
+    python -m espnet_multiblank.espnet.autoregister write DIR   # e.g. a build dir
+
+This module uses only the standard library and can be loaded by file path (from
+``setup.py``) without importing the package.
+"""
+
+import argparse
+import os
+import sys
+import sysconfig
+from typing import Optional
+
+PTH_NAME = "espnet_multiblank_autoregister.pth"
+_HOOK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hook.py")
+
+
+def pth_line() -> str:
+    """The single ``import ...`` line of the ``.pth`` file (the hook source, embedded:
+    the .pth does not need to know where the package is installed)."""
+    with open(_HOOK_FILE, encoding="utf-8") as f:
+        source = _strip_docstrings(f.read()) + "\ninstall_hook()\n"
+    return (
+        "import sys; exec(compile({!r}, {!r}, 'exec'), "
+        "{{'__name__': 'espnet_multiblank_autoregister'}})\n".format(
+            source, "<" + PTH_NAME + ">"
+        )
+    )
+
+
+def _strip_docstrings(source: str) -> str:
+    """``source`` without docstrings and comments (smaller = faster to compile)."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def default_dir() -> str:
+    """``site-packages`` (purelib) of the running interpreter."""
+    return sysconfig.get_paths()["purelib"]
+
+
+def write(directory: Optional[str] = None) -> str:
+    """Write the ``.pth`` file into ``directory`` (default: site-packages)."""
+    directory = directory or default_dir()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, PTH_NAME)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(pth_line())
+    return path
+
+
+def remove(directory: Optional[str] = None) -> bool:
+    """Remove the ``.pth`` file; True if there was one."""
+    path = os.path.join(directory or default_dir(), PTH_NAME)
+    if os.path.exists(path):
+        os.remove(path)
+        return True
+    return False
+
+
+def main(cmd=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m espnet_multiblank.espnet.autoregister", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    for action in ("install", "uninstall", "status"):
+        p = sub.add_parser(action)
+        p.add_argument("--dir", default=None, help="default: site-packages")
+    p = sub.add_parser("write")
+    p.add_argument("dir")
+    args = parser.parse_args(cmd)
+    directory = args.dir or default_dir()
+    if args.action in ("install", "write"):
+        print(f"wrote {write(directory)}")
+    elif args.action == "uninstall":
+        print(("removed " if remove(directory) else "no ") + os.path.join(directory, PTH_NAME))
+    else:
+        path = os.path.join(directory, PTH_NAME)
+        if not os.path.exists(path):
+            print(f"not installed ({path} missing)")
+            return 1
+        with open(path, encoding="utf-8") as f:
+            current = f.read() == pth_line()
+        print(f"installed: {path}" + ("" if current else " (outdated: reinstall)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,511 @@
+"""ESPnet ASR model whose transducer branch uses the espnet-multiblank loss.
+
+Selected from YAML with ``model: multiblank_espnet`` once
+:func:`espnet_multiblank.espnet.registration.register` has run.
+"""
+
+import logging
+import math
+from numbers import Integral, Real
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from typeguard import typechecked
+
+from espnet2.asr.ctc import CTC
+from espnet2.asr.decoder.abs_decoder import AbsDecoder
+from espnet2.asr.encoder.abs_encoder import AbsEncoder
+from espnet2.asr.espnet_model import ESPnetASRModel
+from espnet2.asr.frontend.abs_frontend import AbsFrontend
+from espnet2.asr.postencoder.abs_postencoder import AbsPostEncoder
+from espnet2.asr.preencoder.abs_preencoder import AbsPreEncoder
+from espnet2.asr.specaug.abs_specaug import AbsSpecAug
+from espnet2.asr.transducer.beam_search_transducer import Hypothesis
+from espnet2.asr.transducer.error_calculator import ErrorCalculatorTransducer
+from espnet2.asr_transducer.utils import get_transducer_task_io
+from espnet2.layers.abs_normalize import AbsNormalize
+from espnet.nets.e2e_asr_common import ErrorCalculator
+from espnet_multiblank.espnet.errors import ConfigError
+from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
+from espnet_multiblank.loss.options import REDUCTIONS
+
+logger = logging.getLogger(__name__)
+
+#: ctc_conf.ctc_type values whose blank index can be set (torch.nn.CTCLoss).
+_CTC_TYPES_WITH_BLANK = ("builtin", "builtin2")
+
+
+def _key(name: str) -> str:
+    return f"model_conf.{name}"
+
+
+def check_model_conf(
+    transducer_multi_blank_durations: Any,
+    transducer_multi_blank_sigma: Any,
+    transducer_fastemit_lambda: Any,
+    transducer_clamp: Any,
+    transducer_reduction: Any,
+    transducer_loss_backend: Any,
+) -> Tuple[int, ...]:
+    """Validate the plug-in's ``model_conf`` keys; return the durations as a tuple.
+
+    Raises:
+        ConfigError: naming the offending ``model_conf.<key>``.
+    """
+    durations = transducer_multi_blank_durations
+    if durations is None:
+        durations = ()
+    if isinstance(durations, (str, bytes)) or not isinstance(durations, (list, tuple)):
+        raise ConfigError(
+            f"{_key('transducer_multi_blank_durations')} must be a list of distinct "
+            f"integers >= 2 (e.g. [2, 4, 8]; [] for a standard transducer), got "
+            f"{durations!r}"
+        )
+    bad = [d for d in durations if isinstance(d, bool) or not isinstance(d, Integral)]
+    bad += [d for d in durations if d not in bad and d < 2]
+    if bad or len(set(durations)) != len(durations):
+        raise ConfigError(
+            f"{_key('transducer_multi_blank_durations')} must be a list of distinct "
+            f"integers >= 2 (e.g. [2, 4, 8]; [] for a standard transducer), got "
+            f"{list(durations)!r}"
+        )
+    for name, value in (
+        ("transducer_multi_blank_sigma", transducer_multi_blank_sigma),
+        ("transducer_fastemit_lambda", transducer_fastemit_lambda),
+        ("transducer_clamp", transducer_clamp),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, Real)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            hint = " (0 disables it)" if name == "transducer_clamp" else ""
+            raise ConfigError(
+                f"{_key(name)} must be a finite number >= 0{hint}, got {value!r}"
+            )
+    if transducer_reduction not in REDUCTIONS:
+        raise ConfigError(
+            f"{_key('transducer_reduction')} must be one of {list(REDUCTIONS)}, got "
+            f"{transducer_reduction!r}"
+        )
+    if transducer_loss_backend not in BACKENDS:
+        raise ConfigError(
+            f"{_key('transducer_loss_backend')} must be one of {list(BACKENDS)}, got "
+            f"{transducer_loss_backend!r}"
+        )
+    return tuple(int(d) for d in durations)
+
+
+def _check_token_layout(
+    token_list: Sequence[str], sym_blank: str, durations: Tuple[int, ...]
+) -> int:
+    """Index of the standard blank; checks the big blanks sit just before it."""
+    if sym_blank not in token_list:
+        raise ConfigError(
+            f"{_key('sym_blank')}={sym_blank!r} is not in token_list: a transducer "
+            "needs a blank symbol"
+        )
+    blank_id = list(token_list).index(sym_blank)
+    if blank_id - len(durations) < 0:
+        raise ConfigError(
+            f"{_key('transducer_multi_blank_durations')}={list(durations)} needs "
+            f"{len(durations)} big blanks just before {sym_blank!r} (index {blank_id}) "
+            "in token_list"
+        )
+    for i, d in enumerate(durations):
+        expected = f"<blank{d}>"
+        got = token_list[blank_id - 1 - i]
+        if got != expected:
+            raise ConfigError(
+                f"{_key('transducer_multi_blank_durations')}={list(durations)}: "
+                f"token_list[{blank_id - 1 - i}] must be {expected!r} (big blank {i} "
+                f"sits at index blank - 1 - {i}), got {got!r}; ESPnet's ASRTask "
+                "inserts these tokens when model_conf lists the durations"
+            )
+    return blank_id
+
+
+class MultiblankGreedySearch:
+    """Greedy (multi-blank) transducer search used for validation CER/WER.
+
+    A big blank of duration ``d`` advances ``d`` frames, the standard blank one frame;
+    at most ``max_symbols_per_step`` labels are emitted per frame.
+    """
+
+    def __init__(
+        self,
+        decoder: AbsDecoder,
+        joint_network: torch.nn.Module,
+        blank_id: int,
+        big_blank_durations: Sequence[int] = (),
+        max_symbols_per_step: int = 5,
+    ):
+        self.decoder = decoder
+        self.joint_network = joint_network
+        self.blank_id = blank_id
+        self.advance = {blank_id: 1}
+        for i, d in enumerate(big_blank_durations):
+            self.advance[blank_id - 1 - i] = int(d)
+        self.max_symbols_per_step = max_symbols_per_step
+
+    def __call__(self, enc_out: torch.Tensor) -> List[Hypothesis]:
+        """Decode one utterance ``enc_out`` (T, D_enc); returns a 1-best list."""
+        hyp = Hypothesis(
+            score=0.0, yseq=[self.blank_id], dec_state=self.decoder.init_state(1)
+        )
+        cache: Dict[str, Any] = {}
+        dec_out, state, _ = self.decoder.score(hyp, cache)
+        t, n_frames = 0, enc_out.size(0)
+        while t < n_frames:
+            step = 1
+            for _ in range(self.max_symbols_per_step):
+                logp = torch.log_softmax(
+                    self.joint_network(enc_out[t], dec_out).float(), dim=-1
+                )
+                top_logp, pred = torch.max(logp, dim=-1)
+                pred = int(pred)
+                hyp.score += top_logp.item()
+                if pred in self.advance:
+                    step = self.advance[pred]
+                    break
+                hyp.yseq.append(pred)
+                hyp.dec_state = state
+                dec_out, state, _ = self.decoder.score(hyp, cache)
+            t += step
+        return [hyp]
+
+
+class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
+    """ESPnet's transducer CER/WER calculator with the right (multi-)blank handling.
+
+    ESPnet's calculator decodes with ``BeamSearchTransducer`` (which treats
+    ``decoder.blank_id`` as the only blank, so big blanks would be emitted as labels)
+    and strips blanks by string replacement. This one decodes with
+    :class:`MultiblankGreedySearch` and drops every blank id (standard and big) from
+    hypotheses and references before scoring.
+    """
+
+    def __init__(
+        self,
+        decoder: AbsDecoder,
+        joint_network: torch.nn.Module,
+        token_list: List[str],
+        sym_space: str,
+        sym_blank: str,
+        blank_id: int,
+        big_blank_durations: Sequence[int] = (),
+        report_cer: bool = False,
+        report_wer: bool = False,
+    ):
+        super().__init__(
+            decoder,
+            joint_network,
+            token_list,
+            sym_space,
+            sym_blank,
+            report_cer=report_cer,
+            report_wer=report_wer,
+        )
+        self.beam_search = MultiblankGreedySearch(
+            decoder, joint_network, blank_id, big_blank_durations
+        )
+        self.blank_ids = frozenset(
+            [blank_id] + [blank_id - 1 - i for i in range(len(big_blank_durations))]
+        )
+
+    def convert_to_char(self, pred, target) -> Tuple[List[str], List[str]]:
+        """Token ids to strings, dropping all blanks (and padding) by id."""
+
+        def to_str(ids) -> str:
+            tokens = [
+                self.token_list[int(i)]
+                for i in ids
+                if int(i) >= 0 and int(i) not in self.blank_ids
+            ]
+            return "".join(tokens).replace(self.space, " ")
+
+        return [to_str(p) for p in pred], [to_str(r) for r in target]
+
+    def __call__(
+        self,
+        encoder_out: torch.Tensor,
+        target: torch.Tensor,
+        encoder_out_lens: Optional[torch.Tensor] = None,
+    ) -> Tuple[Optional[float], Optional[float]]:
+        """Sentence-level CER and WER of greedy hypotheses.
+
+        Args:
+            encoder_out: Encoder output sequences. (B, T, D_enc)
+            target: Target label ID sequences. (B, L)
+            encoder_out_lens: Valid frames per utterance (B,); None = all T frames
+                (ESPnet's behaviour, which also decodes the padding).
+        """
+        if not (self.report_cer or self.report_wer):
+            return None, None
+        device = next(self.decoder.parameters()).device
+        encoder_out = encoder_out.to(device)
+        pred = []
+        for b in range(encoder_out.size(0)):
+            n = encoder_out.size(1) if encoder_out_lens is None else encoder_out_lens[b]
+            pred.append(self.beam_search(encoder_out[b, : int(n)])[0].yseq[1:])
+        char_pred, char_target = self.convert_to_char(pred, target)
+        cer = self.calculate_cer(char_pred, char_target) if self.report_cer else None
+        wer = self.calculate_wer(char_pred, char_target) if self.report_wer else None
+        return cer, wer
+
+
+class MultiblankCTCErrorCalculator(ErrorCalculator):
+    """ESPnet's CTC CER calculator that also treats big blanks as blank."""
+
+    def __init__(self, *args, big_blank_ids: Sequence[int] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.big_blank_ids = tuple(big_blank_ids)
+
+    def __call__(self, ys_hat, ys_pad, is_ctc=False):
+        if is_ctc and self.big_blank_ids and self.idx_blank is not None:
+            ys_hat = ys_hat.clone()
+            for i in self.big_blank_ids:
+                ys_hat[ys_hat == i] = self.idx_blank
+        return super().__call__(ys_hat, ys_pad, is_ctc=is_ctc)
+
+
+class MultiblankESPnetASRModel(ESPnetASRModel):
+    """ESPnet ASR model with a (multi-blank) transducer trained by espnet-multiblank.
+
+    YAML: ``model: multiblank_espnet``, ``decoder: transducer`` (+ ``joint_net_conf``)
+    and, in ``model_conf``, every key of ESPnet's ``ESPnetASRModel`` plus:
+
+    * ``transducer_multi_blank_durations``: big-blank durations, e.g. ``[2, 4, 8]``;
+      ``[]`` = standard RNN-T (no ``warprnnt_pytorch`` needed). ESPnet's
+      ``ASRTask.build_model`` reads this key from ``model_conf`` (whatever the model)
+      and inserts ``<blank{d}>`` before ``<blank>`` in the token list.
+    * ``transducer_multi_blank_sigma`` (default 0.05): logit under-normalisation.
+    * ``transducer_fastemit_lambda`` (default 0): FastEmit weight.
+    * ``transducer_clamp`` (default 0 = off): clip the loss gradient to [-c, c].
+    * ``transducer_reduction`` (default "mean" = sum / batch, ESPnet's): also "sum",
+      "mean_volume" (NeMo's mean of cost / target length).
+    * ``transducer_loss_backend`` (default "auto"): "auto", "numba" or "torch".
+
+    Attributes (the contract used by espnet-multiblank's searches and inference):
+        blank_id (int): index of the standard blank ``sym_blank`` in ``token_list``.
+        big_blank_durations (Tuple[int, ...]): ``(d_0, ..., d_{N-1})``; ``()`` for a
+            standard transducer.
+        big_blank_ids (Tuple[int, ...]): index of big blank ``i`` = ``blank_id - 1 - i``.
+        decoder (TransducerDecoder): ESPnet's prediction network; its ``blank_id`` is
+            set to ``blank_id`` (ESPnet leaves 0, i.e. the longest big blank) and its
+            embedding's ``padding_idx`` is the standard blank (the start symbol has a
+            zero, untrained embedding, as in ESPnet's standard transducer).
+        joint_network (JointNetwork): ESPnet's joint network; outputs raw logits over
+            the whole vocabulary (all blanks included).
+        token_list (List[str]): vocabulary, big blanks included.
+        criterion_transducer (MultiblankRNNTLoss): the loss (raw logits in).
+        transducer_multi_blank_durations (List[int]): same as ``big_blank_durations``
+            (ESPnet's attribute name, read by ESPnet's ``Speech2Text``).
+
+    The CTC branch (if ``ctc_weight > 0``) uses the standard blank as CTC blank, and
+    validation CER/WER decode greedily with big blanks skipping frames and strip every
+    blank symbol.
+    """
+
+    @typechecked
+    def __init__(
+        self,
+        vocab_size: int,
+        token_list: Union[Tuple[str, ...], List[str]],
+        frontend: Optional[AbsFrontend],
+        specaug: Optional[AbsSpecAug],
+        normalize: Optional[AbsNormalize],
+        preencoder: Optional[AbsPreEncoder],
+        encoder: Optional[AbsEncoder],
+        postencoder: Optional[AbsPostEncoder],
+        decoder: Optional[AbsDecoder],
+        ctc: CTC,
+        joint_network: Optional[torch.nn.Module],
+        aux_ctc: Optional[dict] = None,
+        ctc_weight: float = 0.5,
+        interctc_weight: float = 0.0,
+        ignore_id: int = -1,
+        lsm_weight: float = 0.0,
+        length_normalized_loss: bool = False,
+        report_cer: bool = True,
+        report_wer: bool = True,
+        sym_space: str = "<space>",
+        sym_blank: str = "<blank>",
+        transducer_multi_blank_durations: Any = (),
+        transducer_multi_blank_sigma: Any = 0.05,
+        transducer_fastemit_lambda: Any = 0.0,
+        transducer_clamp: Any = 0.0,
+        transducer_reduction: Any = "mean",
+        transducer_loss_backend: Any = "auto",
+        sym_sos: str = "<sos/eos>",
+        sym_eos: str = "<sos/eos>",
+        autocast_frontend: bool = False,
+        extract_feats_in_collect_stats: bool = True,
+        lang_token_id: int = -1,
+    ):
+        durations = check_model_conf(
+            transducer_multi_blank_durations,
+            transducer_multi_blank_sigma,
+            transducer_fastemit_lambda,
+            transducer_clamp,
+            transducer_reduction,
+            transducer_loss_backend,
+        )
+        if joint_network is None or decoder is None:
+            raise ConfigError(
+                "model: multiblank_espnet is a transducer: set decoder: transducer "
+                "(and joint_net_conf)"
+            )
+        if not 0.0 <= ctc_weight <= 1.0:
+            raise ConfigError(f"{_key('ctc_weight')} must be in [0, 1], got {ctc_weight}")
+        blank_id = _check_token_layout(token_list, sym_blank, durations)
+        if ctc_weight > 0 and ctc.ctc_type not in _CTC_TYPES_WITH_BLANK and blank_id:
+            raise ConfigError(
+                f"ctc_conf.ctc_type={ctc.ctc_type!r} always uses blank 0, but the "
+                f"standard blank is {blank_id}: use ctc_type "
+                f"{' or '.join(_CTC_TYPES_WITH_BLANK)}, or model_conf.ctc_weight: 0"
+            )
+
+        # ESPnet's constructor imports warprnnt_pytorch for an empty duration list; a
+        # non-empty list makes it build its own (unused) Numba loss instead, which
+        # is replaced below.
+        super().__init__(
+            vocab_size=vocab_size,
+            token_list=token_list,
+            frontend=frontend,
+            specaug=specaug,
+            normalize=normalize,
+            preencoder=preencoder,
+            encoder=encoder,
+            postencoder=postencoder,
+            decoder=decoder,
+            ctc=ctc,
+            joint_network=joint_network,
+            aux_ctc=aux_ctc,
+            ctc_weight=ctc_weight,
+            interctc_weight=interctc_weight,
+            ignore_id=ignore_id,
+            lsm_weight=lsm_weight,
+            length_normalized_loss=length_normalized_loss,
+            report_cer=report_cer,
+            report_wer=report_wer,
+            sym_space=sym_space,
+            sym_blank=sym_blank,
+            transducer_multi_blank_durations=list(durations) or [2],
+            transducer_multi_blank_sigma=float(transducer_multi_blank_sigma),
+            sym_sos=sym_sos,
+            sym_eos=sym_eos,
+            autocast_frontend=autocast_frontend,
+            extract_feats_in_collect_stats=extract_feats_in_collect_stats,
+            lang_token_id=lang_token_id,
+        )
+        assert self.blank_id == blank_id, (self.blank_id, blank_id)
+
+        self.big_blank_durations: Tuple[int, ...] = durations
+        self.big_blank_ids: Tuple[int, ...] = tuple(
+            blank_id - 1 - i for i in range(len(durations))
+        )
+        self.transducer_multi_blank_durations = list(durations)
+        self.criterion_transducer = MultiblankRNNTLoss(
+            blank=blank_id,
+            big_blank_durations=durations,
+            reduction=transducer_reduction,
+            fastemit_lambda=float(transducer_fastemit_lambda),
+            clamp=float(transducer_clamp),
+            sigma=float(transducer_multi_blank_sigma),
+            backend=transducer_loss_backend,
+        )
+
+        # The prediction network starts from, and searches treat as blank, the
+        # standard blank (ESPnet leaves decoder.blank_id = embed_pad = 0).
+        self.decoder.blank_id = blank_id
+        embed = getattr(self.decoder, "embed", None)
+        if isinstance(embed, torch.nn.Embedding) and embed.padding_idx != blank_id:
+            embed.padding_idx = blank_id
+            with torch.no_grad():
+                embed.weight[blank_id].zero_()
+
+        # CTC: torch.nn.CTCLoss defaults to blank 0 (the longest big blank here).
+        if self.ctc is not None and self.ctc.ctc_type in _CTC_TYPES_WITH_BLANK:
+            old = self.ctc.ctc_loss
+            self.ctc.ctc_loss = torch.nn.CTCLoss(
+                blank=blank_id,
+                reduction=old.reduction,
+                zero_infinity=old.zero_infinity,
+            )
+
+        if report_cer or report_wer:
+            self.error_calculator_trans = MultiblankErrorCalculatorTransducer(
+                self.decoder,
+                self.joint_network,
+                list(token_list),
+                sym_space,
+                sym_blank,
+                blank_id=blank_id,
+                big_blank_durations=durations,
+                report_cer=report_cer,
+                report_wer=report_wer,
+            )
+        elif self.error_calculator is not None:
+            self.error_calculator = MultiblankCTCErrorCalculator(
+                list(token_list),
+                sym_space,
+                sym_blank,
+                report_cer,
+                report_wer,
+                big_blank_ids=self.big_blank_ids,
+            )
+
+    def joint_logits(
+        self, encoder_out: torch.Tensor, decoder_out: torch.Tensor
+    ) -> torch.Tensor:
+        """Raw joint-network logits (B, T, U, V) for encoder (B, T, D) and decoder
+        (B, U, D) outputs."""
+        return self.joint_network(encoder_out.unsqueeze(2), decoder_out.unsqueeze(1))
+
+    def _calc_transducer_loss(
+        self,
+        encoder_out: torch.Tensor,
+        encoder_out_lens: torch.Tensor,
+        labels: torch.Tensor,
+    ):
+        """Transducer loss (espnet-multiblank) and, in eval mode, CER/WER.
+
+        Args:
+            encoder_out: Encoder output sequences. (B, T, D_enc)
+            encoder_out_lens: Encoder output sequences lengths. (B,)
+            labels: Label ID sequences, padded with ``ignore_id``. (B, L)
+
+        Returns:
+            loss_transducer, cer_transducer, wer_transducer
+        """
+        decoder_in, target, t_len, u_len = get_transducer_task_io(
+            labels,
+            encoder_out_lens,
+            ignore_id=self.ignore_id,
+            blank_id=self.blank_id,
+        )
+        self.decoder.set_device(encoder_out.device)
+        decoder_out = self.decoder(decoder_in)
+        joint_out = self.joint_logits(encoder_out, decoder_out)
+
+        # The loss computes in float32 whatever autocast chose for the joint network.
+        if joint_out.dtype not in (torch.float32, torch.float64):
+            joint_out = joint_out.float()
+        with torch.autocast(device_type=joint_out.device.type, enabled=False):
+            loss_transducer = self.criterion_transducer(
+                joint_out, target, t_len, u_len
+            )
+
+        cer_transducer, wer_transducer = None, None
+        if not self.training and self.error_calculator_trans is not None:
+            if isinstance(self.error_calculator_trans, MultiblankErrorCalculatorTransducer):
+                cer_transducer, wer_transducer = self.error_calculator_trans(
+                    encoder_out, target, encoder_out_lens
+                )
+            else:
+                cer_transducer, wer_transducer = self.error_calculator_trans(
+                    encoder_out, target
+                )
+        return loss_transducer, cer_transducer, wer_transducer

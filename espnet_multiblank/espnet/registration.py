@@ -1,0 +1,96 @@
+"""Make the plug-in's classes selectable from ESPnet ASR configs.
+
+ESPnet has no plug-in mechanism: ``espnet2.tasks.asr`` keeps module-level
+``ClassChoices`` whose dicts are frozen into argparse ``choices=`` when the parser is
+built and looked up again by ``ASRTask.build_model``. :func:`register` adds
+
+==================  ===================  =============================================
+choices             name                 class
+==================  ===================  =============================================
+``model``           ``multiblank_espnet``  :class:`~.model.MultiblankESPnetASRModel`
+``frontend``        ``grad_scaled``      :class:`~.grad_scaled.GradScaledFrontend`
+``preencoder``      ``grad_scaled``      :class:`~.grad_scaled.GradScaledPreEncoder`
+==================  ===================  =============================================
+
+It must run, before the parser is built or a model is rebuilt, in every process:
+``python -m espnet_multiblank.bin.asr_train`` does it at import (so DDP workers
+started with ``spawn``, which re-import ``__main__``, do it too); the ``.pth`` hook of
+:mod:`espnet_multiblank.espnet.autoregister` does it whenever ``espnet2.tasks.asr``
+is imported (stock ``espnet2.bin.*`` scripts included); any other program calls
+``espnet_multiblank.register()`` first.
+
+This module imports nothing from ESPnet at import time, so the start-up hook can
+import it while ``espnet2.tasks.asr`` is being set up.
+"""
+
+import threading
+from typing import Dict, Type
+
+_LOCK = threading.RLock()
+
+#: choices name -> {choice name -> "module:Class"}
+ENTRIES: Dict[str, Dict[str, str]] = {
+    "model": {
+        "multiblank_espnet": "espnet_multiblank.espnet.model:MultiblankESPnetASRModel"
+    },
+    "frontend": {"grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledFrontend"},
+    "preencoder": {
+        "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledPreEncoder"
+    },
+}
+
+
+def _load(path: str) -> Type:
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def register() -> None:
+    """Add the plug-in's classes to ``espnet2.tasks.asr``'s class choices.
+
+    Idempotent and thread-safe; cheap after the first call. Raises RuntimeError when
+    another class already owns one of the names.
+    """
+    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+    import importlib
+
+    asr = importlib.import_module("espnet2.tasks.asr")
+
+    with _LOCK:
+        for kind, entries in ENTRIES.items():
+            choices = getattr(asr, f"{kind}_choices")
+            for name, path in entries.items():
+                cls = _load(path)
+                current = choices.classes.get(name)
+                if current is cls:
+                    continue
+                if current is not None and (
+                    current.__module__,
+                    current.__qualname__,
+                ) != (cls.__module__, cls.__qualname__):
+                    raise RuntimeError(
+                        f"espnet-multiblank: {kind} choice {name!r} is already taken "
+                        f"by {current.__module__}.{current.__qualname__}"
+                    )
+                if choices.base_type is not None and not issubclass(
+                    cls, choices.base_type
+                ):  # pragma: no cover - guards against ESPnet API changes
+                    raise TypeError(f"{cls} is not a {choices.base_type}")
+                choices.classes[name] = cls
+
+
+def is_registered() -> bool:
+    """True when every plug-in class is selectable in this process (does not import
+    ESPnet: False when ``espnet2.tasks.asr`` has not been imported yet)."""
+    import sys
+
+    asr = sys.modules.get("espnet2.tasks.asr")
+    if asr is None:
+        return False
+    for kind, entries in ENTRIES.items():
+        choices = getattr(asr, f"{kind}_choices", None)
+        if choices is None or any(name not in choices.classes for name in entries):
+            return False
+    return True

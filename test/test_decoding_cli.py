@@ -1,0 +1,268 @@
+"""End-to-end: ``espnet_multiblank.bin.asr_inference`` on tiny random models.
+
+The in-process tests use ESPnet's own ``model: espnet`` (standard, and multi-blank via
+``model_conf.transducer_multi_blank_durations``), so they do not need the plug-in's
+registration; the subprocess test runs the real CLI (``register()`` first) with
+``model: multiblank_espnet`` and is skipped while that code is absent.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf" / "decode"
+STATS_KEYS = {
+    "num_utterances",
+    "audio_seconds",
+    "decode_seconds",
+    "rtf",
+    "total_frames",
+    "frames_skipped_by_big_blanks",
+    "big_blank_emissions",
+}
+TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]
+LENGTHS = [8000, 12000, 4000]  # samples at 16 kHz
+
+
+def _train_args(model="espnet", durations=None):
+    model_conf = "{}"
+    if durations:
+        model_conf = "{transducer_multi_blank_durations: %s}" % list(durations)
+    return [
+        "--model",
+        model,
+        "--token_type",
+        "char",
+        "--decoder",
+        "transducer",
+        "--decoder_conf",
+        "{hidden_size: 16}",
+        "--joint_net_conf",
+        "{joint_space_size: 16}",
+        "--encoder",
+        "rnn",
+        "--encoder_conf",
+        "{num_layers: 1, hidden_size: 16, output_size: 16, subsample: [1, 2]}",
+        "--frontend_conf",
+        "{n_fft: 256, hop_length: 128, n_mels: 8}",
+        "--model_conf",
+        model_conf,
+    ]
+
+
+def make_experiment(root: Path, durations=None, model="espnet") -> Path:
+    """config.yaml (ASRTask --dry_run) + model.pth with blank-leaning joint bias."""
+    from espnet2.tasks.asr import ASRTask
+
+    exp = root / "exp"
+    (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
+    ASRTask.main(
+        cmd=[
+            "--dry_run",
+            "true",
+            "--output_dir",
+            str(exp),
+            "--token_list",
+            str(root / "tokens.txt"),
+        ]
+        + _train_args(model, durations)
+    )
+    torch.manual_seed(0)
+    asr_model, _ = ASRTask.build_model_from_file(exp / "config.yaml", None, "cpu")
+    n_blanks = len(durations or ())
+    with torch.no_grad():  # a few labels, mostly blanks: short hypotheses
+        bias = asr_model.joint_network.lin_out.bias
+        bias[asr_model.blank_id - n_blanks : asr_model.blank_id + 1] += 2.0
+    torch.save(asr_model.state_dict(), exp / "model.pth")
+    return exp
+
+
+def make_data(root: Path) -> Path:
+    import soundfile
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for i, n in enumerate(LENGTHS):
+        wav = root / f"u{i}.wav"
+        soundfile.write(wav, (0.1 * rng.standard_normal(n)).astype(np.float32), 16000)
+        lines.append(f"u{i} {wav}")
+    scp = root / "wav.scp"
+    scp.write_text("\n".join(lines) + "\n")
+    return scp
+
+
+def run_inference(exp: Path, scp: Path, out: Path, conf: str, *extra: str):
+    from espnet_multiblank.bin.asr_inference import get_parser, inference
+
+    args = get_parser().parse_args(
+        [
+            "--config",
+            str(CONF / conf),
+            "--asr_train_config",
+            str(exp / "config.yaml"),
+            "--asr_model_file",
+            str(exp / "model.pth"),
+            "--data_path_and_name_and_type",
+            f"{scp},speech,sound",
+            "--output_dir",
+            str(out),
+            *extra,
+        ]
+    )
+    kwargs = vars(args)
+    kwargs.pop("config", None)
+    torch.set_num_threads(1)
+    inference(**kwargs)
+    return check_outputs(out)
+
+
+def check_outputs(out: Path):
+    stats = json.loads((out / "decoding_stats.json").read_text())
+    assert STATS_KEYS <= set(stats)
+    assert stats["num_utterances"] == len(LENGTHS)
+    assert stats["audio_seconds"] == pytest.approx(sum(LENGTHS) / 16000)
+    assert stats["decode_seconds"] > 0
+    assert stats["rtf"] == pytest.approx(
+        stats["decode_seconds"] / stats["audio_seconds"]
+    )
+    assert stats["total_frames"] > 0
+    assert stats["frames_skipped_by_big_blanks"] >= stats["big_blank_emissions"]
+    best = out / "1best_recog"
+    for name in ("text", "token", "token_int", "score"):
+        keys = [
+            line.split(maxsplit=1)[0] for line in (best / name).read_text().splitlines()
+        ]
+        assert sorted(keys) == [f"u{i}" for i in range(len(LENGTHS))], name
+    return stats
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decode")
+    return root, make_data(root)
+
+
+@pytest.fixture(scope="module")
+def mb_exp(workdir):
+    root = workdir[0] / "mb"
+    root.mkdir()
+    return make_experiment(root, durations=(2, 4))
+
+
+@pytest.fixture(scope="module")
+def std_exp(workdir):
+    """ESPnet's standard transducer model; its loss needs ``warprnnt_pytorch`` (a
+    separately built package, absent here) only to be constructed: stub it."""
+    import types
+
+    root = workdir[0] / "std"
+    root.mkdir()
+    stub = types.ModuleType("warprnnt_pytorch")
+    stub.RNNTLoss = lambda **kwargs: torch.nn.Identity()
+    saved = sys.modules.get("warprnnt_pytorch")
+    sys.modules.setdefault("warprnnt_pytorch", stub)
+    try:
+        yield make_experiment(root)
+    finally:
+        if saved is None and sys.modules.get("warprnnt_pytorch") is stub:
+            del sys.modules["warprnnt_pytorch"]
+
+
+def test_espnet_multiblank_config_layout(mb_exp):
+    from espnet2.tasks.asr import ASRTask
+
+    from espnet_multiblank.decoding import build_transducer_search, layout_from_model
+
+    model, _ = ASRTask.build_model_from_file(mb_exp / "config.yaml", None, "cpu")
+    assert model.token_list[:3] == ["<blank4>", "<blank2>", "<blank>"]
+    assert model.decoder.blank_id == 0  # ESPnet's defect...
+    lay = layout_from_model(model)
+    assert (lay.blank_id, lay.durations, lay.big_blank_ids) == (2, (2, 4), (1, 0))
+    build_transducer_search(model, search_type="greedy")
+    assert model.decoder.blank_id == 2  # ...fixed before any search runs
+
+
+def test_cli_mb_greedy_batched_and_single(workdir, mb_exp):
+    root, scp = workdir
+    batched = run_inference(mb_exp, scp, root / "o_mbg_b2", "mb_greedy.yaml")
+    assert batched["batch_size"] == 8 and batched["search"] == "MultiblankGreedySearch"
+    single = run_inference(
+        mb_exp, scp, root / "o_mbg_b1", "mb_greedy.yaml", "--batch_size", "1"
+    )
+    assert single["batch_size"] == 1
+    assert single["total_frames"] == batched["total_frames"]
+    assert single["big_blank_emissions"] > 0
+
+
+def test_cli_mb_beam(workdir, mb_exp):
+    root, scp = workdir
+    stats = run_inference(mb_exp, scp, root / "o_mbbeam", "mb_beam.yaml")
+    assert stats["search"] == "MultiblankBeamSearch"
+    assert stats["big_blank_emissions"] > 0
+
+
+def test_cli_standard_searches_map_on_multiblank_model(workdir, mb_exp):
+    root, scp = workdir
+    stats = run_inference(mb_exp, scp, root / "o_greedy_mb", "greedy.yaml")
+    assert stats["search"] == "MultiblankGreedySearch"
+
+
+def test_cli_standard_model(workdir, std_exp):
+    root, scp = workdir
+    for conf in ("greedy.yaml", "beam.yaml"):
+        stats = run_inference(std_exp, scp, root / f"o_std_{conf}", conf)
+        assert stats["search"] == "BeamSearchTransducer"
+        assert stats["big_blank_emissions"] == 0
+        assert stats["frames_skipped_by_big_blanks"] == 0
+    stats = run_inference(std_exp, scp, root / "o_std_mbg", "mb_greedy.yaml")
+    assert stats["search"] == "MultiblankGreedySearch"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("espnet_multiblank.espnet.registration") is None,
+    reason="espnet_multiblank.espnet.registration (model: multiblank_espnet) has "
+    "not landed yet",
+)
+def test_cli_subprocess_multiblank_espnet(workdir):
+    """``python -m espnet_multiblank.bin.asr_inference`` on a multiblank_espnet model."""
+    import espnet_multiblank
+
+    root, scp = workdir
+    espnet_multiblank.register()  # idempotent; the CLI process registers on its own
+    (root / "plugin").mkdir()
+    make_experiment(root / "plugin", durations=(2, 4), model="multiblank_espnet")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    exp = root / "plugin" / "exp"
+    out = root / "o_plugin"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "espnet_multiblank.bin.asr_inference",
+            "--config",
+            str(CONF / "mb_greedy.yaml"),
+            "--asr_train_config",
+            str(exp / "config.yaml"),
+            "--asr_model_file",
+            str(exp / "model.pth"),
+            "--data_path_and_name_and_type",
+            f"{scp},speech,sound",
+            "--output_dir",
+            str(out),
+        ],
+        check=True,
+        env=env,
+        cwd=REPO,
+    )
+    stats = check_outputs(out)
+    assert stats["search"] == "MultiblankGreedySearch"

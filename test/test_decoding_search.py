@@ -1,0 +1,327 @@
+"""Multi-blank greedy (batched and single) and beam search on tiny random models."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+
+# isort: split
+from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
+from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
+from espnet2.asr_transducer.joint_network import JointNetwork
+
+from espnet_multiblank.decoding import (
+    BlankLayout,
+    MultiblankBeamSearch,
+    MultiblankGreedySearch,
+    build_transducer_search,
+    layout_from_model,
+    resolve_search_type,
+)
+
+V = 10
+D_ENC = 8
+DURS = (2, 4, 8)
+BLANK = 3  # <blank8>, <blank4>, <blank2>, <blank>, labels 4..9
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add overhead (shared CPUs)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_model(seed=0, blank_id=BLANK, durations=DURS, blank_bias=2.0, vocab=V):
+    """Random TransducerDecoder + JointNetwork; decoder built like ESPnet (pad 0)."""
+    torch.manual_seed(seed)
+    decoder = TransducerDecoder(vocab, hidden_size=12, embed_pad=0).eval()
+    joint = JointNetwork(vocab, D_ENC, 12, joint_space_size=12).eval()
+    with torch.no_grad():  # blanks likely enough that hypotheses stay short
+        joint.lin_out.bias[blank_id - len(durations) : blank_id + 1] += blank_bias
+        joint.lin_out.weight.mul_(3.0)
+    return SimpleNamespace(
+        decoder=decoder,
+        joint_network=joint,
+        blank_id=blank_id,
+        big_blank_durations=tuple(durations),
+        big_blank_ids=tuple(blank_id - 1 - i for i in range(len(durations))),
+        token_list=[f"t{i}" for i in range(vocab)],
+    )
+
+
+def enc_batch(seed, lens):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(len(lens), max(lens), D_ENC, generator=g), torch.tensor(lens)
+
+
+@pytest.mark.parametrize("durations", [DURS, ()])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_greedy_equals_one_at_a_time(durations, seed):
+    blank_id = BLANK if durations else 0
+    model = make_model(seed, blank_id=blank_id, durations=durations)
+    search = build_transducer_search(model, search_type="mb_greedy")
+    lens = [23, 1, 17, 9, 0, 30]
+    enc, enc_lens = enc_batch(seed, lens)
+    batch = search.search_batch(enc, enc_lens)
+    for b, T in enumerate(lens):
+        one = search.search_one(enc[b, :T])
+        got = batch[b]
+        assert got.yseq == one.yseq
+        assert got.frame == one.frame == T
+        assert got.big_blank_emissions == one.big_blank_emissions
+        assert got.frames_skipped == one.frames_skipped
+        assert math.isclose(got.score, one.score, rel_tol=1e-5, abs_tol=1e-4)
+        # ESPnet interface
+        assert search(enc[b, :T])[0].yseq == one.yseq
+
+
+def test_greedy_uses_big_blanks_and_labels():
+    """The fixture model really exercises labels, big blanks and standard blanks."""
+    model = make_model(0)
+    search = build_transducer_search(model, search_type="mb_greedy")
+    enc, lens = enc_batch(0, [40] * 4)
+    hyps = search.search_batch(enc, lens)
+    assert sum(len(h.yseq) - 1 for h in hyps) > 0
+    assert sum(h.big_blank_emissions for h in hyps) > 0
+    for h in hyps:
+        assert all(k > BLANK for k in h.yseq[1:])  # never a blank in the output
+
+
+@pytest.mark.parametrize("durations", [DURS, (3,), ()])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_size_one_equals_greedy(durations, seed):
+    blank_id = 3 if durations else 1
+    model = make_model(seed, blank_id=blank_id, durations=durations)
+    greedy = build_transducer_search(model, search_type="mb_greedy")
+    beam1 = build_transducer_search(model, search_type="mb_beam", beam_size=1)
+    assert isinstance(beam1, MultiblankBeamSearch)
+    enc, lens = enc_batch(seed + 10, [31, 5, 18])
+    for b, T in enumerate(lens.tolist()):
+        g = greedy.search_one(enc[b, :T])
+        (h,) = beam1(enc[b, :T])
+        assert h.yseq == g.yseq
+        assert h.big_blank_emissions == g.big_blank_emissions
+        assert h.frames_skipped == g.frames_skipped
+        assert math.isclose(h.score, g.score, rel_tol=1e-6, abs_tol=1e-5)
+
+
+def test_max_symbols_per_frame_guard():
+    """A joint that always prefers a label still terminates: blank forced after n."""
+    model = make_model(0, blank_bias=-20.0)
+    search = build_transducer_search(
+        model, search_type="mb_greedy", max_sym_per_frame=3
+    )
+    enc, lens = enc_batch(0, [7, 4])
+    for hyp in search.search_batch(enc, lens):
+        blank_emissions = hyp.frame - hyp.frames_skipped
+        assert len(hyp.yseq) - 1 == 3 * blank_emissions
+    beam = build_transducer_search(
+        model, search_type="mb_beam", beam_size=3, max_sym_per_frame=2
+    )
+    (h,) = beam(enc[1, :4])
+    assert len(h.yseq) - 1 == 2 * (4 - h.frames_skipped)
+
+
+def always_big_blank_model(d_index, durations=DURS):
+    """A joint whose output ignores its input: big blank ``d_index`` first, then the
+    next-longer-fitting blanks (bias order: chosen big blank > shorter ones > blank)."""
+    model = make_model(0, durations=durations)
+    joint = model.joint_network
+    with torch.no_grad():
+        joint.lin_out.weight.zero_()
+        joint.lin_out.bias.fill_(-5.0)
+        for i, d in enumerate(durations):
+            joint.lin_out.bias[BLANK - 1 - i] = 1.0 + (d if i <= d_index else -d)
+        joint.lin_out.bias[BLANK] = 0.5
+    return model
+
+
+@pytest.mark.parametrize("T", [1, 7, 8, 16, 21])
+def test_big_blank_advances_by_its_duration(T):
+    model = always_big_blank_model(1)  # prefers <blank4>, then <blank2>, then <blank>
+    enc, lens = enc_batch(3, [T])
+    # expected path: as many 4s as fit, then a 2 if it fits, then 1s
+    steps, t, exp_big, exp_skip = [], 0, 0, 0
+    while t < T:
+        d = 4 if t + 4 <= T else (2 if t + 2 <= T else 1)
+        steps.append(d)
+        t += d
+        if d > 1:
+            exp_big += 1
+            exp_skip += d - 1
+    assert exp_skip == T - len(steps)
+    for search in (
+        build_transducer_search(model, search_type="mb_greedy"),
+        build_transducer_search(model, search_type="mb_beam", beam_size=4),
+    ):
+        if isinstance(search, MultiblankGreedySearch):
+            (h,) = search.search_batch(enc, lens)
+        else:
+            (h,) = search(enc[0])
+        assert h.yseq == [BLANK]
+        assert h.frame == T
+        assert h.big_blank_emissions == exp_big
+        assert h.frames_skipped == exp_skip
+        # score = sum of the chosen blanks' log-probs along that path
+        logp = torch.log_softmax(model.joint_network.lin_out.bias.detach(), dim=-1)
+        sym = {1: BLANK, 2: BLANK - 1, 4: BLANK - 2}
+        expected = sum(float(logp[sym[d]]) for d in steps)
+        if isinstance(search, MultiblankGreedySearch):
+            assert math.isclose(h.score, expected, rel_tol=1e-5)
+        else:  # beam merges alignments of the same (empty) label sequence
+            assert h.score >= expected - 1e-5
+
+
+def test_big_blank_never_overshoots():
+    model = always_big_blank_model(2)  # prefers <blank8>
+    search = build_transducer_search(model, search_type="mb_greedy")
+    enc, lens = enc_batch(0, [5, 8, 13])
+    for h, T in zip(search.search_batch(enc, lens), lens.tolist()):
+        assert h.frame == T
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("beam_size", [2, 4, 8])
+def test_beam_score_not_below_greedy(seed, beam_size):
+    model = make_model(seed)
+    greedy = build_transducer_search(model, search_type="mb_greedy")
+    beam = build_transducer_search(model, search_type="mb_beam", beam_size=beam_size)
+    enc, lens = enc_batch(100 + seed, [25, 12])
+    for b, T in enumerate(lens.tolist()):
+        g = greedy.search_one(enc[b, :T])
+        (h,) = beam(enc[b, :T])
+        assert h.frame == T
+        assert h.score >= g.score - 1e-6
+
+
+def test_beam_merges_alignments_exactly():
+    """With a beam wide enough to keep everything, the score of the empty label
+    sequence is the total probability of all its blank alignments."""
+    durations = (2, 3)
+    model = make_model(5, blank_id=2, durations=durations, vocab=4)
+    with torch.no_grad():
+        model.joint_network.lin_out.weight.zero_()  # context-free probabilities
+    T = 6
+    enc, _ = enc_batch(0, [T])
+    search = MultiblankBeamSearch(
+        model.decoder, model.joint_network, 2, durations, beam_size=50, nbest=50
+    )
+    hyps = search(enc[0])
+    empty = [h for h in hyps if h.yseq == [2]][0]
+    logp = torch.log_softmax(model.joint_network.lin_out.bias.detach().double(), -1)
+    # alignments of the empty sequence: compositions of T into parts {1, 2, 3}
+    total = torch.full((T + 1,), float("-inf"), dtype=torch.float64)
+    total[0] = 0.0
+    for t in range(1, T + 1):
+        terms = [total[t - 1] + logp[2]]
+        terms += [
+            total[t - d] + logp[2 - 1 - i] for i, d in enumerate(durations) if t >= d
+        ]
+        total[t] = torch.logsumexp(torch.stack(terms), 0)
+    assert math.isclose(empty.score, float(total[T]), rel_tol=1e-5)
+
+
+def test_nbest_sorted_and_distinct():
+    model = make_model(1)
+    beam = build_transducer_search(model, search_type="mb_beam", beam_size=6, nbest=4)
+    enc, _ = enc_batch(1, [20])
+    hyps = beam(enc[0])
+    assert 1 <= len(hyps) <= 4
+    scores = [h.score for h in hyps]
+    assert scores == sorted(scores, reverse=True)
+    assert len({tuple(h.yseq) for h in hyps}) == len(hyps)
+
+
+# ---------------------------------------------------------------- blank handling
+
+
+def test_wrong_blank_defect_cannot_occur():
+    """ESPnet builds the decoder with blank_id = embed_pad = 0 (<blank8> here)."""
+    model = make_model(0)
+    assert model.decoder.blank_id == 0  # ESPnet's defect, before any search is built
+    for st in ("mb_greedy", "mb_beam", "greedy", "default", "mbg"):
+        search = build_transducer_search(model, search_type=st, beam_size=2)
+        assert isinstance(search, (MultiblankGreedySearch, MultiblankBeamSearch)), st
+        assert search.blank_id == BLANK
+        assert search.layout.big_blank_ids == (2, 1, 0)
+        assert model.decoder.blank_id == BLANK
+    # every hypothesis starts with the standard blank, never index 0
+    enc, lens = enc_batch(0, [12, 6])
+    for h in build_transducer_search(model, search_type="mb_greedy").search_batch(
+        enc, lens
+    ):
+        assert h.yseq[0] == BLANK and 0 not in h.yseq
+    # ESPnet searches that do not know big blanks are refused on a multi-blank model
+    for st in ("tsd", "alsd", "nsc", "maes"):
+        with pytest.raises(ValueError, match="big blanks"):
+            build_transducer_search(model, search_type=st, beam_size=2)
+
+
+def test_search_type_resolution():
+    assert resolve_search_type("greedy", 1, True) == "mb_greedy"
+    assert resolve_search_type("default", 1, True) == "mb_greedy"
+    assert resolve_search_type("default", 4, True) == "mb_beam"
+    assert resolve_search_type("mbg", 1, False) == "mb_greedy"
+    assert resolve_search_type("default", 4, False) == "default"
+    assert resolve_search_type("mb_beam", 4, False) == "mb_beam"
+    with pytest.raises(ValueError, match="unknown"):
+        resolve_search_type("beam", 4, False)
+
+
+def test_standard_model_uses_espnet_search_with_its_blank():
+    model = make_model(2, blank_id=0, durations=())
+    search = build_transducer_search(model, search_type="greedy")
+    assert isinstance(search, BeamSearchTransducer)
+    assert search.blank_id == 0 and search.beam_size == 1
+    # ESPnet's greedy emits at most one label per frame: same labels as ours with
+    # max_sym_per_frame=1 (independent implementations)
+    ours = build_transducer_search(model, search_type="mb_greedy", max_sym_per_frame=1)
+    enc, _ = enc_batch(4, [30])
+    assert search(enc[0])[0].yseq == ours(enc[0])[0].yseq
+    beam = build_transducer_search(model, search_type="default", beam_size=3)
+    assert isinstance(beam, BeamSearchTransducer) and beam.blank_id == 0
+    assert beam(enc[0])[0].yseq[0] == 0
+
+
+def test_standard_model_blank_not_first():
+    """Blank at index 2: the decoder (pad 0) is fixed, ESPnet's greedy uses it, and
+    ESPnet's beam searches (which hard-code blank 0) are refused."""
+    model = make_model(3, blank_id=2, durations=())
+    search = build_transducer_search(model, search_type="greedy")
+    assert model.decoder.blank_id == 2 and search.blank_id == 2
+    enc, _ = enc_batch(5, [15])
+    hyp = search(enc[0])[0]
+    assert hyp.yseq[0] == 2 and 2 not in hyp.yseq[1:]
+    with pytest.raises(ValueError, match="index 0"):
+        build_transducer_search(model, search_type="default", beam_size=4)
+    mb = build_transducer_search(model, search_type="mb_beam", beam_size=4)
+    assert mb(enc[0])[0].yseq[0] == 2
+
+
+def test_layout_from_espnet_multiblank_model_and_validation():
+    model = make_model(0)
+    del model.big_blank_durations
+    model.transducer_multi_blank_durations = [2, 4, 8]  # ESPnet's own attribute
+    lay = layout_from_model(model)
+    assert lay.durations == DURS and lay.big_blank_ids == (2, 1, 0)
+    assert lay.blank_ids == (0, 1, 2, 3)
+    assert [lay.advance(k) for k in range(5)] == [8, 4, 2, 1, 0]
+    with pytest.raises(ValueError, match="big blanks need"):
+        BlankLayout(blank_id=1, durations=(2, 4), vocab_size=5)
+    with pytest.raises(ValueError, match=">= 2"):
+        BlankLayout(blank_id=3, durations=(1,), vocab_size=5)
+    with pytest.raises(ValueError, match="distinct"):
+        BlankLayout(blank_id=3, durations=(2, 2), vocab_size=5)
+
+
+def test_unknown_conf_key_and_lm_rejected():
+    model = make_model(0)
+    with pytest.raises(ValueError, match="u_max"):
+        build_transducer_search(model, search_type="mb_beam", beam_size=2, u_max=5)
+    with pytest.raises(NotImplementedError):
+        build_transducer_search(model, search_type="mb_greedy", lm=object())

@@ -1,0 +1,320 @@
+"""Tests of the CUDA backend (espnet_multiblank.loss.cuda).
+
+1. Without a GPU (CI): every case of ``test/cuda_cases.py`` runs in Numba's CUDA
+   simulator, in ONE subprocess with ``NUMBA_ENABLE_CUDASIM=1`` (the variable must be
+   set before numba.cuda is imported, and must not leak into the other tests), and is
+   compared with the float64 PyTorch reference and, when it is importable, with the
+   CPU Numba kernel. About a minute on a 2-core machine.
+2. On a real GPU (skipped otherwise, with the reason): the same cases on CUDA tensors
+   (float64 and float32), the public API with bfloat16 / float16 logits, more than 1023
+   labels, T = 3000, a non-default stream, no torch host synchronisation, and ESPnet's
+   own CUDA multi-blank loss as a second oracle.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cuda_cases import CASES, Case, make_inputs, reference, run_case  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+SIM_TIMEOUT_S = 900
+
+
+def _numba_cuda_importable() -> bool:
+    """numba-cuda installed? (looked up without importing it)"""
+    return importlib.util.find_spec("numba_cuda") is not None
+
+
+# --------------------------------------------------------------------------- simulator
+
+
+@pytest.fixture(scope="module")
+def sim_results():
+    """Run every case once in the simulator subprocess; {(case, kind): record}."""
+    if not _numba_cuda_importable():
+        pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
+    env = dict(os.environ)
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(_HERE, "cuda_cases.py"), "--sim", "--cpu-kernel"],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SIM_TIMEOUT_S,
+    )
+    records = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            records[(rec["case"], rec["kind"])] = rec
+    if proc.returncode != 0 or not records:
+        pytest.fail(
+            f"simulator run failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-4000:]}"
+        )
+    return records
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_sim_matches_reference(sim_results, name):
+    rec = sim_results.get((name, "ref"))
+    assert rec is not None, f"case {name} did not run"
+    assert rec["ok"], rec["msg"]
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_sim_matches_cpu_kernel(sim_results, name):
+    rec = sim_results.get((name, "cpu"))
+    assert rec is not None, f"case {name} did not run"
+    if rec.get("skip"):
+        pytest.skip(rec["skip"])
+    assert rec["ok"], rec["msg"]
+
+
+def test_import_is_lazy():
+    """Importing the package must not import numba.cuda (CPU-only installs)."""
+    code = (
+        "import sys, espnet_multiblank.loss.cuda as m; "
+        "assert callable(m.compute); "
+        "bad = [k for k in sys.modules if k.startswith(('numba.cuda', 'numba_cuda'))]; "
+        "assert not bad, bad; print('ok')"
+    )
+    env = dict(
+        os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=_ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+# --------------------------------------------------------------------------- real GPU
+
+
+def _gpu_reason():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        return "NUMBA_ENABLE_CUDASIM is set: no real GPU run"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (torch.cuda.is_available() is False)"
+    if not _numba_cuda_importable():
+        return "numba-cuda is not installed"
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return "numba.cuda sees no GPU (driver / NVVM missing?)"
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"numba.cuda unusable: {e}"
+    return None
+
+
+_GPU_REASON = _gpu_reason()
+gpu = pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))
+
+
+def _f32(case: Case) -> Case:
+    tol = dict(cost=2e-5, grad=2e-5)
+    return Case(
+        **{
+            **case.__dict__,
+            "name": case.name + "_f32",
+            "dtype": torch.float32,
+            "tol": tol,
+        }
+    )
+
+
+@gpu
+@pytest.mark.parametrize(
+    "case",
+    CASES + [_f32(c) for c in CASES if c.dtype == torch.float64],
+    ids=lambda c: c.name,
+)
+def test_gpu_cases(case):
+    run_case(case, "cuda")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_half_via_api(dtype):
+    from espnet_multiblank.loss import multiblank_rnnt_loss
+
+    case = Case(
+        "half",
+        B=3,
+        T=20,
+        U=6,
+        V=32,
+        blank=3,
+        durations=(2, 4, 8),
+        sigma=0.05,
+        act_lens=[20, 13, 7],
+        label_lens=[5, 3, 2],
+    )
+    acts, labels, tl, ll, opts = make_inputs(case, "cuda")
+    x = acts.to(dtype).requires_grad_(True)
+    loss = multiblank_rnnt_loss(
+        x, labels, tl, ll, 3, (2, 4, 8), "none", sigma=0.05, backend="numba"
+    )
+    loss.sum().backward()
+    assert x.grad.dtype == dtype
+    # oracle on exactly the values the kernel saw (the half logits upcast)
+    ref_c, ref_g = reference(
+        x.detach().double(), labels, tl, ll, opts, torch.ones(3, dtype=torch.float64)
+    )
+    torch.testing.assert_close(loss.double().cpu(), ref_c, rtol=1e-5, atol=1e-4)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-3  # the gradient is stored in half
+    torch.testing.assert_close(x.grad.double().cpu(), ref_g, rtol=tol, atol=tol)
+
+
+@gpu
+def test_gpu_more_than_1023_labels():
+    """U = 1100 > 1023, and anti-diagonals of up to 1040 > 1024 cells (thread strides)."""
+    case = Case(
+        "long_labels",
+        B=2,
+        T=1040,
+        U=1100,
+        V=8,
+        blank=2,
+        durations=(2,),
+        act_lens=[1040, 900],
+        label_lens=[1099, 1030],
+        dtype=torch.float64,
+        tol=dict(cost=1e-9, grad=1e-9),
+    )
+    run_case(case, "cuda", ref_device="cuda")  # the float64 oracle on the GPU too
+
+
+@gpu
+def test_gpu_T3000():
+    case = Case(
+        "long_T",
+        B=2,
+        T=3000,
+        U=5,
+        V=16,
+        blank=3,
+        durations=(2, 4, 8),
+        sigma=0.05,
+        act_lens=[3000, 2111],
+        label_lens=[4, 2],
+        dtype=torch.float64,
+        tol=dict(cost=1e-9, grad=1e-9),
+    )
+    run_case(case, "cuda", ref_device="cuda")  # the float64 oracle on the GPU too
+
+
+@gpu
+def test_gpu_side_stream_and_no_torch_sync():
+    """Runs on torch's current (non-default) stream; torch makes no host sync."""
+    from espnet_multiblank.loss.cuda import compute
+
+    case = Case(
+        "stream",
+        B=4,
+        T=30,
+        U=8,
+        V=64,
+        blank=3,
+        durations=(2, 4),
+        sigma=0.05,
+        dtype=torch.float32,
+    )
+    acts, labels, tl, ll, opts = make_inputs(case, "cuda")
+    w = torch.ones(4, device="cuda")
+    c0, g0 = compute(acts, labels, tl, ll, opts, w, True)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            c1, g1 = compute(acts, labels, tl, ll, opts, w, True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        d = (g1 - g0).abs().max() + (
+            c1 - c0
+        ).abs().max()  # queued on s after the kernels
+    torch.cuda.current_stream().wait_stream(s)
+    assert float(d) == 0.0
+
+
+@gpu
+def test_gpu_matches_espnet_numba():
+    """ESPnet's CUDA MultiblankRNNTLossNumba (same big-blank convention) as an oracle."""
+    try:
+        from espnet2.asr.transducer.rnnt_multi_blank.rnnt_multi_blank import (
+            MultiblankRNNTLossNumba as EspnetLoss,
+        )
+    except Exception as e:
+        pytest.skip(f"espnet2 not importable: {e}")
+    from espnet_multiblank.loss import multiblank_rnnt_loss
+
+    B, T, U, V = 3, 40, 10, 64
+    g = torch.Generator().manual_seed(1)
+    acts = torch.randn(B, T, U, V, generator=g).cuda()
+    labels = torch.randint(4, V, (B, U - 1), generator=g).cuda()
+    tl = torch.full((B,), T, dtype=torch.int64, device="cuda")
+    ll = torch.full((B,), U - 1, dtype=torch.int64, device="cuda")
+    x1 = acts.clone().requires_grad_(True)
+    ours = multiblank_rnnt_loss(
+        x1, labels, tl, ll, 3, [2, 4, 8], "sum", sigma=0.05, backend="numba"
+    )
+    ours.backward()
+    x2 = acts.clone().requires_grad_(True)
+    theirs = EspnetLoss(3, [2, 4, 8], reduction="sum", sigma=0.05)(
+        x2, labels.int(), tl.int(), ll.int()
+    )
+    theirs.sum().backward()
+    torch.testing.assert_close(
+        ours.double(), theirs.double().reshape(()), rtol=1e-5, atol=1e-3
+    )
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-4, atol=1e-5)
+
+
+@gpu
+def test_gpu_numba_backend_forward_only():
+    from espnet_multiblank.loss import multiblank_rnnt_loss
+
+    case = Case("fwd", B=2, T=7, U=4, V=10, blank=2, durations=(2,))
+    acts, labels, tl, ll, opts = make_inputs(case, "cuda")
+    with torch.no_grad():
+        c = multiblank_rnnt_loss(acts, labels, tl, ll, 2, (2,), "none", backend="numba")
+    ref_c, _ = reference(acts, labels, tl, ll, opts, torch.ones(2, dtype=torch.float64))
+    assert torch.allclose(c.cpu(), ref_c, rtol=1e-10, atol=1e-10)
+    assert math.isfinite(float(c.sum()))
+
+
+def test_kernels_compile_for_sm90():
+    """The kernels pass Numba's real CUDA compiler (PTX for sm_90), no GPU needed."""
+    if not _numba_cuda_importable():
+        pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, os.path.join(_HERE, "cuda_ptx_check.py")],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode == 3:
+        pytest.skip(f"no NVVM to compile with: {out.stdout.strip()[-300:]}")
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (
+        out.stdout[-3000:] + out.stderr[-3000:]
+    )

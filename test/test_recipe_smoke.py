@@ -1,0 +1,172 @@
+"""End-to-end smoke test of the digits recipe: `bash egs/digits/asr1/run.sh --smoke`.
+
+Runs every stage (tools, TTS synthesis, data dirs, token list, collect_stats, training of
+both transducers, decoding, scoring, report) on a few hundred utterances with a tiny
+model, in a temporary directory (`--dir`), and checks that the outputs exist and are
+well-formed. No WER threshold: two epochs of a tiny model recognise little.
+
+Needs the Debian TTS tools (sox, espeak-ng, flite, festival + voices): stage 1 installs
+them when running as root (as CI does); otherwise the test is skipped when they are
+missing. Takes about 3 minutes on 2 CPU cores (more on a loaded machine).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "egs" / "digits" / "asr1"
+TOOLS = ("sox", "espeak-ng", "flite", "festival")
+STATS_KEYS = {
+    "num_utterances",
+    "audio_seconds",
+    "decode_seconds",
+    "rtf",
+    "total_frames",
+    "frames_skipped_by_big_blanks",
+    "big_blank_emissions",
+}
+DECODES = [
+    ("standard", "greedy"),
+    ("standard", "beam"),
+    ("standard", "mb_greedy"),
+    ("multiblank", "mb_greedy"),
+    ("multiblank", "mb_beam"),
+]
+
+
+def _tools_available():
+    return all(shutil.which(t) for t in TOOLS)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    if not _tools_available() and os.geteuid() != 0:
+        pytest.skip(
+            "TTS tools missing and not root: sudo apt-get install -y sox espeak-ng "
+            "flite festival festvox-kallpc16k festvox-us-slt-hts festvox-kdlpc16k"
+        )
+    work = tmp_path_factory.mktemp("digits_smoke")
+    cmd = [
+        "bash",
+        str(RECIPE / "run.sh"),
+        "--smoke",
+        "--dir",
+        str(work),
+        "--python",
+        sys.executable,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    log = proc.stdout
+    (work / "run.log").write_text(log)
+    assert proc.returncode == 0, f"run.sh --smoke failed (rc {proc.returncode}):\n{log[-6000:]}"
+    return work, log
+
+
+@pytest.mark.timeout(1800)
+def test_data_dirs(smoke_run):
+    work, _ = smoke_run
+    for s in ("train", "dev", "test", "test_real"):
+        d = work / "data_smoke" / s
+        files = {f: (d / f).read_text().splitlines() for f in ("wav.scp", "text", "utt2spk")}
+        utts = [line.split()[0] for line in files["wav.scp"]]
+        assert utts and utts == sorted(utts), s
+        for f, lines in files.items():
+            assert [line.split()[0] for line in lines] == utts, (s, f)
+        for line in files["wav.scp"]:
+            assert Path(line.split(maxsplit=1)[1]).is_file()
+        spk2utt = (d / "spk2utt").read_text().split()
+        assert spk2utt, s
+    # speaker-disjoint: no training speaker in the held-out sets
+    spk = {
+        s: {
+            line.split()[1]
+            for line in (work / "data_smoke" / s / "utt2spk").read_text().splitlines()
+        }
+        for s in ("train", "dev", "test")
+    }
+    assert not spk["train"] & (spk["dev"] | spk["test"])
+    tokens = (work / "data_smoke" / "token_list" / "word" / "tokens.txt").read_text().split()
+    assert tokens[0] == "<blank>" and tokens[-1] == "<sos/eos>"
+
+
+@pytest.mark.timeout(1800)
+def test_training_outputs(smoke_run):
+    work, _ = smoke_run
+    for m in ("standard", "multiblank"):
+        d = work / "exp_smoke" / f"asr_{m}"
+        assert (d / "config.yaml").is_file()
+        assert (d / "valid.loss.ave.pth").exists()
+        assert (d / "images" / "loss.png").is_file()
+        log = (d / "train.log").read_text()
+        assert re.search(r"1epoch results: .*\[valid\] .*loss=", log), m
+        assert float((d / "train_seconds").read_text()) > 0
+    cfg = (work / "exp_smoke" / "asr_multiblank" / "config.yaml").read_text()
+    assert "<blank8>" in cfg and "transducer_multi_blank_durations" in cfg
+
+
+def test_configs_differ_only_in_loss_keys():
+    import yaml
+
+    std = yaml.safe_load((RECIPE / "conf" / "train_standard.yaml").read_text())
+    mb = yaml.safe_load((RECIPE / "conf" / "train_multiblank.yaml").read_text())
+    assert mb["model_conf"].pop("transducer_multi_blank_durations") == [2, 4, 8]
+    assert std["model_conf"].pop("transducer_multi_blank_durations") == []
+    assert mb == std
+
+
+@pytest.mark.timeout(1800)
+def test_decoding_and_scores(smoke_run):
+    work, _ = smoke_run
+    for m, search in DECODES:
+        for s in ("test", "test_real"):
+            d = work / "exp_smoke" / f"asr_{m}" / f"decode_{search}_valid.loss.ave" / s
+            stats = json.loads((d / "decoding_stats.json").read_text())
+            assert STATS_KEYS <= set(stats), (m, search, s)
+            n = len((work / "data_smoke" / s / "wav.scp").read_text().splitlines())
+            assert stats["num_utterances"] == n
+            hyps = (d / "1best_recog" / "text").read_text().splitlines()
+            assert len(hyps) == n
+            score = json.loads((d / "score.json").read_text())
+            assert 0 <= score["wer"] and score["num_utterances"] == n
+            if m == "standard":
+                assert stats["frames_skipped_by_big_blanks"] == 0
+
+
+@pytest.mark.timeout(1800)
+def test_report(smoke_run):
+    work, log = smoke_run
+    exp = work / "exp_smoke"
+    md = (exp / "RESULTS.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    for m, search in DECODES:
+        row = [r for r in rows if r.startswith(f"| {m} | {search} |")]
+        assert len(row) == 1, (m, search, md)
+        cells = [c.strip() for c in row[0].strip("|").split("|")]
+        assert re.fullmatch(r"\d+\.\d+%", cells[2]), row  # WER test
+        assert re.fullmatch(r"\d+\.\d+%", cells[3]), row  # WER test_real
+        assert cells[4].endswith(" s"), row  # decode time
+    assert "speed-up" in md
+    png = exp / "valid_loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the smoke run writes nothing into the recipe directory
+    assert not (RECIPE / "exp_smoke").exists()
+    # a re-run skips every finished stage
+    proc = subprocess.run(
+        ["bash", str(RECIPE / "run.sh"), "--smoke", "--dir", str(work), "--python", sys.executable],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.count("done already") == 10, proc.stdout

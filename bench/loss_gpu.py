@@ -232,7 +232,8 @@ def main(argv=None):
                     mem = (r["peak"] / esp["peak"]) if esp.get("peak") else float("nan")
                     print(
                         f"{shape:>18} {len(durations):>5} {dtype_name:>8} "
-                        f"{r['label']:>12} {r['time'] * 1e3:9.2f} {r['peak'] / 1e9:8.2f} "
+                        f"{r['label']:>12} {r['time'] * 1e3:9.2f} "
+                        f"{r['peak'] / 1e9:8.2f} "
                         f"{r['time'] / t_copy:7.2f} {r['time'] / t_lsm:6.2f} "
                         f"{vs:9.2f} {mem:8.2f} {r['loss']:14.6g}"
                     )

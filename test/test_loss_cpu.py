@@ -131,9 +131,10 @@ def test_masked_symbol(backend):
 
 
 @backends
+@pytest.mark.parametrize("scale", [1e4, 100.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_large_logits(backend, dtype):
-    impl.check_large_logits(DEVICE, backend, dtype)
+def test_large_logits(backend, dtype, scale):
+    impl.check_large_logits(DEVICE, backend, dtype, scale)
 
 
 def test_long_utterance():

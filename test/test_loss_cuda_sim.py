@@ -182,7 +182,7 @@ def test_gpu_half_via_api(dtype):
 
 @gpu
 def test_gpu_more_than_1023_labels():
-    """U = 1100 > 1023, and anti-diagonals of up to 1040 > 1024 cells (thread strides)."""
+    """U = 1100 > 1023, and anti-diagonals of 1040 > 1024 cells (thread strides)."""
     case = Case(
         "long_labels",
         B=2,
@@ -255,7 +255,7 @@ def test_gpu_side_stream_and_no_torch_sync():
 
 @gpu
 def test_gpu_matches_espnet_numba():
-    """ESPnet's CUDA MultiblankRNNTLossNumba (same big-blank convention) as an oracle."""
+    """ESPnet's CUDA MultiblankRNNTLossNumba (same big-blank layout) as an oracle."""
     try:
         from espnet2.asr.transducer.rnnt_multi_blank.rnnt_multi_blank import (
             MultiblankRNNTLossNumba as EspnetLoss,

@@ -3,7 +3,6 @@
 from typing import Optional, Sequence
 
 import torch
-from typeguard import typechecked
 
 from espnet_multiblank.loss.function import FusedMultiblankRNNTFunction, reduce_costs
 from espnet_multiblank.loss.options import LossOptions, make_options
@@ -134,9 +133,12 @@ def rnnt_loss(
 
 
 class MultiblankRNNTLoss(torch.nn.Module):
-    """Module form of :func:`multiblank_rnnt_loss`; forward(acts, labels, act_lens, label_lens)."""
+    """Module form of :func:`multiblank_rnnt_loss`; forward(acts, labels, act_lens, label_lens).
 
-    @typechecked
+    The constructor validates its arguments itself (TypeError / ValueError naming the
+    argument) instead of using typeguard, whose TypeCheckError is not a TypeError.
+    """
+
     def __init__(
         self,
         blank: int,
@@ -182,7 +184,6 @@ class MultiblankRNNTLossNumba(MultiblankRNNTLoss):
     ``reduction`` defaults to "mean" (sum / B). Runs on CPU and CUDA.
     """
 
-    @typechecked
     def __init__(
         self,
         blank: int,

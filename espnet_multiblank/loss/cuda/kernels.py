@@ -17,7 +17,8 @@ Four launches, all on the same stream:
    fused log-softmax. Each thread keeps an online (max, sum of exp) pair over a
    strided slice of the row, the pairs are merged in shared memory, and the row's
    log-sum-exp ``denom(b,t,u) = log sum_k exp(acts[b,t,u,k])`` is stored together with
-   the N + 2 emission log-probs the DP needs, ``lp(t,u,k) = acts[b,t,u,k] - denom - sigma``:
+   the N + 2 emission log-probs the DP needs,
+   ``lp(t,u,k) = acts[b,t,u,k] - denom - sigma``:
 
        lpw[b,t,u,0]     = lp(t,u,blank)
        lpw[b,t,u,1]     = lp(t,u,y_u)            (-inf for u = U_b - 1)
@@ -232,7 +233,7 @@ def _make_kernels(dtype_name, durations, row_threads):
     def alpha_beta_kernel(
         lpw, act_lens, label_lens, fastemit_lambda, do_beta, alphas, betas, logp, costs
     ):
-        """Forward (block y = 0) and backward (block y = 1) variables over anti-diagonals.
+        """Forward (block y = 0) and backward (block y = 1) variables, by anti-diagonal.
 
         Args:
             lpw: (B, T, U, N + 2) float64 emission log-probs from row_stats_kernel.

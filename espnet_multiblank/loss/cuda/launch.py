@@ -65,7 +65,7 @@ def block_sizes(T: int, U: int, V: int):
 
 
 def _as_kernel_array(x: torch.Tensor):
-    """A view of ``x`` the kernels can take: numpy (simulator) or a Numba device array."""
+    """A view of ``x`` for the kernels: numpy (simulator) or a Numba device array."""
     if SIMULATOR:
         return x.numpy()
     return cuda.as_cuda_array(x, sync=False)

@@ -26,7 +26,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout", "matplotlib"],
-        "cuda": ["numba-cuda>=0.4"],
+        "cuda": ["numba-cuda[cu13]>=0.30"],
     },
     entry_points={
         "console_scripts": [

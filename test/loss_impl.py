@@ -565,8 +565,11 @@ def check_retain_graph(device, backend, reduction):
     )
     loss2.backward(retain_graph=True)
     first = x.grad.clone()
-    loss2.backward()
+    loss2.backward(retain_graph=True)
     torch.testing.assert_close(x.grad, 2 * first)
+    x.grad.zero_()  # in place, as optimizer.zero_grad(set_to_none=False) does
+    loss2.backward()
+    assert torch.equal(x.grad, first), "x.grad shares storage with the saved gradient"
 
 
 def check_threads_unchanged(device, backend):

@@ -135,7 +135,11 @@ def test_stock_espnet_has_the_wrong_blank(tmp_path):
 def test_standard_transducer_without_warprnnt(tmp_path):
     model = build(tmp_path, tiny_config(durations=(), transducer_multi_blank_sigma=0.0))
     assert model.token_list == TOKENS
-    assert (model.blank_id, model.big_blank_durations, model.big_blank_ids) == (0, (), ())
+    assert (model.blank_id, model.big_blank_durations, model.big_blank_ids) == (
+        0,
+        (),
+        (),
+    )
     assert model.decoder.blank_id == 0 and model.ctc.ctc_loss.blank == 0
     loss, stats, _ = model(*batch(model.token_list))
     loss.backward()
@@ -153,9 +157,17 @@ def test_rebuild_is_idempotent(tmp_path):
     assert again.token_list == model.token_list and again.blank_id == 3
 
 
-@pytest.mark.parametrize("options", [dict(), dict(transducer_fastemit_lambda=0.5,
-                                                    transducer_clamp=0.3,
-                                                    transducer_reduction="mean_volume")])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(
+            transducer_fastemit_lambda=0.5,
+            transducer_clamp=0.3,
+            transducer_reduction="mean_volume",
+        ),
+    ],
+)
 def test_model_loss_equals_plugin_loss(tmp_path, options):
     """The transducer branch is exactly espnet_multiblank's loss on the joint output,
     in value and gradient."""
@@ -177,8 +189,14 @@ def test_model_loss_equals_plugin_loss(tmp_path, options):
         enc2.unsqueeze(2), model.decoder(decoder_in).unsqueeze(1)
     )
     expected = espnet_multiblank.multiblank_rnnt_loss(
-        logits, target, t_len, u_len, blank=3, big_blank_durations=[2, 4, 8],
-        sigma=0.05, reduction=options.get("transducer_reduction", "mean"),
+        logits,
+        target,
+        t_len,
+        u_len,
+        blank=3,
+        big_blank_durations=[2, 4, 8],
+        sigma=0.05,
+        reduction=options.get("transducer_reduction", "mean"),
         fastemit_lambda=options.get("transducer_fastemit_lambda", 0.0),
         clamp=options.get("transducer_clamp", 0.0),
     )
@@ -196,10 +214,18 @@ def test_ctc_uses_standard_blank(tmp_path):
     got = model.ctc(enc, enc_lens, text, text_lengths)
     logp = model.ctc.ctc_lo(enc).log_softmax(-1).transpose(0, 1)
     targets = torch.cat([t[:n] for t, n in zip(text, text_lengths)])
-    want = torch.nn.functional.ctc_loss(
-        logp, targets, enc_lens, text_lengths, blank=3, reduction="sum",
-        zero_infinity=True,
-    ) / 3
+    want = (
+        torch.nn.functional.ctc_loss(
+            logp,
+            targets,
+            enc_lens,
+            text_lengths,
+            blank=3,
+            reduction="sum",
+            zero_infinity=True,
+        )
+        / 3
+    )
     torch.testing.assert_close(got, want)
 
 
@@ -242,15 +268,32 @@ def test_greedy_search_skips_big_blanks_and_errors_strip_them():
     enc = torch.arange(12.0).unsqueeze(1).repeat(1, 3)  # frame t has value t
     # t=0: a, then <blank4> -> t=4: <blank> -> t=5: b, <blank2> -> t=7: <blank8> -> end
     joint = _ScriptedJoint(vocab, [4, 1, 3, 5, 2, 0])
-    search = MultiblankGreedySearch(decoder, joint, blank_id=3, big_blank_durations=[2, 4, 8])
+    search = MultiblankGreedySearch(
+        decoder, joint, blank_id=3, big_blank_durations=[2, 4, 8]
+    )
     (hyp,) = search(enc)
     assert hyp.yseq == [3, 4, 5]
     assert joint.calls == [0, 0, 4, 5, 5, 7]
 
     calc = MultiblankErrorCalculatorTransducer(
-        decoder, joint, ["<blank8>", "<blank4>", "<blank2>", "<blank>", "a", "b",
-                         "<space>", "<sos/eos>"], "<space>", "<blank>", blank_id=3,
-        big_blank_durations=[2, 4, 8], report_cer=True, report_wer=True,
+        decoder,
+        joint,
+        [
+            "<blank8>",
+            "<blank4>",
+            "<blank2>",
+            "<blank>",
+            "a",
+            "b",
+            "<space>",
+            "<sos/eos>",
+        ],
+        "<space>",
+        "<blank>",
+        blank_id=3,
+        big_blank_durations=[2, 4, 8],
+        report_cer=True,
+        report_wer=True,
     )
     pred, ref = calc.convert_to_char([[4, 0, 6, 1, 5, 2]], torch.tensor([[4, 6, 5, 3]]))
     assert pred == ["a b"] and ref == ["a b"]
@@ -268,17 +311,31 @@ def test_validation_cer_runs(tmp_path):
 @pytest.mark.parametrize(
     "conf, match",
     [
-        (dict(transducer_multi_blank_durations=[1, 4]),
-         r"model_conf\.transducer_multi_blank_durations must be a list of distinct"),
-        (dict(transducer_multi_blank_durations=[2, 2]),
-         r"model_conf\.transducer_multi_blank_durations must"),
-        (dict(transducer_multi_blank_durations=[2.5]),
-         r"model_conf\.transducer_multi_blank_durations must"),
+        (
+            dict(transducer_multi_blank_durations=[1, 4]),
+            r"model_conf\.transducer_multi_blank_durations must be a list of distinct",
+        ),
+        (
+            dict(transducer_multi_blank_durations=[2, 2]),
+            r"model_conf\.transducer_multi_blank_durations must",
+        ),
+        (
+            dict(transducer_multi_blank_durations=[2.5]),
+            r"model_conf\.transducer_multi_blank_durations must",
+        ),
         (dict(transducer_clamp=-1.0), r"model_conf\.transducer_clamp must be .*>= 0"),
-        (dict(transducer_multi_blank_sigma=-0.1), r"model_conf\.transducer_multi_blank_sigma"),
-        (dict(transducer_fastemit_lambda="x"), r"model_conf\.transducer_fastemit_lambda"),
-        (dict(transducer_reduction="avg"),
-         r"model_conf\.transducer_reduction must be one of \['none', 'sum', 'mean'"),
+        (
+            dict(transducer_multi_blank_sigma=-0.1),
+            r"model_conf\.transducer_multi_blank_sigma",
+        ),
+        (
+            dict(transducer_fastemit_lambda="x"),
+            r"model_conf\.transducer_fastemit_lambda",
+        ),
+        (
+            dict(transducer_reduction="avg"),
+            r"model_conf\.transducer_reduction must be one of \['none', 'sum', 'mean'",
+        ),
         (dict(transducer_loss_backend="cuda"), r"model_conf\.transducer_loss_backend"),
         (dict(sym_blank="<b>"), r"model_conf\.sym_blank='<b>' is not in token_list"),
     ],
@@ -323,7 +380,9 @@ def test_unknown_choice_names_the_key(tmp_path, capsys):
     On the command line argparse refuses it."""
     config = tiny_config()
     config["model"] = "multiblank_espnett"
-    with pytest.raises(ValueError, match=r"--model must be one of \(.*'multiblank_espnet'"):
+    with pytest.raises(
+        ValueError, match=r"--model must be one of \(.*'multiblank_espnet'"
+    ):
         build(tmp_path, config)
     with pytest.raises(SystemExit):
         build(tmp_path, tiny_config(), "--preencoder", "grad_scaledd")

@@ -41,19 +41,30 @@ def _data(root):
 
 def _common(root):
     data = [
-        "--train_data_path_and_name_and_type", f"{root}/wav.scp,speech,sound",
-        "--train_data_path_and_name_and_type", f"{root}/text,text,text",
-        "--valid_data_path_and_name_and_type", f"{root}/wav.scp,speech,sound",
-        "--valid_data_path_and_name_and_type", f"{root}/text,text,text",
+        "--train_data_path_and_name_and_type",
+        f"{root}/wav.scp,speech,sound",
+        "--train_data_path_and_name_and_type",
+        f"{root}/text,text,text",
+        "--valid_data_path_and_name_and_type",
+        f"{root}/wav.scp,speech,sound",
+        "--valid_data_path_and_name_and_type",
+        f"{root}/text,text,text",
     ]
     return data + [
-        "--config", f"{root}/train.yaml",
-        "--token_list", f"{root}/tokens.txt",
-        "--token_type", "char",
-        "--use_preprocessor", "true",
-        "--ngpu", "0",
-        "--num_workers", "0",
-        "--seed", "0",
+        "--config",
+        f"{root}/train.yaml",
+        "--token_list",
+        f"{root}/tokens.txt",
+        "--token_type",
+        "char",
+        "--use_preprocessor",
+        "true",
+        "--ngpu",
+        "0",
+        "--num_workers",
+        "0",
+        "--seed",
+        "0",
     ]
 
 
@@ -97,9 +108,13 @@ def test_collect_stats(trained):
 
 
 def test_training_loss_finite_and_decreasing(trained):
-    ckpt = torch.load(trained / "exp/checkpoint.pth", map_location="cpu", weights_only=False)
+    ckpt = torch.load(
+        trained / "exp/checkpoint.pth", map_location="cpu", weights_only=False
+    )
     stats = ckpt["reporter"]["stats"]
-    train = [float(stats[e]["train"]["loss_transducer"]) for e in range(1, N_EPOCHS + 1)]
+    train = [
+        float(stats[e]["train"]["loss_transducer"]) for e in range(1, N_EPOCHS + 1)
+    ]
     valid = [float(stats[e]["valid"]["loss"]) for e in range(1, N_EPOCHS + 1)]
     assert all(np.isfinite(train)) and all(np.isfinite(valid)), (train, valid)
     # one step per epoch on the same 8 utterances: a repeated batch
@@ -112,8 +127,7 @@ def test_training_loss_finite_and_decreasing(trained):
     assert saved["token_list"][:4] == ["<blank8>", "<blank4>", "<blank2>", "<blank>"]
 
 
-RELOAD = textwrap.dedent(
-    """
+RELOAD = textwrap.dedent("""
     import json, site, sys
     site.addsitedir(sys.argv[1])        # processes the .pth file: the start-up hook
     import torch
@@ -129,8 +143,7 @@ RELOAD = textwrap.dedent(
         durations=list(model.big_blank_durations), big=list(model.big_blank_ids),
         loss=float(loss), ctc_blank=model.ctc.ctc_loss.blank,
     )))
-    """
-)
+    """)
 
 
 def test_reload_in_fresh_process(trained, tmp_path):
@@ -156,9 +169,19 @@ def test_reload_in_fresh_process(trained, tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     env.pop(autoregister_env(), None)
     out = subprocess.run(
-        [sys.executable, "-c", RELOAD, str(site_dir), str(exp / "config.yaml"),
-         str(model_file), str(tmp_path / "batch.pt")],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-c",
+            RELOAD,
+            str(site_dir),
+            str(exp / "config.yaml"),
+            str(model_file),
+            str(tmp_path / "batch.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

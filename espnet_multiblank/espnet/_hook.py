@@ -86,6 +86,8 @@ def install_hook() -> bool:
     if TARGET in sys.modules:
         _register_now()
         return True
-    if not any(getattr(f, "tag", None) == EspnetMultiblankFinder.tag for f in sys.meta_path):
+    if not any(
+        getattr(f, "tag", None) == EspnetMultiblankFinder.tag for f in sys.meta_path
+    ):
         sys.meta_path.insert(0, EspnetMultiblankFinder)
     return True

@@ -85,7 +85,8 @@ def remove(directory: Optional[str] = None) -> bool:
 
 def main(cmd=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m espnet_multiblank.espnet.autoregister", description=__doc__,
+        prog="python -m espnet_multiblank.espnet.autoregister",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", required=True)
@@ -99,7 +100,10 @@ def main(cmd=None) -> int:
     if args.action in ("install", "write"):
         print(f"wrote {write(directory)}")
     elif args.action == "uninstall":
-        print(("removed " if remove(directory) else "no ") + os.path.join(directory, PTH_NAME))
+        print(
+            ("removed " if remove(directory) else "no ")
+            + os.path.join(directory, PTH_NAME)
+        )
     else:
         path = os.path.join(directory, PTH_NAME)
         if not os.path.exists(path):

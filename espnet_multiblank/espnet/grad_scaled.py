@@ -36,7 +36,9 @@ def _build_inner(kind: str, name: str, conf: Optional[dict], grad_scale: float):
 
     key = f"{kind}_conf"
     if isinstance(grad_scale, bool) or not math.isfinite(grad_scale):
-        raise ConfigError(f"{key}.grad_scale must be a finite number, got {grad_scale!r}")
+        raise ConfigError(
+            f"{key}.grad_scale must be a finite number, got {grad_scale!r}"
+        )
     choices = getattr(asr, f"{kind}_choices")
     name_l = name.lower()
     if name_l == NAME:
@@ -47,7 +49,9 @@ def _build_inner(kind: str, name: str, conf: Optional[dict], grad_scale: float):
     try:
         return choices.classes[name_l](**(conf or {}))
     except TypeError as e:
-        raise ConfigError(f"{key}.{kind}_conf is invalid for {kind} {name!r}: {e}") from e
+        raise ConfigError(
+            f"{key}.{kind}_conf is invalid for {kind} {name!r}: {e}"
+        ) from e
 
 
 def _scale(x: torch.Tensor, grad_scale: float) -> torch.Tensor:

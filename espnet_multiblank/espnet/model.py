@@ -358,7 +358,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
                 "(and joint_net_conf)"
             )
         if not 0.0 <= ctc_weight <= 1.0:
-            raise ConfigError(f"{_key('ctc_weight')} must be in [0, 1], got {ctc_weight}")
+            raise ConfigError(
+                f"{_key('ctc_weight')} must be in [0, 1], got {ctc_weight}"
+            )
         blank_id = _check_token_layout(token_list, sym_blank, durations)
         if ctc_weight > 0 and ctc.ctc_type not in _CTC_TYPES_WITH_BLANK and blank_id:
             raise ConfigError(
@@ -494,13 +496,13 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         if joint_out.dtype not in (torch.float32, torch.float64):
             joint_out = joint_out.float()
         with torch.autocast(device_type=joint_out.device.type, enabled=False):
-            loss_transducer = self.criterion_transducer(
-                joint_out, target, t_len, u_len
-            )
+            loss_transducer = self.criterion_transducer(joint_out, target, t_len, u_len)
 
         cer_transducer, wer_transducer = None, None
         if not self.training and self.error_calculator_trans is not None:
-            if isinstance(self.error_calculator_trans, MultiblankErrorCalculatorTransducer):
+            if isinstance(
+                self.error_calculator_trans, MultiblankErrorCalculatorTransducer
+            ):
                 cer_transducer, wer_transducer = self.error_calculator_trans(
                     encoder_out, target, encoder_out_lens
                 )

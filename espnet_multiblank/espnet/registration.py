@@ -33,7 +33,9 @@ ENTRIES: Dict[str, Dict[str, str]] = {
     "model": {
         "multiblank_espnet": "espnet_multiblank.espnet.model:MultiblankESPnetASRModel"
     },
-    "frontend": {"grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledFrontend"},
+    "frontend": {
+        "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledFrontend"
+    },
     "preencoder": {
         "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledPreEncoder"
     },

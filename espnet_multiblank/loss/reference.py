@@ -68,6 +68,9 @@ def log_likelihood(
         (B,) log P (-inf-like large negative for impossible utterances).
     """
     B, T, U = lp_blank.shape
+    if T == 0:  # no frames at all: only the empty path of a label-less utterance
+        zero = torch.zeros((B,), dtype=lp_blank.dtype, device=lp_blank.device)
+        return torch.where(label_lens == 0, zero, torch.full_like(zero, _NEG))
     n_diag = T + U - 1
     diag_blank = [_diagonal(lp_blank, n) for n in range(n_diag)]
     diag_label = [_diagonal(lp_label, n) for n in range(n_diag)]

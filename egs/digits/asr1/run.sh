@@ -150,21 +150,23 @@ stage_tools() {
     log "no virtual environment yet: bash tools/setup_env.sh"
     bash "$repo/tools/setup_env.sh"
   fi
+  # find_spec only (importing ESPnet takes a while on a loaded machine)
   "$python" - <<'PY' || die "Python environment incomplete: run  bash tools/setup_env.sh  (repo root)"
 import importlib.util
 import sys
 
-import espnet_multiblank.espnet.quiet  # noqa: F401
-import espnet2.tasks.asr  # noqa: F401
-import matplotlib, soundfile  # noqa: F401,E401
-
-missing = [
-    m
-    for m in ("espnet_multiblank.bin.asr_train", "espnet_multiblank.bin.asr_inference")
-    if importlib.util.find_spec(m) is None
-]
+mods = (
+    "torch",
+    "espnet2.tasks.asr",
+    "espnet_multiblank.bin.asr_train",
+    "espnet_multiblank.bin.asr_inference",
+    "matplotlib",
+    "soundfile",
+    "yaml",
+)
+missing = [m for m in mods if importlib.util.find_spec(m) is None]
 if missing:
-    sys.exit(f"entry points missing: {missing}")
+    sys.exit(f"missing Python modules: {missing}")
 PY
   log "tools ok: sox $(sox --version | awk '{print $NF}'), espeak-ng, flite, festival," \
       "python $("$python" -c 'import sys; print(sys.version.split()[0])')"

@@ -1,0 +1,145 @@
+"""register(), the .pth start-up hook and registration in spawned workers."""
+
+import multiprocessing
+import sys
+
+import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import pytest
+import yaml
+
+import espnet_multiblank
+from espnet_multiblank.espnet import _hook, autoregister, registration
+
+from test_espnet_model import TOKENS, tiny_config  # noqa: I100
+
+
+def _choices():
+    from espnet2.tasks import asr
+
+    return {k: getattr(asr, f"{k}_choices").classes for k in registration.ENTRIES}
+
+
+def test_register_is_idempotent():
+    espnet_multiblank.register()
+    before = {k: dict(v) for k, v in _choices().items()}
+    espnet_multiblank.register()
+    registration.register()
+    assert _choices() == before
+    assert registration.is_registered()
+    from espnet2.tasks.asr import ASRTask, model_choices
+
+    from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+
+    assert model_choices.classes["multiblank_espnet"] is MultiblankESPnetASRModel
+    assert before["frontend"]["grad_scaled"].__name__ == "GradScaledFrontend"
+    assert before["preencoder"]["grad_scaled"].__name__ == "GradScaledPreEncoder"
+    # the same ClassChoices objects are the ones ASRTask builds its parser from
+    assert any(c is model_choices for c in ASRTask.class_choices_list)
+    parser = ASRTask.get_parser()
+    args = parser.parse_args(
+        ["--model", "multiblank_espnet", "--frontend", "grad_scaled"]
+    )
+    assert (args.model, args.frontend) == ("multiblank_espnet", "grad_scaled")
+
+
+def test_register_refuses_a_taken_name(monkeypatch):
+    from espnet2.tasks.asr import ESPnetASRModel, model_choices
+
+    monkeypatch.setitem(model_choices.classes, "multiblank_espnet", ESPnetASRModel)
+    with pytest.raises(RuntimeError, match="already taken"):
+        registration.register()
+
+
+def test_pth_file_is_one_import_line(tmp_path, monkeypatch):
+    path = autoregister.write(str(tmp_path))
+    text = open(path).read()
+    assert text.startswith("import ") and text.count("\n") == 1
+    # what site.py does with it; espnet2.tasks.asr is imported: registers at once
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(_hook.ENV_DISABLE, raising=False)
+    exec(text, {})
+    assert registration.is_registered()
+    assert not any(
+        getattr(f, "tag", None) == "espnet_multiblank" for f in sys.meta_path
+    )
+    assert autoregister.main(["status", "--dir", str(tmp_path)]) == 0
+    assert autoregister.remove(str(tmp_path)) and not autoregister.remove(str(tmp_path))
+
+
+@pytest.fixture
+def hook_ns(monkeypatch, tmp_path):
+    """The .pth code, executed in a namespace, watching a throw-away module."""
+    ns = {"__name__": "espnet_multiblank_autoregister"}
+    with open(_hook.__file__, encoding="utf-8") as f:
+        exec(compile(f.read(), _hook.__file__, "exec"), ns)
+    (tmp_path / "mb_fake_target.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "mb_fake_target", raising=False)
+    monkeypatch.delenv(_hook.ENV_DISABLE, raising=False)
+    calls = []
+    ns["TARGET"] = "mb_fake_target"
+    ns["_register_now"] = lambda: calls.append(sys.modules["mb_fake_target"].VALUE)
+    return ns, calls
+
+
+def test_hook_fires_once_after_the_target_import(hook_ns):
+    ns, calls = hook_ns
+    assert ns["install_hook"]() and ns["install_hook"]()  # second call: no duplicate
+    finders = [
+        f for f in sys.meta_path if getattr(f, "tag", None) == "espnet_multiblank"
+    ]
+    assert len(finders) == 1 and sys.meta_path[0] is finders[0]
+    import json  # noqa: F401  other imports are untouched
+
+    assert calls == []
+    import mb_fake_target
+
+    assert mb_fake_target.VALUE == 1 and calls == [1]  # after the module executed
+    assert not any(
+        getattr(f, "tag", None) == "espnet_multiblank" for f in sys.meta_path
+    )
+
+
+def test_hook_disabled_by_environment(hook_ns, monkeypatch):
+    ns, calls = hook_ns
+    monkeypatch.setenv(_hook.ENV_DISABLE, "1")
+    assert ns["install_hook"]() is False
+    import mb_fake_target  # noqa: F401
+
+    assert calls == []
+
+
+def test_hook_registers_at_once_when_target_already_imported(hook_ns):
+    ns, calls = hook_ns
+    import mb_fake_target  # noqa: F401
+
+    assert ns["install_hook"]() and calls == [1]
+
+
+def test_spawned_worker_sees_registration(tmp_path, monkeypatch):
+    """ESPnet's multi-GPU mode starts workers with the spawn method and target
+    ``ASRTask.main_worker``; a worker only has what importing ``__main__`` and the
+    target gives it. With ``python -m espnet_multiblank.bin.asr_train`` as main, a
+    spawned process builds a multiblank model from the parent's parsed args.
+    (ESPnet's spawn mode needs --ngpu > 1, so no real DDP run on CPU.)"""
+    from espnet2.tasks.asr import ASRTask
+
+    from espnet_multiblank.bin import asr_train
+
+    (tmp_path / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny_config()))
+    args = ASRTask.get_parser().parse_args(
+        [
+            "--config",
+            str(tmp_path / "c.yaml"),
+            "--token_list",
+            str(tmp_path / "tokens.txt"),
+        ]
+    )
+    monkeypatch.setitem(sys.modules, "__main__", asr_train)
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=ASRTask.build_model, args=(args,))
+    proc.start()
+    proc.join(timeout=300)
+    assert proc.exitcode == 0

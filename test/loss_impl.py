@@ -204,6 +204,20 @@ TINY_CASES = [
     ),
     Case("std_clamp", 6, 4, 5, 4, (6, 5), (3, 3), clamp=0.05, seed=11),
     Case("mb24_clamp_fastemit", 7, 4, 6, 2, (7, 6), (3, 1), (2, 4), 0.05, 0.2, 0.1, 12),
+    # more labels than frames, T_b = 1, a duration longer than every T_b
+    Case("std_labels_gt_frames", 3, 4, 5, 0, (2, 1, 3), (3, 3, 3), seed=13),
+    Case(
+        "mb_short",
+        4,
+        4,
+        6,
+        5,
+        (1, 4, 2),
+        (3, 3, 0),
+        (2, 3),
+        fastemit_lambda=0.1,
+        seed=14,
+    ),
 ]
 TINY_IDS = [c.name for c in TINY_CASES]
 
@@ -297,6 +311,125 @@ def check_brute_force(device, backend, case: Case, reduction: str, dtype=torch.f
         loss.cpu().double(), exp_loss, rtol=rtol, atol=rtol, msg="loss != brute force"
     )
     assert_grads_close(g, exp_grad, rtol, atol_rel, msg="gradient != brute force")
+
+
+def check_no_label_dimension(device, backend):
+    """U = 1 (labels of shape (B, 0)): only blanks; vs the brute force."""
+    c = Case("nolab", 7, 1, 5, 4, (7, 3, 1), (0, 0, 0), (2, 3), sigma=0.05, seed=15)
+    acts, labels, act_lens, label_lens = make_inputs(c, device)
+    assert labels.shape == (3, 0)
+    costs, grads = oracle(c, acts, labels, act_lens, label_lens)
+    loss, g = loss_and_grad(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        **c.kwargs(reduction="none", backend=backend),
+    )
+    torch.testing.assert_close(loss.double().cpu(), costs, rtol=1e-5, atol=1e-5)
+    assert_grads_close(g, grads, 1e-5, 1e-5)
+
+
+def check_wide_labels(device, backend):
+    """labels wider than U - 1 (extra columns of garbage) give the same result."""
+    c = MB_CASE
+    acts, labels, act_lens, label_lens = make_inputs(c, device)
+    kw = c.kwargs(reduction="none", backend=backend)
+    loss, g = loss_and_grad(acts, labels, act_lens, label_lens, **kw)
+    extra = torch.full((c.B, 3), -5, dtype=labels.dtype, device=labels.device)
+    loss_w, g_w = loss_and_grad(
+        acts, torch.cat([labels, extra], dim=1), act_lens, label_lens, **kw
+    )
+    assert torch.equal(loss_w, loss) and torch.equal(g_w, g)
+
+
+_CONCURRENT_SCRIPT = r"""
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+import torch, loss_impl as impl
+c = impl.MEDIUM_CASES[1]
+acts, labels, al, ll = impl.make_inputs(c, "cpu")
+kw = c.kwargs(reduction="sum", backend="numba")
+ref = impl.loss_and_grad(acts, labels, al, ll, **kw)
+errors = []
+def work():
+    try:
+        for _ in range(5):
+            l, g = impl.loss_and_grad(acts, labels, al, ll, **kw)
+            if not (torch.equal(l, ref[0]) and torch.equal(g, ref[1])):
+                errors.append("different result")
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=work) for _ in range(3)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("ERRORS", errors)
+sys.exit(1 if errors else 0)
+"""
+
+
+def check_concurrent_calls_cpu():
+    """Calls from several Python threads at once give the right results and do not abort
+    the process (Numba's workqueue threading layer aborts on concurrent parallel
+    launches; hence a subprocess)."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", _CONCURRENT_SCRIPT, here],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+
+
+_FORK_SCRIPT = r"""
+import multiprocessing as mp, sys
+sys.path.insert(0, sys.argv[1])
+import torch, loss_impl as impl
+torch.set_num_threads(2)
+c = impl.MEDIUM_CASES[1]
+acts, labels, al, ll = impl.make_inputs(c, "cpu")
+kw = c.kwargs(reduction="sum", backend="numba")
+ref = impl.loss_and_grad(acts, labels, al, ll, **kw)  # the parent uses the kernel first
+
+def child(q):
+    l, g = impl.loss_and_grad(acts, labels, al, ll, **kw)
+    q.put(bool(torch.equal(l, ref[0]) and torch.allclose(g, ref[1], rtol=1e-6, atol=1e-7)))
+
+ctx = mp.get_context("fork")
+q = ctx.Queue()
+p = ctx.Process(target=child, args=(q,))
+p.start()
+p.join(120)
+if p.is_alive():
+    p.kill()
+    print("HANG in the forked child")
+    sys.exit(2)
+ok = q.get(timeout=5) if p.exitcode == 0 else False
+print("child exit", p.exitcode, "same result", ok)
+sys.exit(0 if ok else 1)
+"""
+
+
+def check_forked_child_cpu():
+    """A forked child (DataLoader workers, multiprocessing) may call the loss after the
+    parent did: GNU OpenMP is not fork-safe, so a naive parallel kernel hangs there."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, here],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
 
 
 def check_equal_logits(device, backend):
@@ -668,7 +801,11 @@ def check_large_logits(device, backend, dtype, scale):
     c = Case("big", 10, 5, 6, 5, (10, 8), (4, 3), (2, 4), scale=scale, seed=81)
     acts, labels, act_lens, label_lens = make_inputs(c, device, dtype)
     loss, g = loss_and_grad(
-        acts, labels, act_lens, label_lens, **c.kwargs(reduction="none", backend=backend)
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        **c.kwargs(reduction="none", backend=backend),
     )
     assert torch.isfinite(loss).all() and torch.isfinite(g).all()
     ref_loss, ref_grad = reference64(c, acts, labels, act_lens, label_lens, "none")

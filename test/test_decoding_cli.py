@@ -32,6 +32,7 @@ STATS_KEYS = {
 }
 TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]
 LENGTHS = [8000, 12000, 4000]  # samples at 16 kHz
+BLANK_BIAS = 1.0  # added to the blank logits of the random joint network
 
 
 def _train_args(model="espnet", durations=None):
@@ -82,7 +83,7 @@ def make_experiment(root: Path, durations=None, model="espnet") -> Path:
     n_blanks = len(durations or ())
     with torch.no_grad():  # a few labels, mostly blanks: short hypotheses
         bias = asr_model.joint_network.lin_out.bias
-        bias[asr_model.blank_id - n_blanks : asr_model.blank_id + 1] += 2.0
+        bias[asr_model.blank_id - n_blanks : asr_model.blank_id + 1] += BLANK_BIAS
     torch.save(asr_model.state_dict(), exp / "model.pth")
     return exp
 
@@ -202,6 +203,32 @@ def test_cli_mb_greedy_batched_and_single(workdir, mb_exp):
     assert single["batch_size"] == 1
     assert single["total_frames"] == batched["total_frames"]
     assert single["big_blank_emissions"] > 0
+    # batches are sorted longest first for the encoder: results must go back to their
+    # own utterance (scores differ per utterance; padding perturbs them only slightly)
+    scores = {}
+    for run in ("o_mbg_b2", "o_mbg_b1"):
+        lines = (root / run / "1best_recog" / "score").read_text().splitlines()
+        scores[run] = {k: float(v) for k, v in (line.split() for line in lines)}
+    for key, score in scores["o_mbg_b1"].items():
+        assert scores["o_mbg_b2"][key] == pytest.approx(score, rel=1e-3)
+
+
+def test_speech2text_results_layout(mb_exp):
+    """Token ids -> ESPnet's (text, token, token_int, hyp) with the char tokenizer."""
+    from espnet_multiblank.decoding import MultiblankHypothesis
+    from espnet_multiblank.decoding.speech2text import MultiblankSpeech2Text
+
+    s2t = MultiblankSpeech2Text(
+        asr_train_config=mb_exp / "config.yaml",
+        asr_model_file=mb_exp / "model.pth",
+        transducer_conf={"search_type": "mb_beam", "beam_size": 3},
+    )
+    assert s2t.beam_search_transducer.beam_size == 3
+    assert s2t.asr_model.decoder.blank_id == 2
+    ids = [TOKENS.index(c) + 2 for c in "ab"]  # two big blanks precede <blank>
+    hyp = MultiblankHypothesis(score=-1.0, yseq=[2] + ids, dec_state=None)
+    ((text, token, token_int, out),) = s2t.hyps_to_results([hyp])
+    assert (text, token, token_int, out) == ("ab", ["a", "b"], ids, hyp)
 
 
 def test_cli_mb_beam(workdir, mb_exp):

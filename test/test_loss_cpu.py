@@ -40,6 +40,24 @@ def test_brute_force_float32(backend, case):
 
 
 @backends
+def test_no_label_dimension(backend):
+    impl.check_no_label_dimension(DEVICE, backend)
+
+
+@backends
+def test_wide_labels(backend):
+    impl.check_wide_labels(DEVICE, backend)
+
+
+def test_concurrent_calls():
+    impl.check_concurrent_calls_cpu()
+
+
+def test_forked_child():
+    impl.check_forked_child_cpu()
+
+
+@backends
 def test_equal_logits(backend):
     impl.check_equal_logits(DEVICE, backend)
 

@@ -127,7 +127,7 @@ class MultiblankGreedySearch:
             else:
                 t += adv
                 num_sym = 0
-                if adv > 1 or k != self.blank_id:
+                if adv > 1:  # a big blank
                     hyp.big_blank_emissions += 1
                     hyp.frames_skipped += adv - 1
         hyp.dec_state = state
@@ -197,7 +197,7 @@ class MultiblankGreedySearch:
                 a = adv[blanks]
                 frame[rows] += a
                 num_sym[rows] = 0
-                big = (a > 1) | (k[blanks] != self.blank_id)
+                big = a > 1  # big blanks
                 n_big[rows] += big.long()
                 skipped[rows] += torch.where(big, a - 1, torch.zeros_like(a))
             active = (frame < lens).nonzero().squeeze(1)

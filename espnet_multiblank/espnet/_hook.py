@@ -22,6 +22,8 @@ def _register_now():
 
         register()
     except Exception as e:  # never break the user's import of ESPnet
+        if isinstance(e, ModuleNotFoundError) and e.name == "espnet_multiblank":
+            return  # package uninstalled, .pth left behind: nothing to register
         import warnings
 
         warnings.warn(

@@ -31,6 +31,9 @@ from espnet_multiblank.loss.options import REDUCTIONS
 
 logger = logging.getLogger(__name__)
 
+#: transducer_reduction values (the loss's reductions that give a scalar)
+MODEL_REDUCTIONS = tuple(r for r in REDUCTIONS if r != "none")
+
 #: ctc_conf.ctc_type values whose blank index can be set (torch.nn.CTCLoss).
 _CTC_TYPES_WITH_BLANK = ("builtin", "builtin2")
 
@@ -84,10 +87,10 @@ def check_model_conf(
             raise ConfigError(
                 f"{_key(name)} must be a finite number >= 0{hint}, got {value!r}"
             )
-    if transducer_reduction not in REDUCTIONS:
+    if transducer_reduction not in MODEL_REDUCTIONS:
         raise ConfigError(
-            f"{_key('transducer_reduction')} must be one of {list(REDUCTIONS)}, got "
-            f"{transducer_reduction!r}"
+            f"{_key('transducer_reduction')} must be one of {list(MODEL_REDUCTIONS)} "
+            f"(the trainer needs a scalar), got {transducer_reduction!r}"
         )
     if transducer_loss_backend not in BACKENDS:
         raise ConfigError(

@@ -40,6 +40,7 @@ mb_train_config=$recipe/conf/train_multiblank.yaml
 decode_conf_dir=$repo/conf/decode
 inference_model=valid.loss.ave.pth
 decode_threads=1            # torch threads while decoding (speed comparison)
+train_jobs=2                # 2: train both models at once, one torch thread each
 train_args=""               # extra arguments for asr_train (both models)
 
 usage() {
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=true; shift ;;
     --stage|--stop_stage|--dir|--python|--nj|--num_train|--num_dev|--num_test|--num_real|\
-    --train_args|--inference_model|--decode_conf_dir|--decode_threads)
+    --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -89,9 +90,10 @@ stats_dir=$exp/asr_stats_word
 log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [run.sh] $*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
 
-# run_stage N NAME FUNCTION: skip when done, else run, then mark done and invalidate later
+# run_stage N NAME FUNCTION [FIRST_DEPENDENT]: skip when done, else run, then mark done and
+# invalidate the markers of the stages from FIRST_DEPENDENT (default N+1) on
 run_stage() {
-  local n=$1 name=$2 fn=$3
+  local n=$1 name=$2 fn=$3 first_dependent=${4:-$(($1 + 1))}
   if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
   if [ -e "$done_dir/$n" ]; then
     log "stage $n ($name): done already ($(cat "$done_dir/$n")), skipped"
@@ -101,7 +103,7 @@ run_stage() {
   log "stage $n ($name): start"
   "$fn"
   local k
-  for k in $(seq $((n + 1)) 20); do rm -f "$done_dir/$k"; done
+  for k in $(seq "$first_dependent" 20); do rm -f "$done_dir/$k"; done
   echo "$(date '+%Y-%m-%dT%H:%M:%S'), $((SECONDS - t0)) s" > "$done_dir/$n"
   log "stage $n ($name): finished in $((SECONDS - t0)) s"
 }
@@ -284,7 +286,9 @@ train_model() {
   log "training $name ($config): progress in $out.tmp/train.log"
   local t0=$SECONDS
   # shellcheck disable=SC2046,SC2086
-  "${train_cmd[@]}" --ngpu 0 --config "$config" $(common_args) \
+  local threads=()
+  [ "$train_jobs" -gt 1 ] && threads=(env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1)
+  "${threads[@]}" "${train_cmd[@]}" --ngpu 0 --config "$config" $(common_args) \
     --normalize_conf stats_file="$stats_dir/train/feats_stats.npz" \
     --train_shape_file "$stats_dir/train/speech_shape" \
     --train_shape_file "$stats_dir/train/text_shape.word" \
@@ -294,7 +298,7 @@ train_model() {
   local pid=$!
   # show ESPnet's per-epoch summaries while it runs
   tail -n +1 -F --pid=$pid "$out.tmp/train.log" 2>/dev/null | grep --line-buffered -E \
-    "epoch results|Traceback|Error|best model" | sed -u 's/^/    /' &
+    "epoch results|Traceback|Error|best model" | sed -u "s/^/    [$name] /" &
   local tailpid=$!
   local rc=0
   wait $pid || rc=$?
@@ -382,8 +386,20 @@ main() {
   run_stage 3 data_dirs stage_data
   run_stage 4 token_list stage_tokens
   run_stage 5 collect_stats stage_stats
-  run_stage 6 train_standard stage_train_std
-  run_stage 7 train_multiblank stage_train_mb
+  if [ "$train_jobs" -gt 1 ]; then
+    # the two trainings are independent: run them side by side, one thread each
+    local p6 p7 rc=0
+    run_stage 6 train_standard stage_train_std 8 &
+    p6=$!
+    run_stage 7 train_multiblank stage_train_mb 8 &
+    p7=$!
+    wait $p6 || rc=1
+    wait $p7 || rc=1
+    [ $rc -eq 0 ] || die "training failed"
+  else
+    run_stage 6 train_standard stage_train_std 8
+    run_stage 7 train_multiblank stage_train_mb 8
+  fi
   run_stage 8 decode stage_decode
   run_stage 9 score stage_score
   run_stage 10 report stage_report

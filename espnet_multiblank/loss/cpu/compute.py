@@ -41,12 +41,16 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# Below this many logits a parallel launch costs more than it saves.
+PARALLEL_MIN_ELEMENTS = 1 << 18
+
+
 @contextlib.contextmanager
-def _kernel_set():
+def _kernel_set(num_elements: int):
     """Pick serial or parallel kernels; for parallel, use as many Numba threads as torch
     is allowed (torch.set_num_threads) and leave the caller's Numba setting unchanged."""
     n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if n == 1 or _state["forked"]:
+    if n == 1 or _state["forked"] or num_elements < PARALLEL_MIN_ELEMENTS:
         yield _SERIAL
         return
     _state["parallel_used"] = True
@@ -99,7 +103,7 @@ def compute(
     log_p = np.empty(B, np.float64)
     bad = np.zeros(B, np.uint8)
     grads = None
-    with _kernel_set() as (row_statistics, alpha_beta, gradients):
+    with _kernel_set(acts.numel()) as (row_statistics, alpha_beta, gradients):
         row_statistics(x, lab, al, ll, opts.blank, big_ids, opts.sigma, lp, denom, bad)
         if bad.any():
             costs = torch.zeros(B, dtype=acts.dtype)
@@ -116,5 +120,5 @@ def compute(
                 x, lab, al, ll, opts.blank, big_ids, denom, lp, alpha, log_p,
                 opts.fastemit_lambda, opts.clamp, w, grads.numpy(),
             )
-    costs = torch.from_numpy(-(1.0 + opts.fastemit_lambda) * log_p).to(acts.dtype)
+    costs = torch.from_numpy(-(1.0 + opts.fastemit_lambda) * log_p + 0.0).to(acts.dtype)
     return costs, grads

@@ -347,6 +347,8 @@ _CONCURRENT_SCRIPT = r"""
 import sys, threading
 sys.path.insert(0, sys.argv[1])
 import torch, loss_impl as impl
+import espnet_multiblank.loss.cpu.driver as cpu_compute
+cpu_compute.PARALLEL_MIN_ELEMENTS = 0  # exercise the parallel kernels on a small case
 c = impl.MEDIUM_CASES[1]
 acts, labels, al, ll = impl.make_inputs(c, "cpu")
 kw = c.kwargs(reduction="sum", backend="numba")
@@ -390,6 +392,8 @@ _FORK_SCRIPT = r"""
 import multiprocessing as mp, sys
 sys.path.insert(0, sys.argv[1])
 import torch, loss_impl as impl
+import espnet_multiblank.loss.cpu.driver as cpu_compute
+cpu_compute.PARALLEL_MIN_ELEMENTS = 0  # exercise the parallel kernels on a small case
 torch.set_num_threads(2)
 c = impl.MEDIUM_CASES[1]
 acts, labels, al, ll = impl.make_inputs(c, "cpu")
@@ -708,9 +712,22 @@ def check_retain_graph(device, backend, reduction):
 def check_threads_unchanged(device, backend):
     """torch's and numba's thread counts are the same after a call as before, including
     after the caller changed them."""
+    import espnet_multiblank.loss.cpu.driver as cpu_compute
+
     acts, labels, act_lens, label_lens = make_inputs(MB_CASE, device)
     kw = MB_CASE.kwargs(reduction="mean", backend=backend)
     before = (torch.get_num_threads(), numba.get_num_threads())
+    threshold = cpu_compute.PARALLEL_MIN_ELEMENTS
+    try:
+        cpu_compute.PARALLEL_MIN_ELEMENTS = 0  # take the parallel path on a small case
+        torch.set_num_threads(2)
+        numba.set_num_threads(1)  # differs from what the kernel will use
+        loss_and_grad(acts, labels, act_lens, label_lens, **kw)
+        assert (torch.get_num_threads(), numba.get_num_threads()) == (2, 1)
+    finally:
+        cpu_compute.PARALLEL_MIN_ELEMENTS = threshold
+        torch.set_num_threads(before[0])
+        numba.set_num_threads(before[1])
     loss_and_grad(acts, labels, act_lens, label_lens, **kw)
     assert (torch.get_num_threads(), numba.get_num_threads()) == before
     try:

@@ -282,10 +282,11 @@ def test_standard_model_uses_espnet_search_with_its_blank():
     # max_sym_per_frame=1 (independent implementations)
     ours = build_transducer_search(model, search_type="mb_greedy", max_sym_per_frame=1)
     enc, _ = enc_batch(4, [30])
-    assert search(enc[0])[0].yseq == ours(enc[0])[0].yseq
-    beam = build_transducer_search(model, search_type="default", beam_size=3)
-    assert isinstance(beam, BeamSearchTransducer) and beam.blank_id == 0
-    assert beam(enc[0])[0].yseq[0] == 0
+    with torch.no_grad():  # ESPnet's searches rely on Speech2Text's no_grad
+        assert search(enc[0])[0].yseq == ours(enc[0])[0].yseq
+        beam = build_transducer_search(model, search_type="default", beam_size=3)
+        assert isinstance(beam, BeamSearchTransducer) and beam.blank_id == 0
+        assert beam(enc[0])[0].yseq[0] == 0
 
 
 def test_standard_model_blank_not_first():
@@ -295,7 +296,8 @@ def test_standard_model_blank_not_first():
     search = build_transducer_search(model, search_type="greedy")
     assert model.decoder.blank_id == 2 and search.blank_id == 2
     enc, _ = enc_batch(5, [15])
-    hyp = search(enc[0])[0]
+    with torch.no_grad():
+        hyp = search(enc[0])[0]
     assert hyp.yseq[0] == 2 and 2 not in hyp.yseq[1:]
     with pytest.raises(ValueError, match="index 0"):
         build_transducer_search(model, search_type="default", beam_size=4)
@@ -325,3 +327,23 @@ def test_unknown_conf_key_and_lm_rejected():
         build_transducer_search(model, search_type="mb_beam", beam_size=2, u_max=5)
     with pytest.raises(NotImplementedError):
         build_transducer_search(model, search_type="mb_greedy", lm=object())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    model = make_model(1)
+    enc, lens = enc_batch(7, [20, 9, 14])
+    cpu = {
+        st: build_transducer_search(model, search_type=st, beam_size=4)
+        for st in ("mb_greedy", "mb_beam")
+    }
+    want_g = cpu["mb_greedy"].search_batch(enc, lens)
+    want_b = [cpu["mb_beam"](enc[b, :T])[0] for b, T in enumerate(lens.tolist())]
+    model.decoder.cuda()
+    model.joint_network.cuda()
+    gpu = build_transducer_search(model, search_type="mb_greedy")
+    got_g = gpu.search_batch(enc.cuda(), lens.cuda())
+    beam = build_transducer_search(model, search_type="mb_beam", beam_size=4)
+    for b, T in enumerate(lens.tolist()):
+        assert got_g[b].yseq == want_g[b].yseq
+        assert beam(enc[b, :T].cuda())[0].yseq == want_b[b].yseq

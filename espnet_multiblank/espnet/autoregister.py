@@ -25,38 +25,46 @@ import sysconfig
 from typing import Optional
 
 PTH_NAME = "espnet_multiblank_autoregister.pth"
-_HOOK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hook.py")
+
+#: Executed at every interpreter start-up: keep it tiny (no imports beyond ``os`` and
+#: ``sys``, which ``site`` has already imported). Mirrors ``_hook.install_hook``.
+_BOOTSTRAP = """\
+import os, sys
+if os.environ.get('ESPNET_MULTIBLANK_NO_AUTOREGISTER', '') in ('', '0'):
+    class EspnetMultiblankBootstrap:
+        tag = 'espnet_multiblank'
+
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != {target!r}:
+                return None
+            sys.meta_path[:] = [f for f in sys.meta_path
+                                if getattr(f, 'tag', None) != 'espnet_multiblank']
+            try:
+                from espnet_multiblank.espnet._hook import find_and_wrap
+            except ImportError:  # package uninstalled, .pth left behind
+                return None
+            return find_and_wrap(name, path, target)
+
+    if not any(getattr(f, 'tag', None) == 'espnet_multiblank' for f in sys.meta_path):
+        sys.meta_path.insert(0, EspnetMultiblankBootstrap)
+"""
 
 
-def pth_line() -> str:
-    """The single ``import ...`` line of the ``.pth`` file (the hook source, embedded:
-    the .pth does not need to know where the package is installed)."""
-    with open(_HOOK_FILE, encoding="utf-8") as f:
-        source = _strip_docstrings(f.read()) + "\ninstall_hook()\n"
+def bootstrap_source(target: str = "espnet2.tasks.asr") -> str:
+    """Source of the start-up bootstrap watching module ``target``."""
+    return _BOOTSTRAP.format(target=target)
+
+
+def pth_line(target: str = "espnet2.tasks.asr") -> str:
+    """The single ``import ...`` line of the ``.pth`` file: the bootstrap embedded
+    (the .pth does not need to know where the package is installed)."""
     return (
         "import sys; exec(compile({!r}, {!r}, 'exec'), "
         "{{'__name__': 'espnet_multiblank_autoregister'}})\n".format(
-            source, "<" + PTH_NAME + ">"
+            bootstrap_source(target), "<" + PTH_NAME + ">"
         )
     )
-
-
-def _strip_docstrings(source: str) -> str:
-    """``source`` without docstrings and comments (smaller = faster to compile)."""
-    import ast
-
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
 
 
 def default_dir() -> str:

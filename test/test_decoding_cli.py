@@ -261,7 +261,7 @@ def test_cli_standard_model(workdir, std_exp):
     "not landed yet",
 )
 def test_cli_subprocess_multiblank_espnet(workdir):
-    """``python -m espnet_multiblank.bin.asr_inference`` on a multiblank_espnet model."""
+    """``python -m espnet_multiblank.bin.asr_inference``, model: multiblank_espnet."""
     import espnet_multiblank
 
     root, scp = workdir

@@ -185,10 +185,11 @@ def test_big_blank_never_overshoots():
         assert h.frame == T
 
 
+@pytest.mark.parametrize("blank_bias", [2.0, 0.5])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("beam_size", [2, 4, 8])
-def test_beam_score_not_below_greedy(seed, beam_size):
-    model = make_model(seed)
+def test_beam_score_not_below_greedy(seed, beam_size, blank_bias):
+    model = make_model(seed, blank_bias=blank_bias)  # 0.5: greedy emits labels
     greedy = build_transducer_search(model, search_type="mb_greedy")
     beam = build_transducer_search(model, search_type="mb_beam", beam_size=beam_size)
     enc, lens = enc_batch(100 + seed, [25, 12])
@@ -224,6 +225,79 @@ def test_beam_merges_alignments_exactly():
         ]
         total[t] = torch.logsumexp(torch.stack(terms), 0)
     assert math.isclose(empty.score, float(total[T]), rel_tol=1e-5)
+
+
+def brute_force_sequences(model, enc, max_sym):
+    """log P(y | x) for every label sequence y, by enumerating every path.
+
+    Independent of the searches: ESPnet's decoder and joint network called directly,
+    one path at a time, with the lattice rules of ``shared/loss_math.md`` (labels stay,
+    blank +1, big blank i + d_i, no overshoot) and at most ``max_sym`` labels per frame.
+    """
+    blank, durations = model.blank_id, model.big_blank_durations
+    dec, joint = model.decoder, model.joint_network
+    labels = [k for k in range(dec.odim) if k > blank or k < blank - len(durations)]
+    T = enc.size(0)
+    paths = {}
+
+    def step(k, state):
+        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
+        return out[0, 0], state
+
+    def rec(t, y, n_sym, dec_out, state, lp):
+        if t == T:
+            paths.setdefault(y, []).append(lp)
+            return
+        logp = torch.log_softmax(joint(enc[t], dec_out), dim=-1).double()
+        rec(t + 1, y, 0, dec_out, state, lp + logp[blank])
+        for i, d in enumerate(durations):
+            if t + d <= T:
+                rec(t + d, y, 0, dec_out, state, lp + logp[blank - 1 - i])
+        if n_sym < max_sym:
+            for k in labels:
+                out, new_state = step(k, state)
+                rec(t, y + (k,), n_sym + 1, out, new_state, lp + logp[k])
+
+    with torch.no_grad():
+        out, state = step(blank, dec.init_state(1))
+        rec(0, (), 0, out, state, torch.tensor(0.0, dtype=torch.float64))
+    return {y: float(torch.logsumexp(torch.stack(v), 0)) for y, v in paths.items()}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("max_sym", [1, 2])
+def test_wide_beam_equals_exhaustive_search(seed, max_sym):
+    """A beam that prunes nothing returns every label sequence with its exact total
+    probability (all alignments merged); narrower beams never over-estimate it."""
+    durations = (2,)
+    model = make_model(seed, blank_id=1, durations=durations, vocab=4, blank_bias=0.0)
+    enc, _ = enc_batch(seed, [5 if max_sym == 1 else 3])  # keeps enumeration fast
+    exact = brute_force_sequences(model, enc[0], max_sym)
+    wide = MultiblankBeamSearch(
+        model.decoder,
+        model.joint_network,
+        1,
+        durations,
+        beam_size=100000,
+        nbest=100000,
+        max_sym_per_frame=max_sym,
+    )
+    got = {tuple(h.yseq[1:]): h.score for h in wide(enc[0])}
+    assert set(got) == set(exact)
+    for y, score in exact.items():
+        assert got[y] == pytest.approx(score, rel=1e-5, abs=1e-5)
+    best = max(exact, key=exact.get)
+    assert tuple(wide(enc[0])[0].yseq[1:]) == best
+    for beam_size in (1, 2, 4):
+        narrow = build_transducer_search(
+            model,
+            search_type="mb_beam",
+            beam_size=beam_size,
+            nbest=8,
+            max_sym_per_frame=max_sym,
+        )
+        for h in narrow(enc[0]):
+            assert h.score <= exact[tuple(h.yseq[1:])] + 1e-5
 
 
 def test_nbest_sorted_and_distinct():

@@ -54,67 +54,77 @@ def test_pth_file_is_one_import_line(tmp_path, monkeypatch):
     path = autoregister.write(str(tmp_path))
     text = open(path).read()
     assert text.startswith("import ") and text.count("\n") == 1
-    # what site.py does with it; espnet2.tasks.asr is imported: registers at once
+    assert autoregister.main(["status", "--dir", str(tmp_path)]) == 0
+    # what site.py does with it: one finder in front, nothing imported
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv(_hook.ENV_DISABLE, raising=False)
-    exec(text, {})
-    assert registration.is_registered()
-    assert not any(
-        getattr(f, "tag", None) == "espnet_multiblank" for f in sys.meta_path
-    )
-    assert autoregister.main(["status", "--dir", str(tmp_path)]) == 0
+    modules = set(sys.modules)
+    exec(text)
+    exec(text)
+    assert set(sys.modules) == modules
+    finders = [
+        f for f in sys.meta_path if getattr(f, "tag", None) == "espnet_multiblank"
+    ]
+    assert len(finders) == 1 and sys.meta_path[0] is finders[0]
     assert autoregister.remove(str(tmp_path)) and not autoregister.remove(str(tmp_path))
 
 
 @pytest.fixture
-def hook_ns(monkeypatch, tmp_path):
-    """The .pth code, executed in a namespace, watching a throw-away module."""
-    ns = {"__name__": "espnet_multiblank_autoregister"}
-    with open(_hook.__file__, encoding="utf-8") as f:
-        exec(compile(f.read(), _hook.__file__, "exec"), ns)
+def fake_target(monkeypatch, tmp_path):
+    """A throw-away module to watch instead of espnet2.tasks.asr; records the calls
+    the hook would make to register()."""
     (tmp_path / "mb_fake_target.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "mb_fake_target", raising=False)
     monkeypatch.delenv(_hook.ENV_DISABLE, raising=False)
     calls = []
-    ns["TARGET"] = "mb_fake_target"
-    ns["_register_now"] = lambda: calls.append(sys.modules["mb_fake_target"].VALUE)
-    return ns, calls
+    monkeypatch.setattr(
+        _hook, "register_now", lambda: calls.append(sys.modules["mb_fake_target"].VALUE)
+    )
+    return calls
 
 
-def test_hook_fires_once_after_the_target_import(hook_ns):
-    ns, calls = hook_ns
-    assert ns["install_hook"]() and ns["install_hook"]()  # second call: no duplicate
-    finders = [
-        f for f in sys.meta_path if getattr(f, "tag", None) == "espnet_multiblank"
-    ]
-    assert len(finders) == 1 and sys.meta_path[0] is finders[0]
+def _plugin_finders():
+    return [f for f in sys.meta_path if getattr(f, "tag", None) == "espnet_multiblank"]
+
+
+@pytest.mark.parametrize("how", ["pth", "in_process"])
+def test_hook_fires_once_after_the_target_import(fake_target, monkeypatch, how):
+    calls = fake_target
+    if how == "pth":
+        exec(autoregister.pth_line("mb_fake_target"))
+    else:
+        monkeypatch.setattr(_hook, "TARGET", "mb_fake_target")
+        assert _hook.install_hook() and _hook.install_hook()
+    assert len(_plugin_finders()) == 1
     import json  # noqa: F401  other imports are untouched
 
     assert calls == []
     import mb_fake_target
 
     assert mb_fake_target.VALUE == 1 and calls == [1]  # after the module executed
-    assert not any(
-        getattr(f, "tag", None) == "espnet_multiblank" for f in sys.meta_path
-    )
+    assert _plugin_finders() == []
 
 
-def test_hook_disabled_by_environment(hook_ns, monkeypatch):
-    ns, calls = hook_ns
+def test_hook_disabled_by_environment(fake_target, monkeypatch):
     monkeypatch.setenv(_hook.ENV_DISABLE, "1")
-    assert ns["install_hook"]() is False
+    exec(autoregister.pth_line("mb_fake_target"))
+    monkeypatch.setattr(_hook, "TARGET", "mb_fake_target")
+    assert _hook.install_hook() is False
+    assert _plugin_finders() == []
     import mb_fake_target  # noqa: F401
 
-    assert calls == []
+    assert fake_target == []
 
 
-def test_hook_registers_at_once_when_target_already_imported(hook_ns):
-    ns, calls = hook_ns
+def test_install_hook_registers_at_once_when_target_already_imported(
+    fake_target, monkeypatch
+):
     import mb_fake_target  # noqa: F401
 
-    assert ns["install_hook"]() and calls == [1]
+    monkeypatch.setattr(_hook, "TARGET", "mb_fake_target")
+    assert _hook.install_hook() and fake_target == [1]
 
 
 def test_spawned_worker_sees_registration(tmp_path, monkeypatch):

@@ -33,6 +33,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
     -c requirements/torch.txt "setuptools>=77"
   "${PIP[@]}" install -q --no-deps "espnet==202511"
   "${PIP[@]}" install -q --no-deps -e .
+  # start-up hook: ESPnet's stock espnet2.bin.asr_train / asr_inference see the plug-in
+  "$VENV/bin/python" -m espnet_multiblank.espnet.autoregister install
   echo "$HASH" > "$STAMP"
 else
   echo "[setup] $VENV is up to date"

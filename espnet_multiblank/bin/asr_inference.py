@@ -5,7 +5,8 @@ Usage (every argument of ``espnet2.bin.asr_inference``)::
 
     python -m espnet_multiblank.bin.asr_inference \\
         --config conf/decode/mb_greedy.yaml \\
-        --asr_train_config exp/asr/config.yaml --asr_model_file exp/asr/valid.loss.ave.pth \\
+        --asr_train_config exp/asr/config.yaml \\
+        --asr_model_file exp/asr/valid.loss.ave.pth \\
         --data_path_and_name_and_type dump/raw/test/wav.scp,speech,sound \\
         --output_dir exp/asr/decode_test
 
@@ -243,8 +244,30 @@ def inference(
     return stats
 
 
+def dict_arg(value: str) -> Dict[str, Any]:
+    """``--transducer_conf`` from the command line: a YAML mapping
+    (``"{search_type: mb_beam, beam_size: 4}"``) or ``key=value[,key=value...]``."""
+    import yaml
+
+    loaded = yaml.safe_load(value)
+    if isinstance(loaded, dict):
+        return loaded
+    out = {}
+    for item in value.split(","):
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value or a YAML mapping, got {value!r}")
+        out[key.strip()] = yaml.safe_load(val)
+    return out
+
+
 def get_parser():
-    """ESPnet's ``asr_inference`` parser (same arguments, same defaults)."""
+    """ESPnet's ``asr_inference`` parser (same arguments, same defaults).
+
+    One difference: ESPnet's ``--transducer_conf`` only works from a YAML config (on
+    the command line it stays a string); here it also accepts
+    ``--transducer_conf search_type=mb_beam,max_sym_per_frame=5`` or a YAML mapping.
+    """
     from espnet2.bin.asr_inference import get_parser as espnet_get_parser
 
     parser = espnet_get_parser()
@@ -252,6 +275,9 @@ def get_parser():
         "ASR decoding with espnet-multiblank's transducer searches "
         "(transducer_conf.search_type: mb_greedy, mb_beam, greedy, default, ...)"
     )
+    for action in parser._actions:
+        if action.dest == "transducer_conf":
+            action.type = dict_arg
     return parser
 
 

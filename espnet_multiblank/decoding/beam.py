@@ -1,4 +1,4 @@
-"""Multi-blank beam search: frame-synchronous, with hypotheses parked ahead by big blanks.
+"""Multi-blank beam search: frame-synchronous; big blanks park hypotheses ahead.
 
 ESPnet and NeMo ship only greedy decoding for multi-blank transducers. This search
 generalises the frame-synchronous transducer beam search to symbols that advance a
@@ -22,7 +22,7 @@ Algorithm (B = beam size)::
             keep the B best candidates over all of them (labels and blanks alike)
             drop label candidates below the B-th best score already in Q[t+1]
             blank          -> insert (y, score) into Q[t+1]
-            big blank i    -> insert (y, score) into Q[t+d_i]  ("parked" d_i frames ahead)
+            big blank i    -> insert (y, score) into Q[t+d_i]  (parked d_i ahead)
             label k        -> y + [k] stays at frame t: one batched prediction-network
                               step; these form the next C
     return the nbest of Q[T] (by score, or score / len(y) with score_norm)

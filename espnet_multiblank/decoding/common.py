@@ -15,6 +15,7 @@ from espnet2.asr.transducer.beam_search_transducer import Hypothesis
 
 from espnet_multiblank.decoding.layout import BlankLayout
 
+
 @contextlib.contextmanager
 def single_thread_on_cpu(device: Any) -> Iterator[None]:
     """Run the block with one intra-op thread when decoding on CPU.
@@ -71,7 +72,8 @@ class JointStepper:
     computes exactly ``lin_out(act(lin_enc(e) + lin_dec(d)))`` as in training.
 
     Args:
-        decoder: ESPnet ``TransducerDecoder`` (``embed``, ``rnn_forward``, ``init_state``).
+        decoder: ESPnet ``TransducerDecoder`` (``embed``, ``rnn_forward``,
+            ``init_state``).
         joint_network: ESPnet ``JointNetwork`` (or any ``joint(enc, dec) -> logits``).
     """
 

@@ -47,7 +47,8 @@ class BlankLayout:
             raise ValueError(f"big-blank durations must be distinct: {self.durations}")
         if self.blank_id - len(self.durations) < 0:
             raise ValueError(
-                f"{len(self.durations)} big blanks need indices blank_id-1..blank_id-N, "
+                f"{len(self.durations)} big blanks need indices "
+                "blank_id-1..blank_id-N, "
                 f"but blank_id={self.blank_id} (ESPnet would silently read index -1)"
             )
 
@@ -99,10 +100,11 @@ def layout_from_model(model: Any) -> BlankLayout:
 def fix_decoder_blank(decoder: Any, layout: BlankLayout) -> None:
     """Make ``decoder.blank_id`` the standard blank of ``layout`` (in place).
 
-    ESPnet's searches start every hypothesis with ``decoder.blank_id`` (training starts
-    the prediction network with the model's ``blank_id``) and its greedy search treats it
-    as the blank; ESPnet leaves it at ``embed_pad = 0``, which is ``<blank{d_max}>`` in a
-    multi-blank model. The embedding's ``padding_idx`` is left alone.
+    ESPnet's searches start every hypothesis with ``decoder.blank_id`` (training
+    starts the prediction network with the model's ``blank_id``) and its greedy search
+    treats it as the blank; ESPnet leaves it at ``embed_pad = 0``, which is
+    ``<blank{d_max}>`` in a multi-blank model. The embedding's ``padding_idx`` is left
+    alone.
     """
     if getattr(decoder, "blank_id", None) != layout.blank_id:
         logger.info(

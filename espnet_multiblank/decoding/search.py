@@ -2,7 +2,7 @@
 
 ``search_type`` values (the ``transducer_conf.search_type`` key of a decode config):
 
-=============  ==========================================================================
+=============  =========================================================================
 ``mb_greedy``  :class:`MultiblankGreedySearch` (batched over utterances in the CLI).
 ``mb_beam``    :class:`MultiblankBeamSearch` with ``beam_size``.
 ``greedy``     ESPnet's greedy search (``BeamSearchTransducer`` with beam 1).
@@ -10,7 +10,7 @@
 ``tsd`` ...    ESPnet's other searches (``tsd``, ``alsd``, ``nsc``, ``maes``).
 ``mbg``        ESPnet's multi-blank greedy: served by ``mb_greedy`` (same algorithm,
                correct blank indices).
-=============  ==========================================================================
+=============  =========================================================================
 
 On a multi-blank model (big blanks present) ESPnet's searches would treat the big blanks
 as labels, so ``greedy`` / ``mbg`` / ``default`` with beam 1 become ``mb_greedy`` and

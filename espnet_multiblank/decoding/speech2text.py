@@ -136,7 +136,8 @@ class MultiblankSpeech2Text(Speech2Text):
             speech_lengths: (B,) lengths.
 
         Returns:
-            For each utterance, ESPnet's n-best list ``[(text, token, token_int, hyp)]``.
+            For each utterance, ESPnet's n-best list
+            ``[(text, token, token_int, hyp)]``.
         """
         if not self.supports_batch:
             raise NotImplementedError(

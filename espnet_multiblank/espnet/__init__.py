@@ -6,6 +6,9 @@
 * :mod:`espnet_multiblank.espnet.model`: :class:`MultiblankESPnetASRModel`.
 * :mod:`espnet_multiblank.espnet.grad_scaled`: gradient-scaling frontend/preencoder
   wrappers (wav2vec 2.0 ``feature_grad_mult``).
+* :mod:`espnet_multiblank.espnet.task`: :class:`MultiblankASRTask`, ESPnet's
+  ``ASRTask`` with the plug-in's config keys checked before ``build_model`` (used by
+  ``python -m espnet_multiblank.bin.asr_train``).
 * :mod:`espnet_multiblank.espnet.autoregister`: installs a ``.pth`` start-up hook that
   calls ``register()`` as soon as any process imports ``espnet2.tasks.asr``.
 

@@ -19,6 +19,7 @@ This module uses only the standard library and can be loaded by file path (from
 """
 
 import argparse
+import marshal
 import os
 import sys
 import sysconfig
@@ -57,13 +58,25 @@ def bootstrap_source(target: str = "espnet2.tasks.asr") -> str:
 
 
 def pth_line(target: str = "espnet2.tasks.asr") -> str:
-    """The single ``import ...`` line of the ``.pth`` file: the bootstrap embedded
-    (the .pth does not need to know where the package is installed)."""
+    """The single ``import ...`` line of the ``.pth`` file.
+
+    It embeds the bootstrap twice: marshalled for the interpreter that writes it (no
+    compilation at start-up: ~15 us instead of ~300 us) and as source for any other
+    interpreter. It does not need to know where the package is installed.
+    """
+    source = bootstrap_source(target)
+    filename = "<" + PTH_NAME + ">"
+    blob = marshal.dumps(compile(source, filename, "exec"))
     return (
-        "import sys; exec(compile({!r}, {!r}, 'exec'), "
-        "{{'__name__': 'espnet_multiblank_autoregister'}})\n".format(
-            bootstrap_source(target), "<" + PTH_NAME + ">"
-        )
+        "import sys; exec(__import__('marshal').loads({blob!r}) "
+        "if sys.implementation.cache_tag == {tag!r} else "
+        "compile({source!r}, {filename!r}, 'exec'), "
+        "{{'__name__': 'espnet_multiblank_autoregister'}})\n"
+    ).format(
+        blob=blob,
+        tag=sys.implementation.cache_tag,
+        source=source,
+        filename=filename,
     )
 
 

@@ -199,7 +199,6 @@ stage_synth() {
     mv "$wavdir/$s.tmp" "$wavdir/$s"
   done
   log "synthetic data: $((SECONDS - t0)) s"
-  echo "$((SECONDS - t0))" > "$wavdir/synthesis_seconds"
 
   # real speech: recordings of isolated digits from Debian packages, never installed
   rm -rf "$wavdir/test_real" "$wavdir/test_real.tmp" "$wavdir/debs.tmp"

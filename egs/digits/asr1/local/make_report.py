@@ -144,14 +144,17 @@ def main():
     # ---- data
     L.append("## Data")
     L.append("")
-    L.append("| set | utterances | speakers | words | hours |")
-    L.append("|---|---|---|---|---|")
+    L.append("| set | utterances | speakers | words | hours | generation time |")
+    L.append("|---|---|---|---|---|---|")
     for s, n, nspk, words, secs in data_summary(a.data, ["train", "dev"] + test_sets):
-        L.append(f"| {s} | {n} | {nspk} | {words} | {secs / 3600:.2f} |")
-    synth = os.path.join(a.wavdir, "synthesis_seconds")
-    if os.path.exists(synth):
-        L.append("")
-        L.append(f"TTS generation of train/dev/test: {fmt_time(open(synth).read())}.")
+        gen = os.path.join(a.wavdir, s, "synthesis_seconds")
+        gen = fmt_time(open(gen).read()) if os.path.exists(gen) else "-"
+        L.append(f"| {s} | {n} | {nspk} | {words} | {secs / 3600:.2f} | {gen} |")
+    L.append("")
+    L.append(
+        "Generation: TTS + sox in parallel processes (`--nj`, default 2); the times "
+        "depend on the machine's load."
+    )
     L.append(
         "\ntrain: espeak-ng (7 accents x 13 variants), flite (kal, kal16, awb, slt), "
         "festival (kal_diphone, cmu_us_slt_arctic_hts); dev/test: held-out voices "

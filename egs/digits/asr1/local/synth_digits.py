@@ -252,6 +252,8 @@ def main():
     with open(os.path.join(a.out_dir, "manifest.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(r) + "\n")
+    with open(os.path.join(a.out_dir, "synthesis_seconds"), "w") as f:
+        f.write(f"{time.time() - t0:.1f}\n")
     n_spk = len({r[1] for r in rows})
     print(
         f"[synth {a.set}] done: {len(rows)} utterances, {n_spk} speakers, "

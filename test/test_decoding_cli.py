@@ -147,6 +147,25 @@ def check_outputs(out: Path):
     return stats
 
 
+def test_transducer_conf_on_the_command_line():
+    from espnet_multiblank.bin.asr_inference import get_parser
+
+    base = ["--output_dir", "x", "--data_path_and_name_and_type", "a,speech,sound"]
+    for value in (
+        "search_type=mb_beam,max_sym_per_frame=5",
+        "{search_type: mb_beam, max_sym_per_frame: 5}",
+    ):
+        args = get_parser().parse_args(base + ["--transducer_conf", value])
+        assert args.transducer_conf == {
+            "search_type": "mb_beam",
+            "max_sym_per_frame": 5,
+        }
+    args = get_parser().parse_args(base + ["--config", str(CONF / "mb_beam.yaml")])
+    assert args.transducer_conf["search_type"] == "mb_beam" and args.beam_size == 4
+    with pytest.raises(SystemExit):
+        get_parser().parse_args(base + ["--transducer_conf", "mb_beam"])
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("decode")

@@ -226,7 +226,7 @@ class MultiblankBeamSearch:
         for score, flat in zip(top_scores, top_idx):
             a, k = divmod(flat, V)
             parent = current[a]
-            adv = int(table.advance[k])
+            adv = table.advance_list[k]
             if adv == 0:
                 if score < floor:
                     continue

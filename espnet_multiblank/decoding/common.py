@@ -157,7 +157,8 @@ class SymbolTable:
     """Per-vocabulary tensors describing the blanks of a layout.
 
     Attributes:
-        advance: (V,) long, frames advanced by each symbol (0 for labels).
+        advance: (V,) long, frames advanced by each symbol (0 for labels);
+            ``advance_list`` is the same as a Python list.
         is_label: (V,) bool.
         big_ids: (N,) long, index of big blank i.
         durations: (N,) long.
@@ -175,6 +176,7 @@ class SymbolTable:
         if len(layout.durations):
             self.advance[self.big_ids] = self.durations
         self.is_label = self.advance == 0
+        self.advance_list: List[int] = self.advance.tolist()
 
     def mask(
         self,

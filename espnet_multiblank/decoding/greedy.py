@@ -118,7 +118,7 @@ class MultiblankGreedySearch:
             )
             k = int(masked[0].argmax())
             hyp.score += float(logp[0, k])
-            adv = int(table.advance[k])
+            adv = table.advance_list[k]
             if adv == 0:
                 hyp.yseq.append(k)
                 num_sym += 1

@@ -7,10 +7,10 @@ import yaml
 import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.errors import ConfigError
+from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.espnet.model import (
     MultiblankErrorCalculatorTransducer,
     MultiblankESPnetASRModel,
-    MultiblankGreedySearch,
 )
 
 espnet_multiblank.register()
@@ -260,21 +260,14 @@ class _ScriptedJoint(torch.nn.Module):
         return out
 
 
-def test_greedy_search_skips_big_blanks_and_errors_strip_them():
+def test_error_calculator_uses_multiblank_search_and_strips_all_blanks():
+    """The validation CER/WER decode with the plug-in's batched multi-blank greedy
+    search (tested in test_decoding_search.py) and drop every blank id."""
     vocab = 8  # <blank8>=0 <blank4>=1 <blank2>=2 <blank>=3 a=4 b=5 <space>=6 eos=7
     decoder = TransducerDecoder(vocab, hidden_size=4)
     decoder.blank_id = 3
     decoder.set_device(torch.device("cpu"))
-    enc = torch.arange(12.0).unsqueeze(1).repeat(1, 3)  # frame t has value t
-    # t=0: a, then <blank4> -> t=4: <blank> -> t=5: b, <blank2> -> t=7: <blank8> -> end
-    joint = _ScriptedJoint(vocab, [4, 1, 3, 5, 2, 0])
-    search = MultiblankGreedySearch(
-        decoder, joint, blank_id=3, big_blank_durations=[2, 4, 8]
-    )
-    (hyp,) = search(enc)
-    assert hyp.yseq == [3, 4, 5]
-    assert joint.calls == [0, 0, 4, 5, 5, 7]
-
+    joint = _ScriptedJoint(vocab, [])
     calc = MultiblankErrorCalculatorTransducer(
         decoder,
         joint,
@@ -295,6 +288,9 @@ def test_greedy_search_skips_big_blanks_and_errors_strip_them():
         report_cer=True,
         report_wer=True,
     )
+    assert isinstance(calc.beam_search, MultiblankGreedySearch)
+    assert calc.beam_search.blank_id == 3
+    assert calc.beam_search.layout.durations == (2, 4, 8)
     pred, ref = calc.convert_to_char([[4, 0, 6, 1, 5, 2]], torch.tensor([[4, 6, 5, 3]]))
     assert pred == ["a b"] and ref == ["a b"]
 

@@ -25,6 +25,7 @@ from espnet2.asr.transducer.error_calculator import ErrorCalculatorTransducer
 from espnet2.asr_transducer.utils import get_transducer_task_io
 from espnet2.layers.abs_normalize import AbsNormalize
 from espnet.nets.e2e_asr_common import ErrorCalculator
+from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
 from espnet_multiblank.loss.options import REDUCTIONS
@@ -129,64 +130,15 @@ def _check_token_layout(
     return blank_id
 
 
-class MultiblankGreedySearch:
-    """Greedy (multi-blank) transducer search used for validation CER/WER.
-
-    A big blank of duration ``d`` advances ``d`` frames, the standard blank one frame;
-    at most ``max_symbols_per_step`` labels are emitted per frame.
-    """
-
-    def __init__(
-        self,
-        decoder: AbsDecoder,
-        joint_network: torch.nn.Module,
-        blank_id: int,
-        big_blank_durations: Sequence[int] = (),
-        max_symbols_per_step: int = 5,
-    ):
-        self.decoder = decoder
-        self.joint_network = joint_network
-        self.blank_id = blank_id
-        self.advance = {blank_id: 1}
-        for i, d in enumerate(big_blank_durations):
-            self.advance[blank_id - 1 - i] = int(d)
-        self.max_symbols_per_step = max_symbols_per_step
-
-    def __call__(self, enc_out: torch.Tensor) -> List[Hypothesis]:
-        """Decode one utterance ``enc_out`` (T, D_enc); returns a 1-best list."""
-        hyp = Hypothesis(
-            score=0.0, yseq=[self.blank_id], dec_state=self.decoder.init_state(1)
-        )
-        cache: Dict[str, Any] = {}
-        dec_out, state, _ = self.decoder.score(hyp, cache)
-        t, n_frames = 0, enc_out.size(0)
-        while t < n_frames:
-            step = 1
-            for _ in range(self.max_symbols_per_step):
-                logp = torch.log_softmax(
-                    self.joint_network(enc_out[t], dec_out).float(), dim=-1
-                )
-                top_logp, pred = torch.max(logp, dim=-1)
-                pred = int(pred)
-                hyp.score += top_logp.item()
-                if pred in self.advance:
-                    step = self.advance[pred]
-                    break
-                hyp.yseq.append(pred)
-                hyp.dec_state = state
-                dec_out, state, _ = self.decoder.score(hyp, cache)
-            t += step
-        return [hyp]
-
-
 class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
     """ESPnet's transducer CER/WER calculator with the right (multi-)blank handling.
 
     ESPnet's calculator decodes with ``BeamSearchTransducer`` (which treats
     ``decoder.blank_id`` as the only blank, so big blanks would be emitted as labels)
-    and strips blanks by string replacement. This one decodes with
-    :class:`MultiblankGreedySearch` and drops every blank id (standard and big) from
-    hypotheses and references before scoring.
+    and strips blanks by string replacement. This one decodes the whole batch with the
+    plug-in's batched multi-blank greedy search (big blanks skip their frames) over the
+    valid frames only, and drops every blank id (standard and big) from hypotheses and
+    references before scoring.
     """
 
     def __init__(
@@ -211,7 +163,7 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
             report_wer=report_wer,
         )
         self.beam_search = MultiblankGreedySearch(
-            decoder, joint_network, blank_id, big_blank_durations
+            decoder, joint_network, blank_id, big_blank_durations, max_sym_per_frame=5
         )
         self.blank_ids = frozenset(
             [blank_id] + [blank_id - 1 - i for i in range(len(big_blank_durations))]
@@ -248,10 +200,12 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
             return None, None
         device = next(self.decoder.parameters()).device
         encoder_out = encoder_out.to(device)
-        pred = []
-        for b in range(encoder_out.size(0)):
-            n = encoder_out.size(1) if encoder_out_lens is None else encoder_out_lens[b]
-            pred.append(self.beam_search(encoder_out[b, : int(n)])[0].yseq[1:])
+        if encoder_out_lens is None:
+            encoder_out_lens = torch.full(
+                (encoder_out.size(0),), encoder_out.size(1), dtype=torch.long
+            )
+        hyps = self.beam_search.search_batch(encoder_out, encoder_out_lens)
+        pred = [h.yseq[1:] for h in hyps]
         char_pred, char_target = self.convert_to_char(pred, target)
         cer = self.calculate_cer(char_pred, char_target) if self.report_cer else None
         wer = self.calculate_wer(char_pred, char_target) if self.report_wer else None

@@ -23,16 +23,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# This machine's pip config lists local find-links folders for packages it does not
+# have; pip warns about each one. Keep those lines out of the log.
+export PIP_NO_INPUT=1
+pip_quiet() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
   rm -f "$STAMP"
   echo "[setup] installing torch/torchaudio (pinned), ESPnet's requirements, ESPnet 202511"
-  "${PIP[@]}" install -q "setuptools>=77" wheel
-  "${PIP[@]}" install -q -r requirements/torch.txt
-  "${PIP[@]}" install -q -r requirements/espnet.txt -r requirements/test.txt \
+  pip_quiet install -q "setuptools>=77" wheel
+  pip_quiet install -q -r requirements/torch.txt
+  pip_quiet install -q -r requirements/espnet.txt -r requirements/test.txt \
     -c requirements/torch.txt "setuptools>=77"
-  "${PIP[@]}" install -q --no-deps "espnet==202511"
-  "${PIP[@]}" install -q --no-deps -e .
+  pip_quiet install -q --no-deps "espnet==202511"
+  pip_quiet install -q --no-deps -e .
   # start-up hook: ESPnet's stock espnet2.bin.asr_train / asr_inference see the plug-in
   "$VENV/bin/python" -m espnet_multiblank.espnet.autoregister install
   echo "$HASH" > "$STAMP"

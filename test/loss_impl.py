@@ -563,23 +563,27 @@ MB_CASE = Case(
 
 
 def check_half_precision(device, backend, dtype):
-    """float16 / bfloat16 logits: computed in float32, loss float32, grad in ``dtype``."""
+    """float16 / bfloat16 logits: computed in float32 (a few utterances at a time), loss
+    float32, grad in ``dtype``; per-utterance reduction weights survive the chunking."""
     acts, labels, act_lens, label_lens = make_inputs(MB_CASE, device, dtype)
-    loss, g = loss_and_grad(
-        acts,
-        labels,
-        act_lens,
-        label_lens,
-        **MB_CASE.kwargs(reduction="sum", backend=backend),
-    )
-    assert loss.dtype == torch.float32, loss.dtype
-    assert g.dtype == dtype, g.dtype
-    ref_loss, ref_grad = reference64(MB_CASE, acts, labels, act_lens, label_lens, "sum")
-    torch.testing.assert_close(
-        loss.double().cpu(), ref_loss.cpu(), rtol=1e-5, atol=1e-5
-    )
-    eps = torch.finfo(dtype).eps
-    assert_grads_close(g, ref_grad, eps, 1e-5)
+    for reduction in ("sum", "mean_volume"):
+        loss, g = loss_and_grad(
+            acts,
+            labels,
+            act_lens,
+            label_lens,
+            **MB_CASE.kwargs(reduction=reduction, backend=backend),
+        )
+        assert loss.dtype == torch.float32, loss.dtype
+        assert g.dtype == dtype, g.dtype
+        ref_loss, ref_grad = reference64(
+            MB_CASE, acts, labels, act_lens, label_lens, reduction
+        )
+        torch.testing.assert_close(
+            loss.double().cpu(), ref_loss.cpu(), rtol=1e-5, atol=1e-5
+        )
+        eps = torch.finfo(dtype).eps
+        assert_grads_close(g, ref_grad, eps, 1e-5)
 
 
 def check_index_dtypes(device, backend):

@@ -39,6 +39,34 @@ def reduce_costs(costs: torch.Tensor, opts: LossOptions, label_lens: torch.Tenso
     )
 
 
+# float16 / bfloat16 logits are converted to float32 a few utterances at a time, so the
+# float32 copies never hold more than about a quarter of the batch.
+HALF_CHUNKS = 4
+
+
+def _half_in_chunks(acts, labels, act_lens, label_lens, opts, weights, need_grad, kernel):
+    """Run a float32 kernel over half-precision ``acts`` (B,T,U,V), chunk by chunk of
+    utterances (utterances are independent). Returns float32 costs (B,) and the
+    gradient in ``acts.dtype`` (or None): extra memory is about one half-precision
+    gradient plus 2 float32 buffers of a quarter of the batch."""
+    B = acts.shape[0]
+    step = max(1, -(-B // HALF_CHUNKS))
+    costs = torch.empty((B,), dtype=torch.float32, device=acts.device)
+    grads = torch.empty_like(acts, memory_format=torch.contiguous_format) if need_grad else None
+    for lo in range(0, B, step):
+        hi = min(B, lo + step)
+        chunk = acts[lo:hi].detach().to(torch.float32).contiguous()
+        c, g = kernel(
+            chunk, labels[lo:hi], act_lens[lo:hi], label_lens[lo:hi], opts,
+            weights[lo:hi], need_grad,
+        )
+        costs[lo:hi] = c
+        if need_grad:
+            grads[lo:hi] = g
+        del chunk, g
+    return costs, grads
+
+
 class FusedMultiblankRNNTFunction(torch.autograd.Function):
     """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel).
 
@@ -51,11 +79,17 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
         need_grad = ctx.needs_input_grad[0]
         in_dtype = acts.dtype
         compute_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
-        # Half precision is computed in float32 (the kernels read float32/float64).
-        acts_c = acts.detach().to(compute_dtype).contiguous()
         weights = reduction_weights(opts, label_lens, compute_dtype)
-        costs, grads = kernel(acts_c, labels, act_lens, label_lens, opts, weights, need_grad)
-        del acts_c
+        if in_dtype in (torch.float16, torch.bfloat16):
+            costs, grads = _half_in_chunks(
+                acts, labels, act_lens, label_lens, opts, weights, need_grad, kernel
+            )
+        else:
+            acts_c = acts.detach().contiguous()
+            costs, grads = kernel(
+                acts_c, labels, act_lens, label_lens, opts, weights, need_grad
+            )
+            del acts_c
         if bool(torch.isnan(costs).any()):
             b = int(torch.isnan(costs).nonzero()[0])
             raise ValueError(

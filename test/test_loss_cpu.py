@@ -8,6 +8,8 @@ import loss_impl as impl
 import pytest
 import torch
 
+from espnet_multiblank import multiblank_rnnt_loss
+
 DEVICE = "cpu"
 backends = pytest.mark.parametrize("backend", impl.BACKENDS)
 
@@ -210,3 +212,17 @@ def test_auto_selects_numba_kernel_on_cpu(monkeypatch):
         **c.kwargs(reduction="mean", backend="torch")
     )
     assert len(calls) == 1
+
+
+def test_fused_kernel_refuses_double_backward():
+    """The kernels give no second derivative: differentiating the gradient again must
+    fail instead of silently returning a wrong (zero) second derivative."""
+    c = impl.MB_CASE
+    acts, labels, act_lens, label_lens = impl.make_inputs(c, DEVICE)
+    acts.requires_grad_(True)
+    loss = multiblank_rnnt_loss(
+        acts, labels, act_lens, label_lens, **c.kwargs(reduction="sum", backend="numba")
+    )
+    (g,) = torch.autograd.grad(loss, acts, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), acts)

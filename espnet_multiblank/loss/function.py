@@ -10,6 +10,7 @@ with ``save_for_backward`` and never modified in place, so ``backward`` may run 
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from espnet_multiblank.loss.options import LossOptions
 
@@ -105,6 +106,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
             return reduce_costs(costs, opts, label_lens)
 
     @staticmethod
+    @once_differentiable  # the kernels give no second derivative: fail loudly
     def backward(ctx, grad_out):
         (grads,) = ctx.saved_tensors
         if ctx.reduction == "none":

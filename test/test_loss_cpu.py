@@ -223,6 +223,8 @@ def test_fused_kernel_refuses_double_backward():
     loss = multiblank_rnnt_loss(
         acts, labels, act_lens, label_lens, **c.kwargs(reduction="sum", backend="numba")
     )
-    (g,) = torch.autograd.grad(loss, acts, create_graph=True)
+    # loss ** 2: the incoming gradient (2 * loss) depends on acts, so without the guard
+    # the second derivative would silently miss the kernel's own second-order term
+    (g,) = torch.autograd.grad(loss**2, acts, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(g.sum(), acts)

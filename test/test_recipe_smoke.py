@@ -67,7 +67,9 @@ def smoke_run(tmp_path_factory):
     )
     log = proc.stdout
     (work / "run.log").write_text(log)
-    assert proc.returncode == 0, f"run.sh --smoke failed (rc {proc.returncode}):\n{log[-6000:]}"
+    assert (
+        proc.returncode == 0
+    ), f"run.sh --smoke failed (rc {proc.returncode}):\n{log[-6000:]}"
     return work, log
 
 
@@ -76,7 +78,9 @@ def test_data_dirs(smoke_run):
     work, _ = smoke_run
     for s in ("train", "dev", "test", "test_real"):
         d = work / "data_smoke" / s
-        files = {f: (d / f).read_text().splitlines() for f in ("wav.scp", "text", "utt2spk")}
+        files = {
+            f: (d / f).read_text().splitlines() for f in ("wav.scp", "text", "utt2spk")
+        }
         utts = [line.split()[0] for line in files["wav.scp"]]
         assert utts and utts == sorted(utts), s
         for f, lines in files.items():
@@ -94,7 +98,9 @@ def test_data_dirs(smoke_run):
         for s in ("train", "dev", "test")
     }
     assert not spk["train"] & (spk["dev"] | spk["test"])
-    tokens = (work / "data_smoke" / "token_list" / "word" / "tokens.txt").read_text().split()
+    tokens = (
+        (work / "data_smoke" / "token_list" / "word" / "tokens.txt").read_text().split()
+    )
     assert tokens[0] == "<blank>" and tokens[-1] == "<sos/eos>"
 
 
@@ -161,7 +167,15 @@ def test_report(smoke_run):
     assert not (RECIPE / "exp_smoke").exists()
     # a re-run skips every finished stage
     proc = subprocess.run(
-        ["bash", str(RECIPE / "run.sh"), "--smoke", "--dir", str(work), "--python", sys.executable],
+        [
+            "bash",
+            str(RECIPE / "run.sh"),
+            "--smoke",
+            "--dir",
+            str(work),
+            "--python",
+            sys.executable,
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -15,8 +15,10 @@
 #   4  word-level token list
 #   5  ESPnet collect_stats (feature mean/var, shape files)
 #   6  train the standard transducer
-#   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8])
-#   8  decode: standard greedy + beam; multi-blank mb_greedy + mb_beam; every test set
+#   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8]);
+#      6 and 7 run side by side (--train_jobs 2, one torch thread each)
+#   8  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
+#      as the multi-blank model's); multi-blank mb_greedy + mb_beam
 #   9  score WER / CER
 #  10  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss plot
 set -euo pipefail
@@ -44,9 +46,10 @@ train_jobs=2                # 2: train both models at once, one torch thread eac
 train_args=""               # extra arguments for asr_train (both models)
 
 usage() {
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
   echo "Options: --stage N --stop_stage N --smoke --dir DIR --python PY --nj N"
   echo "         --num_train N --num_dev N --num_test N --num_real N --train_args '...'"
+  echo "         --train_jobs N --decode_threads N --inference_model F --decode_conf_dir D"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -369,8 +372,8 @@ stage_score() {
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
-    --test_sets "$test_sets" $($smoke && echo --smoke)
-  if ! $smoke && [ "$dir" = "$recipe" ]; then
+    --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
+  if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
     cp "$exp/valid_loss.png" "$recipe/valid_loss.png"
   fi

@@ -26,7 +26,10 @@ import tempfile
 import numpy as np
 import soundfile as sf
 
-NAMES = {str(i): w for i, w in enumerate("zero one two three four five six seven eight nine".split())}
+NAMES = {
+    str(i): w
+    for i, w in enumerate("zero one two three four five six seven eight nine".split())
+}
 NAMES["oh"] = "oh"
 FS = 8000
 
@@ -50,7 +53,9 @@ def asterisk_words(root):
     if not dirs:
         return {}
     transcripts = {}
-    for txt in glob.glob(os.path.join(root, "usr/share/doc/asterisk-core-sounds-en/*.txt*")):
+    for txt in glob.glob(
+        os.path.join(root, "usr/share/doc/asterisk-core-sounds-en/*.txt*")
+    ):
         opener = gzip.open if txt.endswith(".gz") else open
         with opener(txt, "rt", errors="replace") as f:
             for line in f:
@@ -80,7 +85,9 @@ def saytime_words(root):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", required=True, help="directory the .deb files were unpacked in")
+    p.add_argument(
+        "--root", required=True, help="directory the .deb files were unpacked in"
+    )
     p.add_argument("--num_per_speaker", type=int, default=200)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("out_dir")
@@ -97,7 +104,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for spk, words in speakers.items():
             if len(words) < 10:
-                print(f"[real] {spk}: only {len(words)} digit recordings found, skipped")
+                print(
+                    f"[real] {spk}: only {len(words)} digit recordings found, skipped"
+                )
                 continue
             audio = {w: trim(path, fmt, tmp) for w, (path, fmt) in words.items()}
             vocab = sorted(audio)
@@ -106,14 +115,18 @@ def main():
                 parts = [np.zeros(int(rng.uniform(0.1, 0.4) * FS), np.float32)]
                 for k, w in enumerate(seq):
                     if k:
-                        parts.append(np.zeros(int(rng.uniform(0.05, 0.3) * FS), np.float32))
+                        parts.append(
+                            np.zeros(int(rng.uniform(0.05, 0.3) * FS), np.float32)
+                        )
                     parts.append(audio[w])
                 parts.append(np.zeros(int(rng.uniform(0.1, 0.4) * FS), np.float32))
                 utt = f"{spk}_real{i:06d}"
                 path = os.path.join(wav_dir, utt + ".wav")
                 sf.write(path, np.concatenate(parts), FS, subtype="PCM_16")
                 rows.append((utt, spk, path, " ".join(seq)))
-            print(f"[real] {spk}: {a.num_per_speaker} utterances from {len(vocab)} words")
+            print(
+                f"[real] {spk}: {a.num_per_speaker} utterances from {len(vocab)} words"
+            )
     if not rows:
         print("[real] no recordings found", file=sys.stderr)
         return 1

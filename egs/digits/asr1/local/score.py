@@ -93,7 +93,9 @@ def main(ref_path, hyp_path, out_dir):
         )
         for utt, ref, hyp, e in bad:
             f.write(f"{utt}\tREF: {ref}\n{' ' * len(utt)}\tHYP: {hyp}\t({e} errors)\n")
-    os.replace(os.path.join(out_dir, "score.json.tmp"), os.path.join(out_dir, "score.json"))
+    os.replace(
+        os.path.join(out_dir, "score.json.tmp"), os.path.join(out_dir, "score.json")
+    )
     print(f"[score] {out_dir}: WER {res['wer']:.2f}%  CER {res['cer']:.2f}%")
 
 

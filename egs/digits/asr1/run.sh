@@ -2,7 +2,7 @@
 # Connected digits, 8 kHz: standard vs multi-blank RNN-T (espnet-multiblank), end to end.
 #
 #   bash egs/digits/asr1/run.sh                 # everything (~30 min on 2 CPU cores)
-#   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs (~3 min)
+#   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
 #   bash egs/digits/asr1/run.sh --stage 8 --stop_stage 10
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
 #
@@ -85,7 +85,6 @@ mkdir -p "$exp" "$done_dir"
 export PYTHONUNBUFFERED=1
 train_cmd=("$python" -m espnet_multiblank.bin.asr_train)
 infer_cmd=("$python" -m espnet_multiblank.bin.asr_inference)
-train_sets="train"
 test_sets="test test_real"
 token_list=$data/token_list/word/tokens.txt
 stats_dir=$exp/asr_stats_word

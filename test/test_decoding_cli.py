@@ -136,6 +136,8 @@ def check_outputs(out: Path):
     assert stats["rtf"] == pytest.approx(
         stats["decode_seconds"] / stats["audio_seconds"]
     )
+    # the search alone is part of the decoding loop's wall time
+    assert 0 < stats["search_seconds"] <= stats["decode_seconds"]
     assert stats["total_frames"] > 0
     assert stats["frames_skipped_by_big_blanks"] >= stats["big_blank_emissions"]
     best = out / "1best_recog"

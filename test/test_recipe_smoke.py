@@ -160,6 +160,7 @@ def test_report(smoke_run):
         assert re.fullmatch(r"\d+\.\d+%", cells[2]), row  # WER test
         assert re.fullmatch(r"\d+\.\d+%", cells[3]), row  # WER test_real
         assert cells[4].endswith(" s"), row  # decode time
+        assert cells[6].endswith(" s"), row  # search time
     assert "speed-up" in md
     png = exp / "valid_loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

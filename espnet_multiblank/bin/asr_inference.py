@@ -20,7 +20,9 @@ layout (``<output_dir>/1best_recog/{text,token,token_int,score}``, ``Nbest_recog
      "frames_skipped_by_big_blanks", "big_blank_emissions", ...}
 
 ``decode_seconds`` is the wall time of the decoding loop (data loading, encoder,
-search, writing; model loading excluded); ``rtf = decode_seconds / audio_seconds``.
+search, writing; model loading excluded); ``rtf = decode_seconds / audio_seconds``;
+``search_seconds`` is the part spent in the transducer search alone (what big blanks
+shorten: the encoder runs on every frame either way).
 With ``--batch_size > 1`` and ``search_type: mb_greedy`` utterances are decoded in
 batches (batched encoder + batched greedy search); other searches fall back to one
 utterance at a time.
@@ -212,6 +214,7 @@ def inference(
         "audio_seconds": audio_seconds,
         "decode_seconds": decode_seconds,
         "rtf": decode_seconds / audio_seconds if audio_seconds > 0 else None,
+        "search_seconds": st.search_seconds,
         "total_frames": st.total_frames,
         "frames_skipped_by_big_blanks": st.frames_skipped_by_big_blanks,
         "big_blank_emissions": st.big_blank_emissions,

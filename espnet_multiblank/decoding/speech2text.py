@@ -11,6 +11,7 @@ encoder) runs with one intra-op thread, see
 """
 
 import logging
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -33,6 +34,9 @@ class DecodingStats:
         self.total_frames = 0
         self.big_blank_emissions = 0
         self.frames_skipped_by_big_blanks = 0
+        # wall time inside the transducer search alone (no encoder, no I/O): the part
+        # that big blanks shorten
+        self.search_seconds = 0.0
 
     def add(self, frames: int, hyp: Any) -> None:
         self.num_utterances += 1
@@ -106,8 +110,10 @@ class MultiblankSpeech2Text(Speech2Text):
     def _decode_single_sample(self, enc: torch.Tensor):
         if self.beam_search_transducer is None:
             return super()._decode_single_sample(enc)
+        start = time.perf_counter()
         with single_thread_on_cpu(enc.device):
             results = super()._decode_single_sample(enc)
+        self.stats.search_seconds += time.perf_counter() - start
         if results:
             self.stats.add(enc.shape[0], results[0][3])
         return results
@@ -155,8 +161,10 @@ class MultiblankSpeech2Text(Speech2Text):
         enc, enc_lens = self.asr_model.encode(**batch)
         if isinstance(enc, tuple):  # intermediate CTC outputs: not written here
             enc = enc[0]
+        start = time.perf_counter()
         with single_thread_on_cpu(enc.device):
             hyps = self.beam_search_transducer.search_batch(enc, enc_lens)
+        self.stats.search_seconds += time.perf_counter() - start
         out = [None] * len(hyps)
         for pos, hyp, frames in zip(order.tolist(), hyps, enc_lens.tolist()):
             self.stats.add(frames, hyp)

@@ -230,8 +230,8 @@ def main():
     L.append("")
     head = "| model | search | " + " | ".join(f"WER {s}" for s in test_sets)
     head += (
-        f" | decode time ({test_sets[0]}) | RTF | frames skipped by big blanks"
-        " | big-blank emissions | training time |"
+        f" | decode time ({test_sets[0]}) | RTF | search time"
+        " | frames skipped by big blanks | big-blank emissions | training time |"
     )
     L.append(head)
     L.append("|" + "---|" * (head.count("|") - 1))
@@ -250,20 +250,23 @@ def main():
         if st:
             tf = st.get("total_frames") or 0
             sk = st.get("frames_skipped_by_big_blanks") or 0
+            search = st.get("search_seconds")
+            search = f"{search:.1f} s" if search is not None else "-"
             row += (
-                f" {st['decode_seconds']:.1f} s | {st['rtf']:.4f} | "
+                f" {st['decode_seconds']:.1f} s | {st['rtf']:.4f} | {search} | "
                 f"{sk} / {tf} ({100 * sk / max(tf, 1):.1f}%) | "
                 f"{st.get('big_blank_emissions', 0)} |"
             )
         else:
-            row += " - | - | - | - |"
+            row += " - | - | - | - | - |"
         row += f" {fmt_time(train_secs.get(m))} |"
         L.append(row)
     L.append("")
     L.append(
         "All searches decode one utterance at a time (`--batch_size 1`) in one process "
         "with one torch thread; decode time and RTF are the inference tool's "
-        "(`decoding_stats.json`: encoder + search, without model loading). "
+        "(`decoding_stats.json`: encoder + search, without model loading); search "
+        "time is the transducer search alone, the part big blanks shorten. "
         "`test_real` is real speech, out of domain for a TTS-trained model: reported, "
         "not a goal."
     )
@@ -288,6 +291,12 @@ def main():
             f"(difference {dwer:+.2f} absolute; goal <= +1: {ok(dwer <= 1.0)}; "
             f"both < 15%: {ok(max(g[0]['wer'], mb[0]['wer']) < 15)})"
         )
+        if g[1].get("search_seconds") and mb[1].get("search_seconds"):
+            s_speed = g[1]["search_seconds"] / max(mb[1]["search_seconds"], 1e-9)
+            L.append(
+                f"- search alone (encoder excluded), mb_greedy vs greedy: "
+                f"**{s_speed:.2f}x**"
+            )
     else:
         L.append("- not available (decodings missing)")
     sg = res.get(("standard", "mb_greedy", t0))

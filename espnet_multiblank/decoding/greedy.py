@@ -106,16 +106,21 @@ class MultiblankGreedySearch:
         dec_proj, state = self.stepper.step(blank, self.stepper.init_state(1))
         hyp = MultiblankHypothesis(score=0.0, yseq=[self.blank_id], dec_state=state)
         length = torch.tensor([T], device=device)
+        # frames from which every big blank still fits: no mask needed there
+        free_until = T - max(self.layout.durations, default=1)
         t, num_sym = 0, 0
         while t < T:
             logp = self.stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
-            masked = table.mask(
-                logp,
-                torch.tensor([t], device=device),
-                length,
-                torch.tensor([num_sym], device=device),
-                self.max_sym_per_frame,
-            )
+            if t <= free_until and num_sym < self.max_sym_per_frame:
+                masked = logp  # nothing is disallowed: skip the masking ops
+            else:
+                masked = table.mask(
+                    logp,
+                    torch.tensor([t], device=device),
+                    length,
+                    torch.tensor([num_sym], device=device),
+                    self.max_sym_per_frame,
+                )
             k = int(masked[0].argmax())
             hyp.score += float(logp[0, k])
             adv = table.advance_list[k]

@@ -421,3 +421,51 @@ def test_cuda_matches_cpu():
     for b, T in enumerate(lens.tolist()):
         assert got_g[b].yseq == want_g[b].yseq
         assert beam(enc[b, :T].cuda())[0].yseq == want_b[b].yseq
+
+
+@pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_fused_cell_step_equals_decoder_rnn_forward(rnn_type, num_layers):
+    """The searches' one-label step (torch.lstm_cell / gru_cell per layer) gives the
+    decoder's own rnn_forward outputs and states, layer by layer."""
+    from espnet_multiblank.decoding.common import JointStepper
+
+    torch.manual_seed(0)
+    decoder = TransducerDecoder(
+        V, rnn_type=rnn_type, num_layers=num_layers, hidden_size=12, dropout=0.3
+    ).eval()
+    joint = JointNetwork(V, D_ENC, 12, joint_space_size=12).eval()
+    stepper = JointStepper(decoder, joint)
+    assert stepper.cells is not None
+    labels = torch.tensor([4, 0, 9])
+    h = torch.randn(num_layers, 3, 12)
+    state = (h, torch.randn_like(h) if rnn_type == "lstm" else None)
+    with torch.no_grad():
+        fast_proj, fast_state = stepper.step(labels, state)
+        emb = decoder.embed(labels.view(-1, 1))
+        ref_out, ref_state = decoder.rnn_forward(emb, state)
+        ref_proj = joint.lin_dec(ref_out[:, 0])
+    torch.testing.assert_close(fast_proj, ref_proj, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fast_state[0], ref_state[0], rtol=1e-5, atol=1e-6)
+    if rnn_type == "lstm":
+        torch.testing.assert_close(fast_state[1], ref_state[1], rtol=1e-5, atol=1e-6)
+    else:
+        assert fast_state[1] is None
+
+
+def test_cell_step_not_used_for_other_decoders_or_training():
+    """Anything but TransducerDecoder's one-layer cells, and training mode (dropout is
+    active there), goes through the decoder's own rnn_forward."""
+    from espnet_multiblank.decoding.common import JointStepper, rnn_cells
+
+    assert rnn_cells(SimpleNamespace(embed=None)) is None
+    decoder = TransducerDecoder(V, hidden_size=12, dropout=0.5)
+    decoder.decoder[0] = torch.nn.LSTM(12, 12, 1, batch_first=True, bias=False)
+    assert rnn_cells(decoder) is None
+    decoder = TransducerDecoder(V, hidden_size=12, dropout_embed=0.9).train()
+    stepper = JointStepper(decoder, JointNetwork(V, D_ENC, 12, joint_space_size=12))
+    calls = []
+    original = decoder.rnn_forward
+    decoder.rnn_forward = lambda *a: calls.append(1) or original(*a)
+    stepper.step(torch.tensor([1]), decoder.init_state(1))
+    assert calls == [1]

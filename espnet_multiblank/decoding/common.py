@@ -184,7 +184,9 @@ def rnn_cells(decoder: Any) -> Optional[List[Tuple[torch.Tensor, ...]]]:
             or getattr(rnn, "proj_size", 0)
         ):
             return None
-        cells.append((rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0))
+        cells.append(
+            (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+        )
     if not cells or len({type(rnn) for rnn in layers}) != 1:
         return None
     return cells

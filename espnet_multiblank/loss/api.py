@@ -34,7 +34,9 @@ class _ClampedReferenceFunction(torch.autograd.Function):
     def forward(ctx, acts, labels, act_lens, label_lens, opts):
         with torch.enable_grad():
             x = acts.detach().requires_grad_(True)
-            costs = reference_costs(x, labels, act_lens, label_lens, opts, clamp=opts.clamp)
+            costs = reference_costs(
+                x, labels, act_lens, label_lens, opts, clamp=opts.clamp
+            )
             finite = torch.isfinite(costs)
             (grads,) = torch.autograd.grad(costs[finite].sum(), x, allow_unused=True)
         if grads is None:
@@ -45,13 +47,21 @@ class _ClampedReferenceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (grads,) = ctx.saved_tensors
-        return grads * grad_out.view(-1, 1, 1, 1).to(grads.dtype), None, None, None, None
+        return (
+            grads * grad_out.view(-1, 1, 1, 1).to(grads.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _loss(acts, labels, act_lens, label_lens, opts: LossOptions, backend: str):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    labels, act_lens, label_lens = validate_inputs(acts, labels, act_lens, label_lens, opts)
+    labels, act_lens, label_lens = validate_inputs(
+        acts, labels, act_lens, label_lens, opts
+    )
     kernel = None if backend == "torch" else _fused_kernel(acts.device)
     if kernel is None and backend == "numba":
         raise ValueError(
@@ -63,7 +73,9 @@ def _loss(acts, labels, act_lens, label_lens, opts: LossOptions, backend: str):
             acts, labels, act_lens, label_lens, opts, kernel
         )
     if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
-        costs = _ClampedReferenceFunction.apply(acts, labels, act_lens, label_lens, opts)
+        costs = _ClampedReferenceFunction.apply(
+            acts, labels, act_lens, label_lens, opts
+        )
     else:
         costs = reference_costs(acts, labels, act_lens, label_lens, opts)
     return reduce_costs(costs, opts, label_lens)
@@ -110,7 +122,9 @@ def multiblank_rnnt_loss(
     Raises:
         TypeError / ValueError naming the offending argument for malformed input.
     """
-    opts = make_options(blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma)
+    opts = make_options(
+        blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma
+    )
     return _loss(acts, labels, act_lens, label_lens, opts, backend)
 
 
@@ -127,8 +141,17 @@ def rnnt_loss(
 ) -> torch.Tensor:
     """Standard RNN-T loss (Graves 2012): :func:`multiblank_rnnt_loss` with no big blanks."""
     return multiblank_rnnt_loss(
-        acts, labels, act_lens, label_lens, blank, (), reduction, fastemit_lambda, clamp,
-        0.0, backend,
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        blank,
+        (),
+        reduction,
+        fastemit_lambda,
+        clamp,
+        0.0,
+        backend,
     )
 
 

@@ -45,7 +45,9 @@ def reduce_costs(costs: torch.Tensor, opts: LossOptions, label_lens: torch.Tenso
 HALF_CHUNKS = 4
 
 
-def _half_in_chunks(acts, labels, act_lens, label_lens, opts, weights, need_grad, kernel):
+def _half_in_chunks(
+    acts, labels, act_lens, label_lens, opts, weights, need_grad, kernel
+):
     """Run a float32 kernel over half-precision ``acts`` (B,T,U,V), chunk by chunk of
     utterances (utterances are independent). Returns float32 costs (B,) and the
     gradient in ``acts.dtype`` (or None): extra memory is about one half-precision
@@ -53,13 +55,22 @@ def _half_in_chunks(acts, labels, act_lens, label_lens, opts, weights, need_grad
     B = acts.shape[0]
     step = max(1, -(-B // HALF_CHUNKS))
     costs = torch.empty((B,), dtype=torch.float32, device=acts.device)
-    grads = torch.empty_like(acts, memory_format=torch.contiguous_format) if need_grad else None
+    grads = (
+        torch.empty_like(acts, memory_format=torch.contiguous_format)
+        if need_grad
+        else None
+    )
     for lo in range(0, B, step):
         hi = min(B, lo + step)
         chunk = acts[lo:hi].detach().to(torch.float32).contiguous()
         c, g = kernel(
-            chunk, labels[lo:hi], act_lens[lo:hi], label_lens[lo:hi], opts,
-            weights[lo:hi], need_grad,
+            chunk,
+            labels[lo:hi],
+            act_lens[lo:hi],
+            label_lens[lo:hi],
+            opts,
+            weights[lo:hi],
+            need_grad,
         )
         costs[lo:hi] = c
         if need_grad:

@@ -46,7 +46,9 @@ class LossOptions:
 
 def _check_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+        raise TypeError(
+            f"{name} must be an int, got {type(value).__name__} ({value!r})"
+        )
     return int(value)
 
 
@@ -100,7 +102,9 @@ def make_options(
     """Validate the scalar options (the vocabulary size is checked with the tensors)."""
     blank = _check_int("blank", blank)
     if blank < 0:
-        raise ValueError(f"blank must be an index >= 0 into the vocabulary, got {blank}")
+        raise ValueError(
+            f"blank must be an index >= 0 into the vocabulary, got {blank}"
+        )
     durations = check_durations(big_blank_durations)
     if blank - len(durations) < 0:
         raise ValueError(

@@ -110,9 +110,7 @@ def log_likelihood(
     log_p = torch.logsumexp(torch.stack(ends), dim=0)
     # T_b = 0: the empty path is complete iff there are no labels.
     empty = act_lens == 0
-    log_p = torch.where(
-        empty & (label_lens == 0), torch.zeros_like(log_p), log_p
-    )
+    log_p = torch.where(empty & (label_lens == 0), torch.zeros_like(log_p), log_p)
     log_p = torch.where(empty & (label_lens > 0), torch.full_like(log_p, _NEG), log_p)
     return log_p
 

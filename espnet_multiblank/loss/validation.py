@@ -17,7 +17,9 @@ INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 def _check_tensor(name: str, x, ndim: int, dtypes, what: str) -> None:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor ({what}), got {type(x).__name__}")
+        raise TypeError(
+            f"{name} must be a torch.Tensor ({what}), got {type(x).__name__}"
+        )
     if x.dim() != ndim:
         raise ValueError(
             f"{name} must be a {ndim}-D tensor ({what}), got shape {tuple(x.shape)}"
@@ -47,7 +49,11 @@ def validate_inputs(
     _check_tensor("act_lens", act_lens, 1, INT_DTYPES, "frames per utterance, (B,)")
     _check_tensor("label_lens", label_lens, 1, INT_DTYPES, "labels per utterance, (B,)")
     B, T, U, V = acts.shape
-    for name, x in (("labels", labels), ("act_lens", act_lens), ("label_lens", label_lens)):
+    for name, x in (
+        ("labels", labels),
+        ("act_lens", act_lens),
+        ("label_lens", label_lens),
+    ):
         if x.shape[0] != B:
             raise ValueError(
                 f"{name}.shape[0] must equal the batch size acts.shape[0] = {B}, "
@@ -117,5 +123,7 @@ def validate_inputs(
                 f"blanks {list(opts.big_blank_ids)}); labels[{b}, {j}] = "
                 f"{labels[b, j].item()}"
             )
-    labels = torch.where(valid, labels, torch.zeros((), dtype=labels.dtype, device=labels.device))
+    labels = torch.where(
+        valid, labels, torch.zeros((), dtype=labels.dtype, device=labels.device)
+    )
     return labels.contiguous(), act_lens.contiguous(), label_lens.contiguous()

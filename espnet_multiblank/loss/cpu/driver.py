@@ -48,7 +48,8 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 @contextlib.contextmanager
 def _kernel_set(num_elements: int):
     """Pick serial or parallel kernels; for parallel, use as many Numba threads as torch
-    is allowed (torch.set_num_threads) and leave the caller's Numba setting unchanged."""
+    is allowed (torch.set_num_threads) and leave the caller's Numba setting unchanged.
+    """
     n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     if n == 1 or _state["forked"] or num_elements < PARALLEL_MIN_ELEMENTS:
         yield _SERIAL
@@ -117,8 +118,20 @@ def compute(
             w = grad_weights.to(torch.float64).numpy()
             gradients(
                 # after alpha_beta, lp holds the occupancies and alpha the coefficients
-                x, lab, al, ll, opts.blank, big_ids, denom, lp, alpha, log_p,
-                opts.fastemit_lambda, opts.clamp, w, grads.numpy(),
+                x,
+                lab,
+                al,
+                ll,
+                opts.blank,
+                big_ids,
+                denom,
+                lp,
+                alpha,
+                log_p,
+                opts.fastemit_lambda,
+                opts.clamp,
+                w,
+                grads.numpy(),
             )
     costs = torch.from_numpy(-(1.0 + opts.fastemit_lambda) * log_p + 0.0).to(acts.dtype)
     return costs, grads

@@ -43,7 +43,9 @@ _NEG_INF = -np.inf
 
 
 @njit(parallel=True, cache=True)
-def row_statistics(acts, labels, act_lens, label_lens, blank, big_ids, sigma, lp, denom, bad):
+def row_statistics(
+    acts, labels, act_lens, label_lens, blank, big_ids, sigma, lp, denom, bad
+):
     """Pass 1: per valid row (t < T_b, u < U_b) the log-softmax denominator and the
     log-probs (minus sigma) of blank (slot 0), label y_u (slot 1), big blanks (2 + i).
 
@@ -93,7 +95,9 @@ def row_max_finite(x):
 
 
 @njit(parallel=True, cache=True)
-def alpha_beta(lp, act_lens, label_lens, durations, alpha, beta, log_p, fastemit_lambda, need_grad):
+def alpha_beta(
+    lp, act_lens, label_lens, durations, alpha, beta, log_p, fastemit_lambda, need_grad
+):
     """Pass 2: alpha, log P and, when need_grad, beta and the gradient coefficients.
 
     lp: (B,T,U,N+2) float64; durations: (N,) int64; alpha, beta: (B,T,U) float64 out

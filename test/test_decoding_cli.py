@@ -224,14 +224,22 @@ def test_cli_mb_greedy_batched_and_single(workdir, mb_exp):
     assert single["batch_size"] == 1
     assert single["total_frames"] == batched["total_frames"]
     assert single["big_blank_emissions"] > 0
-    # batches are sorted longest first for the encoder: results must go back to their
-    # own utterance (scores differ per utterance; padding perturbs them only slightly)
-    scores = {}
-    for run in ("o_mbg_b2", "o_mbg_b1"):
-        lines = (root / run / "1best_recog" / "score").read_text().splitlines()
-        scores[run] = {k: float(v) for k, v in (line.split() for line in lines)}
-    for key, score in scores["o_mbg_b1"].items():
-        assert scores["o_mbg_b2"][key] == pytest.approx(score, rel=1e-3)
+    # the encoder sees one utterance at a time in both runs: the same labels and the
+    # same scores up to float32 rounding in the batched joint (a padded encoder pass
+    # moved them by ~1e-5 relative here), each on its own utterance
+    results = {}
+    for name in ("score", "token_int"):
+        for run in ("o_mbg_b2", "o_mbg_b1"):
+            lines = (root / run / "1best_recog" / name).read_text().splitlines()
+            pairs = (line.partition(" ") for line in lines)
+            results[run, name] = {key: value for key, _, value in pairs}
+    assert results["o_mbg_b2", "token_int"] == results["o_mbg_b1", "token_int"]
+    single_scores = {k: float(v) for k, v in results["o_mbg_b1", "score"].items()}
+    assert len(set(single_scores.values())) == len(LENGTHS)
+    for key, score in single_scores.items():
+        assert float(results["o_mbg_b2", "score"][key]) == pytest.approx(
+            score, rel=1e-7
+        )
 
 
 def test_speech2text_results_layout(mb_exp):

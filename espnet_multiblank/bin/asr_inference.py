@@ -24,8 +24,9 @@ search, writing; model loading excluded); ``rtf = decode_seconds / audio_seconds
 ``search_seconds`` is the part spent in the transducer search alone (what big blanks
 shorten: the encoder runs on every frame either way).
 With ``--batch_size > 1`` and ``search_type: mb_greedy`` utterances are decoded in
-batches (batched encoder + batched greedy search); other searches fall back to one
-utterance at a time.
+batches (batched greedy search; the encoder still runs on one utterance at a time,
+see ``MultiblankSpeech2Text.decode_batch``); other searches fall back to one utterance
+at a time.
 """
 
 import inspect

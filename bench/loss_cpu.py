@@ -1,7 +1,7 @@
 """CPU benchmark of the multi-blank RNN-T loss: forward + backward w.r.t. the logits.
 
-All contenders run side by side in ONE invocation (absolute times move by tens of percent
-between runs on shared machines; compare within a run only):
+All contenders run side by side in ONE invocation (absolute times move by tens of
+percent between runs on shared machines; compare within a run only):
 
 * ``log_softmax``: one ``torch.log_softmax`` over the same logits, output allocated by
   torch (the yardstick: one read + one write of the logits; an exact loss cannot be much
@@ -14,24 +14,25 @@ between runs on shared machines; compare within a run only):
   loss only), ``optimized_transducer`` and ``fast_rnnt`` (standard loss only), each if
   importable; skipped with the reason otherwise.
 
-Inputs: float32 logits ~ N(0, 1), full lengths, reduction "mean". Standard loss: blank 0,
-labels uniform in [1, V). Multi-blank (durations [2, 4, 8]): blank = V - 1, labels uniform
-in [0, V - 4) (never a blank id).
+Inputs: float32 logits ~ N(0, 1), full lengths, reduction "mean". Standard loss:
+blank 0, labels uniform in [1, V). Multi-blank (durations [2, 4, 8]): blank = V - 1,
+labels uniform in [0, V - 4) (never a blank id).
 
 Time: median of ``--runs`` runs after ``--warmup`` runs, in this process, with
-``torch.set_num_threads(--threads)`` (default 1; our Numba kernel uses as many threads as
-torch). Slow contenders use ``--slow-runs`` runs.
+``torch.set_num_threads(--threads)`` (default 1; our Numba kernel uses as many threads
+as torch). Slow contenders use ``--slow-runs`` runs.
 
 Memory: for each (shape, contender), a fresh subprocess loads the contender (one tiny
 call, so that imports and kernel loading are not counted), allocates the inputs, resets
 the kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``), runs forward +
 backward once and reports ``VmHWM`` (peak RSS) minus the RSS just before the call, i.e.
-the peak memory above the inputs, in MB. Where clear_refs is not writable it falls back to
-``ru_maxrss`` (peak RSS since the process started) minus the RSS before the call, which
-is only right when the call sets a new peak (true for large inputs).
+the peak memory above the inputs, in MB. Where clear_refs is not writable it falls back
+to ``ru_maxrss`` (peak RSS since the process started) minus the RSS before the call,
+which is only right when the call sets a new peak (true for large inputs).
 
 Also reported: the first-call cost of our kernel in a fresh subprocess with a warm Numba
-cache (import of the CPU backend, first float32 call standard and multi-blank, second call).
+cache (import of the CPU backend, first float32 call standard and multi-blank, second
+call).
 
 Usage::
 
@@ -112,8 +113,7 @@ def make_contender(
     if name == "log_softmax":
 
         def run():
-            y = torch.log_softmax(logits, dim=-1)
-            del y
+            torch.log_softmax(logits, dim=-1)  # the result is dropped at once
             return float("nan")
 
         return run
@@ -282,7 +282,7 @@ def measure_memory(name: str, shape: Shape, durations, threads: int):
         return {"peak_mb": float("nan"), "method": f"failed ({type(e).__name__})"}
 
 
-# ----------------------------------------------------------------------------- load time
+# ---------------------------------------------------------------------------- load time
 def load_child() -> dict:
     """Fresh process: import of the CPU backend and first calls of our kernel."""
     torch.set_num_threads(1)
@@ -393,7 +393,8 @@ def main(argv=None):
 
     header = (
         f"{'shape (B,T,U,V)':<20} {'durations':<10} {'contender':<21} "
-        f"{'median s':>10} {'runs':>4} {'x log_softmax':>13} {'peak MB':>9} {'loss':>12}"
+        f"{'median s':>10} {'runs':>4} {'x log_softmax':>13} "
+        f"{'peak MB':>9} {'loss':>12}"
     )
     rows: List[str] = []
     print("\n" + header + "\n" + "-" * len(header))
@@ -439,8 +440,8 @@ def main(argv=None):
             print("  " + s)
     if not args.no_memory:
         print(
-            "\npeak MB: peak RSS of one forward+backward above the RSS after the inputs "
-            "were allocated, fresh subprocess per cell (VmHWM after clear_refs; "
+            "\npeak MB: peak RSS of one forward+backward above the RSS after the "
+            "inputs were allocated, fresh subprocess per cell (VmHWM after clear_refs; "
             "ru_maxrss fallback)"
         )
 

@@ -1,8 +1,8 @@
 """Device-agnostic test bodies for the multi-blank RNN-T loss (torchaudio style).
 
 Every ``check_*`` function takes ``device`` (and usually ``backend``) and raises an
-AssertionError when the loss misbehaves; ``test_loss_cpu.py`` runs them on the CPU, a CUDA
-file can run the same bodies on "cuda". The oracles are:
+AssertionError when the loss misbehaves; ``test_loss_cpu.py`` runs them on the CPU, a
+CUDA file can run the same bodies on "cuda". The oracles are:
 
 * the brute-force path enumeration of ``oracles.py`` (tiny shapes, float64);
 * the float64 PyTorch backend (``backend="torch"``), itself validated against the brute
@@ -94,10 +94,10 @@ def make_inputs(
 ):
     """(acts, labels, act_lens, label_lens) for ``case`` on ``device``.
 
-    The logits are drawn in float64 on the CPU from ``case.seed`` (then cast), so that the
-    same case gives the same values on every device and dtype. Label padding
-    (positions >= label_lens[b]) holds "garbage" (-1, the blank id, a huge id), which the
-    loss must ignore, or zeros (``padding="zero"``, for other libraries).
+    The logits are drawn in float64 on the CPU from ``case.seed`` (then cast), so that
+    the same case gives the same values on every device and dtype. Label padding
+    (positions >= label_lens[b]) holds "garbage" (-1, the blank id, a huge id), which
+    the loss must ignore, or zeros (``padding="zero"``, for other libraries).
     """
     gen = torch.Generator().manual_seed(case.seed)
     acts = torch.randn(
@@ -244,7 +244,7 @@ MEDIUM_CASES = [
 MEDIUM_IDS = [c.name for c in MEDIUM_CASES]
 
 
-# --------------------------------------------------------------------------- oracle self-test
+# --------------------------------------------------------------------- oracle self-test
 def check_oracle_self_consistency():
     """The brute force itself: path counts and the all-equal-logits closed form."""
     for T_b, L in [(1, 0), (4, 2), (7, 3)]:
@@ -281,7 +281,7 @@ def check_oracle_self_consistency():
             assert abs(-lp - float(costs[b])) < 1e-10, (case.name, b, -lp, costs[b])
 
 
-# --------------------------------------------------------------------------- brute force
+# -------------------------------------------------------------------------- brute force
 def check_brute_force(device, backend, case: Case, reduction: str, dtype=torch.float64):
     """API loss and gradient (and the gradient weighting of the reduction) against the
     brute-force enumeration of every path."""
@@ -402,7 +402,8 @@ ref = impl.loss_and_grad(acts, labels, al, ll, **kw)  # the parent uses the kern
 
 def child(q):
     l, g = impl.loss_and_grad(acts, labels, al, ll, **kw)
-    q.put(bool(torch.equal(l, ref[0]) and torch.allclose(g, ref[1], rtol=1e-6, atol=1e-7)))
+    same = torch.equal(l, ref[0]) and torch.allclose(g, ref[1], rtol=1e-6, atol=1e-7)
+    q.put(bool(same))
 
 ctx = mp.get_context("fork")
 q = ctx.Queue()
@@ -468,7 +469,7 @@ def check_equal_logits(device, backend):
     assert_grads_close(g, grads, 1e-5, 1e-5)
 
 
-# --------------------------------------------------------------------------- medium: vs reference
+# ----------------------------------------------------------------- medium: vs reference
 def check_vs_reference(device, backend, case: Case, dtype, reduction="mean_volume"):
     """``backend`` in ``dtype`` vs the float64 PyTorch backend on a medium random batch
     with variable lengths (the reference is validated against the brute force)."""
@@ -499,7 +500,8 @@ GRADCHECK_CASES = [
 
 
 def check_gradcheck(device, backend, case: Case, reduction: str):
-    """torch.autograd.gradcheck in float64 (no FastEmit/clamp: those are not gradients)."""
+    """torch.autograd.gradcheck in float64 (no FastEmit/clamp: those are not
+    gradients)."""
     acts, labels, act_lens, label_lens = make_inputs(case, device, torch.float64)
     acts.requires_grad_(True)
 
@@ -515,12 +517,13 @@ def check_gradcheck(device, backend, case: Case, reduction: str):
     assert torch.autograd.gradcheck(f, (acts,), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
-# --------------------------------------------------------------------------- ESPnet oracle
+# ------------------------------------------------------------------------ ESPnet oracle
 def check_vs_espnet(device, backend, blank: int, reduction: str):
     """Standard loss vs ESPnet's CPU ``RNNTLossNumba`` (raw logits, int32 indices)."""
-    from espnet2.asr.transducer.rnnt_multi_blank.rnnt_multi_blank import RNNTLossNumba
-
     import espnet_multiblank.espnet.quiet  # noqa: F401  (silence nltk first)
+
+    # isort: split
+    from espnet2.asr.transducer.rnnt_multi_blank.rnnt_multi_blank import RNNTLossNumba
 
     case = Case("esp", 6, 4, 5, blank, (6, 4), (3, 2), seed=41)
     acts, labels, act_lens, label_lens = make_inputs(
@@ -546,7 +549,7 @@ def check_vs_espnet(device, backend, blank: int, reduction: str):
     assert_grads_close(g, esp_grad, 1e-4, 1e-5)
 
 
-# --------------------------------------------------------------------------- dtypes / layouts
+# --------------------------------------------------------------------- dtypes / layouts
 MB_CASE = Case(
     "mb",
     9,
@@ -745,8 +748,8 @@ def check_threads_unchanged(device, backend):
 
 
 def check_shift_invariance(device, backend, dtype):
-    """Adding a constant to each row logits[b, t, u, :] changes neither loss nor gradient
-    (the loss only sees log_softmax; k2's invariance test)."""
+    """Adding a constant to each row logits[b, t, u, :] changes neither loss nor
+    gradient (the loss only sees log_softmax; k2's invariance test)."""
     acts, labels, act_lens, label_lens = make_inputs(MB_CASE, device, dtype)
     gen = torch.Generator().manual_seed(7)
     shift = (torch.rand(acts.shape[:3], generator=gen, dtype=torch.float64) - 0.5) * 40
@@ -817,8 +820,8 @@ def check_masked_symbol(device, backend):
 
 # --------------------------------------------------------------------------- robustness
 def check_large_logits(device, backend, dtype, scale):
-    """Logits of magnitude ~``scale`` (1e4: a single dominant path; 100: large costs with
-    competing paths): finite, and equal to the float64 reference."""
+    """Logits of magnitude ~``scale`` (1e4: a single dominant path; 100: large costs
+    with competing paths): finite, and equal to the float64 reference."""
     c = Case("big", 10, 5, 6, 5, (10, 8), (4, 3), (2, 4), scale=scale, seed=81)
     acts, labels, act_lens, label_lens = make_inputs(c, device, dtype)
     loss, g = loss_and_grad(
@@ -837,9 +840,10 @@ def check_large_logits(device, backend, dtype, scale):
 
 
 def check_long_utterance(device, durations: Sequence[int]):
-    """T = 2000, U = 501, V = 8, B = 1 with the numba backend: float32 and float64 finite
-    and equal to the float64 NumPy forward recursion of ``oracles.py``; the float32
-    gradient equal to the float64 one (whose correctness the medium tests establish)."""
+    """T = 2000, U = 501, V = 8, B = 1 with the numba backend: float32 and float64
+    finite and equal to the float64 NumPy forward recursion of ``oracles.py``; the
+    float32 gradient equal to the float64 one (whose correctness the medium tests
+    establish)."""
     blank = 7
     c = Case("long", 2000, 501, 8, blank, (2000,), (500,), tuple(durations), seed=91)
     acts, labels, act_lens, label_lens = make_inputs(c, device)
@@ -915,7 +919,7 @@ def check_all_empty(device, backend):
     assert torch.count_nonzero(g) == 0
 
 
-# --------------------------------------------------------------------------- API surface
+# -------------------------------------------------------------------------- API surface
 def check_module_and_aliases(device, backend):
     """MultiblankRNNTLoss == functional; MultiblankRNNTLossNumba (ESPnet constructor,
     clamp=-1 off); rnnt_loss == multiblank loss without big blanks."""

@@ -1,15 +1,16 @@
 """Independent oracles for the multi-blank RNN-T loss tests.
 
-Everything here follows ``shared/loss_math.md`` directly and is written without looking at
-(or importing) ``espnet_multiblank.loss.reference``:
+Everything here follows ``shared/loss_math.md`` directly and is written without looking
+at (or importing) ``espnet_multiblank.loss.reference``:
 
 * :func:`enumerate_paths` lists EVERY path of the definition (label, standard blank, big
   blanks landing exactly on ``T_b``; overshooting steps are not allowed);
 * :func:`brute_force_log_prob` sums ``exp`` of the path scores in float64, with
   ``lp = log_softmax(logits) - sigma``;
-* :func:`brute_force_costs` returns the per-utterance costs ``-(1 + lambda) log P`` and the
-  per-utterance gradients ``d cost_b / d logits_b`` (autograd on the enumerated sum), with
-  the FastEmit term of loss_math.md built explicitly and the clamp applied per utterance;
+* :func:`brute_force_costs` returns the per-utterance costs ``-(1 + lambda) log P`` and
+  the per-utterance gradients ``d cost_b / d logits_b`` (autograd on the enumerated
+  sum), with the FastEmit term of loss_math.md built explicitly and the clamp applied
+  per utterance;
 * :func:`reduce_oracle` applies a reduction and its gradient weights;
 * :func:`diagonal_log_prob`: a float64 NumPy alpha recursion (one vectorised step per
   anti-diagonal, the terminal frame t = T_b kept as an extra row), for long utterances
@@ -37,8 +38,8 @@ def enumerate_paths(
 
     A path starts at (0, 0); at (t, u) with t < T_b it emits label ``labels[u]`` (if
     u < L) -> (t, u + 1), the standard blank -> (t + 1, u), or big blank i (index
-    ``blank - 1 - i``) -> (t + d_i, u) provided ``t + d_i <= T_b``. It is complete when it
-    is at t = T_b with u = L. With T_b = 0 the empty path is complete iff L = 0.
+    ``blank - 1 - i``) -> (t + d_i, u) provided ``t + d_i <= T_b``. It is complete when
+    it is at t = T_b with u = L. With T_b = 0 the empty path is complete iff L = 0.
     """
     labels = tuple(int(y) for y in labels)
     durations = tuple(int(d) for d in durations)
@@ -102,11 +103,11 @@ def brute_force_costs(
 
     Returns:
         costs: (B,) float64, ``-(1 + lambda) log P_b`` (+inf when no path exists).
-        grads: (B, T, U, V) float64, ``d cost_b / d logits_b`` as loss_math.md defines it:
-            the exact gradient of ``-log P_b`` plus, with FastEmit,
+        grads: (B, T, U, V) float64, ``d cost_b / d logits_b`` as loss_math.md defines
+            it: the exact gradient of ``-log P_b`` plus, with FastEmit,
             ``lambda * w(t,u) * (p(t,u,:) - onehot(y_u))`` where
-            ``w(t,u) = d log P_b / d lp(t,u,y_u)`` (the label-transition occupancy), i.e.
-            the label term times (1 + lambda) plus lambda * w * p; then clipped to
+            ``w(t,u) = d log P_b / d lp(t,u,y_u)`` (the label-transition occupancy),
+            i.e. the label term times (1 + lambda) plus lambda * w * p; then clipped to
             [-clamp, clamp] when clamp > 0. Zero for an impossible utterance.
     """
     acts = acts.detach().to("cpu", torch.float64)
@@ -175,8 +176,8 @@ def reduce_oracle(
 
 def standard_equal_logits_cost(T_b: int, L_b: int, V: int) -> float:
     """Standard RNN-T cost with all-equal logits: every emission has probability 1/V and
-    every path has T_b + L_b steps; there are C(T_b - 1 + L_b, L_b) paths (the labels are
-    distributed over the T_b frames, the last blank comes last)."""
+    every path has T_b + L_b steps; there are C(T_b - 1 + L_b, L_b) paths (the labels
+    are distributed over the T_b frames, the last blank comes last)."""
     if T_b == 0:
         return 0.0 if L_b == 0 else math.inf
     log_paths = (

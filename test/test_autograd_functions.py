@@ -8,7 +8,7 @@ import torch
 from espnet_multiblank import GradMultiply, LogSoftmaxGradModification
 from espnet_multiblank.autograd import grad_multiply
 
-# --------------------------------------------------------------------------- GradMultiply
+# ------------------------------------------------------------------------- GradMultiply
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -97,7 +97,7 @@ def test_grad_multiply_gradcheck():
     torch.testing.assert_close(j, 0.3 * eye)
 
 
-# --------------------------------------------------------------- LogSoftmaxGradModification
+# ----------------------------------------------------------- LogSoftmaxGradModification
 
 
 def test_lsgm_forward_is_identity():

@@ -6,8 +6,8 @@ import yaml
 
 import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
+from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model import (
     MultiblankErrorCalculatorTransducer,
     MultiblankESPnetASRModel,

@@ -3,14 +3,13 @@
 import multiprocessing
 import sys
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 import pytest
 import yaml
+from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
 import espnet_multiblank
+import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet import _hook, autoregister, registration
-
-from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
 
 def _choices():

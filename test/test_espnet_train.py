@@ -9,17 +9,16 @@ import subprocess
 import sys
 import textwrap
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 import numpy as np
 import pytest
 import soundfile
 import torch
 import yaml
+from test_espnet_model import TOKENS, loss_backend, tiny_config  # noqa: I100
 
+import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 from espnet_multiblank.espnet import autoregister
-
-from test_espnet_model import TOKENS, loss_backend, tiny_config  # noqa: I100
 
 N_EPOCHS = 4
 TEXTS = ["ab c", "ba", "cab", "c a", "abc", "b", "ca b", "aa"]

@@ -1,4 +1,5 @@
-"""The loss tests of ``loss_impl.py`` on the CPU, for the PyTorch and the Numba backends.
+"""The loss tests of ``loss_impl.py`` on the CPU,
+for the PyTorch and the Numba backends.
 
 The "numba" cases need ``espnet_multiblank.loss.cpu`` (the fused CPU kernel); until it
 exists they error with ModuleNotFoundError.

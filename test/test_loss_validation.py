@@ -159,7 +159,8 @@ def test_padding_may_hold_anything(bad):
 
 
 def test_labels_id_5_is_valid_without_a_third_big_blank():
-    """Sanity check of the fixture: with 2 big blanks, id BLANK - 3 is an ordinary label."""
+    """Sanity check of the fixture: with 2 big blanks, id BLANK - 3 is an ordinary
+    label."""
     acts, labels, act_lens, label_lens = inputs()
     labels = labels.clone()
     labels[0, 2] = BLANK - 3
@@ -257,7 +258,7 @@ def test_module_checks_tensors():
         loss(acts, labels, act_lens, torch.tensor([9, 1]))
 
 
-# ----------------------------------------------------------------------- non-finite logits
+# -------------------------------------------------------------------- non-finite logits
 @pytest.mark.parametrize("backend", ["numba", "auto"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_logits(backend, value):

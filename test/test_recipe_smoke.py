@@ -1,7 +1,7 @@
 """End-to-end smoke test of the digits recipe: `bash egs/digits/asr1/run.sh --smoke`.
 
-Runs every stage (tools, TTS synthesis, data dirs, token list, collect_stats, training of
-both transducers, decoding, scoring, report) on a few hundred utterances with a tiny
+Runs every stage (tools, TTS synthesis, data dirs, token list, collect_stats, training
+of both transducers, decoding, scoring, report) on a few hundred utterances with a tiny
 model, in a temporary directory (`--dir`), and checks that the outputs exist and are
 well-formed. No WER threshold: two epochs of a tiny model recognise little.
 

@@ -13,7 +13,8 @@ import torch
 def _check_scale(scale) -> float:
     if isinstance(scale, bool) or not isinstance(scale, Real):
         raise TypeError(
-            f"GradMultiply: scale must be a real number (float), got {type(scale).__name__}"
+            "GradMultiply: scale must be a real number (float), "
+            f"got {type(scale).__name__}"
         )
     scale = float(scale)
     if not math.isfinite(scale):
@@ -31,8 +32,8 @@ class GradMultiply(torch.autograd.Function):
         x: tensor of any shape, dtype and device.
         scale: finite Python float (ValueError otherwise).
 
-    Unlike ESPnet's BEATs copy, ``x`` is passed as a tensor (not a tuple), so autograd sees
-    it and the parameters upstream of ``x`` receive the scaled gradient.
+    Unlike ESPnet's BEATs copy, ``x`` is passed as a tensor (not a tuple), so autograd
+    sees it and the parameters upstream of ``x`` receive the scaled gradient.
     """
 
     @staticmethod
@@ -51,7 +52,8 @@ class GradMultiply(torch.autograd.Function):
 
 
 def grad_multiply(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Functional form of :class:`GradMultiply`; a no-op (returns ``x``) when scale == 1."""
+    """Functional form of :class:`GradMultiply`; a no-op (returns ``x``) when
+    scale == 1."""
     if _check_scale(scale) == 1.0:
         return x
     return GradMultiply.apply(x, scale)

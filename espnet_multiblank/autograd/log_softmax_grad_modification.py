@@ -1,9 +1,9 @@
 """LogSoftmaxGradModification: identity forward, gradient clamped to [-clamp, clamp].
 
 Despite its name (kept from ESPnet / NeMo for drop-in compatibility) it computes no
-log-softmax. It is placed *before* ``log_softmax`` so that the gradient with respect to the
-raw logits is clipped, which is how the RNN-T "gradient clamp" is realised in a loss that
-is written with ordinary autograd operations (this project's PyTorch backend).
+log-softmax. It is placed *before* ``log_softmax`` so that the gradient with respect to
+the raw logits is clipped, which is how the RNN-T "gradient clamp" is realised in a loss
+that is written with ordinary autograd operations (this project's PyTorch backend).
 """
 
 import math

@@ -286,8 +286,9 @@ def get_parser():
 
 
 def main(cmd=None):
-    import espnet_multiblank
     from espnet.utils.cli_utils import get_commandline_args
+
+    import espnet_multiblank
 
     espnet_multiblank.register()
     print(get_commandline_args(), file=sys.stderr)

@@ -19,10 +19,10 @@ import math
 from typing import Optional, Tuple
 
 import torch
-from typeguard import typechecked
-
 from espnet2.asr.frontend.abs_frontend import AbsFrontend
 from espnet2.asr.preencoder.abs_preencoder import AbsPreEncoder
+from typeguard import typechecked
+
 from espnet_multiblank.autograd import GradMultiply
 from espnet_multiblank.espnet.errors import ConfigError
 

@@ -7,11 +7,9 @@ Selected from YAML with ``model: multiblank_espnet`` once
 import logging
 import math
 from numbers import Integral, Real
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
-from typeguard import typechecked
-
 from espnet2.asr.ctc import CTC
 from espnet2.asr.decoder.abs_decoder import AbsDecoder
 from espnet2.asr.encoder.abs_encoder import AbsEncoder
@@ -20,11 +18,12 @@ from espnet2.asr.frontend.abs_frontend import AbsFrontend
 from espnet2.asr.postencoder.abs_postencoder import AbsPostEncoder
 from espnet2.asr.preencoder.abs_preencoder import AbsPreEncoder
 from espnet2.asr.specaug.abs_specaug import AbsSpecAug
-from espnet2.asr.transducer.beam_search_transducer import Hypothesis
 from espnet2.asr.transducer.error_calculator import ErrorCalculatorTransducer
 from espnet2.asr_transducer.utils import get_transducer_task_io
 from espnet2.layers.abs_normalize import AbsNormalize
 from espnet.nets.e2e_asr_common import ErrorCalculator
+from typeguard import typechecked
+
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
@@ -248,7 +247,8 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         blank_id (int): index of the standard blank ``sym_blank`` in ``token_list``.
         big_blank_durations (Tuple[int, ...]): ``(d_0, ..., d_{N-1})``; ``()`` for a
             standard transducer.
-        big_blank_ids (Tuple[int, ...]): index of big blank ``i`` = ``blank_id - 1 - i``.
+        big_blank_ids (Tuple[int, ...]): index of big blank ``i`` =
+            ``blank_id - 1 - i``.
         decoder (TransducerDecoder): ESPnet's prediction network; its ``blank_id`` is
             set to ``blank_id`` (ESPnet leaves 0, i.e. the longest big blank) and its
             embedding's ``padding_idx`` is the standard blank (the start symbol has a

@@ -55,8 +55,9 @@ def register() -> None:
     Idempotent and thread-safe; cheap after the first call. Raises RuntimeError when
     another class already owns one of the names.
     """
-    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
     import importlib
+
+    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 
     asr = importlib.import_module("espnet2.tasks.asr")
 

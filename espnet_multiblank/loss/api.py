@@ -26,9 +26,9 @@ def _fused_kernel(device: torch.device):
 
 
 class _ClampedReferenceFunction(torch.autograd.Function):
-    """Torch backend with a gradient clamp: each utterance's gradient d cost_b / d acts_b
-    is clamped (by LogSoftmaxGradModification) before the reduction and before any
-    incoming gradient scale, exactly as in the fused kernels."""
+    """Torch backend with a gradient clamp: each utterance's gradient
+    d cost_b / d acts_b is clamped (by LogSoftmaxGradModification) before the reduction
+    and before any incoming gradient scale, exactly as in the fused kernels."""
 
     @staticmethod
     def forward(ctx, acts, labels, act_lens, label_lens, opts):
@@ -65,7 +65,8 @@ def _loss(acts, labels, act_lens, label_lens, opts: LossOptions, backend: str):
     kernel = None if backend == "torch" else _fused_kernel(acts.device)
     if kernel is None and backend == "numba":
         raise ValueError(
-            f"backend='numba' supports cpu and cuda tensors, got acts on {acts.device}; "
+            "backend='numba' supports cpu and cuda tensors, "
+            f"got acts on {acts.device}; "
             "use backend='torch' or 'auto'"
         )
     if kernel is not None:
@@ -94,7 +95,8 @@ def multiblank_rnnt_loss(
     sigma: float = 0.0,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Multi-blank RNN-T loss (Xu et al., ICASSP 2023); standard RNN-T when no big blanks.
+    """Multi-blank RNN-T loss (Xu et al., ICASSP 2023);
+    standard RNN-T when no big blanks.
 
     Args:
         acts: (B, T, U, V) RAW joint-network logits (the log-softmax is applied inside),
@@ -110,14 +112,16 @@ def multiblank_rnnt_loss(
         reduction: "none" -> (B,) costs; "sum"; "mean" = sum / B (ESPnet);
             "mean_volume" = mean over b of cost_b / max(L_b, 1) (NeMo's "mean").
         fastemit_lambda: FastEmit weight (>= 0); the cost becomes -(1 + lambda) log P.
-        clamp: > 0 clips each element of d cost_b / d acts_b to [-clamp, clamp]; 0 = off.
+        clamp: > 0 clips each element of d cost_b / d acts_b to [-clamp, clamp];
+            0 = off.
         sigma: logit under-normalisation (>= 0; the paper recommends 0.05 for training).
-        backend: "auto" (Numba kernels on cpu/cuda, PyTorch elsewhere), "numba", "torch".
+        backend: "auto" (Numba kernels on cpu/cuda, PyTorch elsewhere), "numba",
+            "torch".
 
     Returns:
-        The reduced loss (scalar) or (B,) costs for reduction="none", float32 (float64 for
-        float64 acts). An utterance with no frames and no labels costs 0; one with no
-        frames but labels is impossible and costs +inf with zero gradient.
+        The reduced loss (scalar) or (B,) costs for reduction="none", float32 (float64
+        for float64 acts). An utterance with no frames and no labels costs 0; one with
+        no frames but labels is impossible and costs +inf with zero gradient.
 
     Raises:
         TypeError / ValueError naming the offending argument for malformed input.
@@ -139,7 +143,8 @@ def rnnt_loss(
     clamp: float = 0.0,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Standard RNN-T loss (Graves 2012): :func:`multiblank_rnnt_loss` with no big blanks."""
+    """Standard RNN-T loss (Graves 2012):
+    :func:`multiblank_rnnt_loss` with no big blanks."""
     return multiblank_rnnt_loss(
         acts,
         labels,
@@ -156,7 +161,8 @@ def rnnt_loss(
 
 
 class MultiblankRNNTLoss(torch.nn.Module):
-    """Module form of :func:`multiblank_rnnt_loss`; forward(acts, labels, act_lens, label_lens).
+    """Module form of :func:`multiblank_rnnt_loss`;
+    forward(acts, labels, act_lens, label_lens).
 
     The constructor validates its arguments itself (TypeError / ValueError naming the
     argument) instead of using typeguard, whose TypeCheckError is not a TypeError.

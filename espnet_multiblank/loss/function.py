@@ -1,12 +1,13 @@
 """The autograd Function around the fused (Numba) kernels.
 
-A kernel computes, in one call, the per-utterance costs and (only when autograd needs it)
-the gradient of the *reduced* loss with respect to the logits: every utterance's gradient
-is clamped first (``clamp``) and then multiplied by its reduction weight (1 for
+A kernel computes, in one call, the per-utterance costs and (only when autograd needs
+it) the gradient of the *reduced* loss with respect to the logits: every utterance's
+gradient is clamped first (``clamp``) and then multiplied by its reduction weight (1 for
 "none"/"sum", 1/B for "mean", 1/max(L_b,1) / B for "mean_volume"). The gradient is kept
 with ``save_for_backward`` and never modified in place, so ``backward`` may run twice
 (``retain_graph=True``). When the incoming gradient is exactly 1 (the usual
-``loss.backward()``), the saved tensor itself is returned: no second logits-sized buffer.
+``loss.backward()``), the saved tensor itself is returned: no second logits-sized
+buffer.
 """
 
 import torch
@@ -82,8 +83,9 @@ def _half_in_chunks(
 class FusedMultiblankRNNTFunction(torch.autograd.Function):
     """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel).
 
-    ``kernel(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)`` returns
-    ``(costs (B,), grads (B,T,U,V) or None)``; see ``espnet_multiblank.loss.cpu``.
+    ``kernel(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)``
+    returns ``(costs (B,), grads (B,T,U,V) or None)``; see
+    ``espnet_multiblank.loss.cpu``.
     """
 
     @staticmethod

@@ -81,7 +81,8 @@ def check_durations(big_blank_durations: Sequence[int]) -> Tuple[int, ...]:
         d = _check_int("big_blank_durations[...]", d)
         if d < 2:
             raise ValueError(
-                f"big_blank_durations must contain ints >= 2, got {list(big_blank_durations)}"
+                "big_blank_durations must contain ints >= 2, "
+                f"got {list(big_blank_durations)}"
             )
         durations.append(d)
     if len(set(durations)) != len(durations):

@@ -1,9 +1,9 @@
 """Pure-PyTorch backend of the multi-blank RNN-T loss.
 
 Exact and differentiable with ordinary autograd, on any device and dtype; vectorised
-over the batch and over anti-diagonals ``n = t + u`` (one Python step per diagonal), so it
-is slow but simple. It is the float64 oracle of the tests and the fallback for devices
-that Numba cannot target.
+over the batch and over anti-diagonals ``n = t + u`` (one Python step per diagonal), so
+it is slow but simple. It is the float64 oracle of the tests and the fallback for
+devices that Numba cannot target.
 
 Recursion (``lp(t,u,k) = log_softmax(acts[b,t,u])[k] - sigma``, LSE = log-sum-exp)::
 
@@ -146,8 +146,8 @@ def reference_costs(
         opts: the loss options (``opts.clamp`` is ignored here: pass ``clamp`` to put a
             LogSoftmaxGradModification before the log-softmax).
     Returns:
-        (B,) costs; +inf for an impossible utterance (T_b = 0 < L_b), whose gradient is 0.
-        With FastEmit the autograd gradient is NeMo's FastEmit gradient (the label
+        (B,) costs; +inf for an impossible utterance (T_b = 0 < L_b), whose gradient
+        is 0. With FastEmit the autograd gradient is NeMo's FastEmit gradient (the label
         transitions weighted by 1 + lambda plus lambda * w_label(t,u) * p(t,u,.)), while
         the value is ``-(1 + lambda) log P``.
     """

@@ -1,8 +1,8 @@
 """Checks of the loss's tensor inputs, with messages that name the argument.
 
 All checks on values (lengths, label ids) run as reductions on the tensors' own device:
-nothing logits-sized is copied to the host; the few booleans that decide whether to raise
-are the only host synchronisations.
+nothing logits-sized is copied to the host; the few booleans that decide whether to
+raise are the only host synchronisations.
 """
 
 from typing import Tuple
@@ -26,7 +26,8 @@ def _check_tensor(name: str, x, ndim: int, dtypes, what: str) -> None:
         )
     if x.dtype not in dtypes:
         raise TypeError(
-            f"{name} must have dtype in {[str(d) for d in dtypes]} ({what}), got {x.dtype}"
+            f"{name} must have dtype in {[str(d) for d in dtypes]} ({what}), "
+            f"got {x.dtype}"
         )
 
 
@@ -61,7 +62,8 @@ def validate_inputs(
             )
         if x.device != acts.device:
             raise ValueError(
-                f"{name} must be on the same device as acts ({acts.device}), got {x.device}"
+                f"{name} must be on the same device as acts ({acts.device}), "
+                f"got {x.device}"
             )
     if U < 1:
         raise ValueError(f"acts.shape[2] (U = max labels + 1) must be >= 1, got {U}")
@@ -113,8 +115,8 @@ def validate_inputs(
         if flags[0]:
             b, j = out_of_range.nonzero()[0].tolist()
             raise ValueError(
-                f"labels must be ids in [0, V = {V}) within label_lens; labels[{b}, {j}] "
-                f"= {labels[b, j].item()}"
+                f"labels must be ids in [0, V = {V}) within label_lens; "
+                f"labels[{b}, {j}] = {labels[b, j].item()}"
             )
         if flags[1]:
             b, j = is_blank.nonzero()[0].tolist()

@@ -5,7 +5,8 @@ Sources (unpacked with `apt-get download` + `dpkg -x` by run.sh, never installed
   asterisk-core-sounds-en-wav: <root>/usr/share/asterisk/sounds/en*/digits/{0..9,oh}.wav
       (female speaker "Allison", 8 kHz 16 bit); the words are checked against the
       transcripts of asterisk-core-sounds-en (core-sounds-en.txt.gz) when present.
-  saytime: <root>/usr/share/saytime/{0..9,oh}.au (male speaker, headerless 8 kHz mu-law).
+  saytime: <root>/usr/share/saytime/{0..9,oh}.au
+      (male speaker, headerless 8 kHz mu-law).
 
 Each recording is trimmed of leading/trailing silence (sox), then digit strings of 1-7
 words are concatenated with random 50-300 ms pauses and 0.1-0.4 s padding.

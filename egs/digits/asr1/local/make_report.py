@@ -3,9 +3,9 @@
 
 Reads: data sizes (DATA/<set>/wav.scp, text), the synthesis time (WAVDIR), per model
 EXP/asr_<model>/{train.log, train_seconds}, and per decoding
-EXP/asr_<model>/decode_<search>_<inference_model>/<set>/{score.json, decoding_stats.json}.
-The validation losses per epoch come from ESPnet's "Nepoch results: ... [valid] loss=..."
-lines in train.log.
+EXP/asr_<model>/decode_<search>_<inference_model>/<set>/
+{score.json, decoding_stats.json}. The validation losses per epoch come from ESPnet's
+"Nepoch results: ... [valid] loss=..." lines in train.log.
 """
 
 import argparse
@@ -97,6 +97,29 @@ def load_json(path):
         with open(path) as f:
             return json.load(f)
     return None
+
+
+def run_span(done_dir):
+    """Seconds from the first stage's start to the last stage's finish (stages 1-9).
+
+    Each ``exp/.done/<N>`` holds ``<finish time ISO>, <seconds> s``; None when a marker
+    is missing or unreadable (stages run in separate invocations still give a span,
+    which then includes the time between them).
+    """
+    import datetime
+
+    starts, ends = [], []
+    for k in range(1, 10):
+        try:
+            with open(os.path.join(done_dir, str(k))) as f:
+                stamp, secs = f.read().strip().split(", ")
+            end = datetime.datetime.fromisoformat(stamp).timestamp()
+            secs = float(secs.split()[0])
+        except (OSError, ValueError):
+            return None
+        starts.append(end - secs)
+        ends.append(end)
+    return max(ends) - min(starts)
 
 
 def plot(curves, out_png):
@@ -217,11 +240,11 @@ def main():
         )
         L.append("")
     L.append(
-        "The two losses are not directly comparable: the multi-blank loss includes the "
-        "big-blank paths and the sigma logit under-normalisation. (ESPnet's in-training "
-        "`wer_transducer` in train.log is not a word error rate with word tokens: it "
-        "joins the tokens without spaces, so it counts sentences.) Plot: `valid_loss.png`; "
-        "ESPnet's own curves: `exp/asr_<model>/images/`."
+        "The two losses are not directly comparable: the multi-blank loss includes "
+        "the big-blank paths and the sigma logit under-normalisation. (ESPnet's "
+        "in-training `wer_transducer` in train.log is not a word error rate with "
+        "word tokens: it joins the tokens without spaces, so it counts sentences.) "
+        "Plot: `valid_loss.png`; ESPnet's own curves: `exp/asr_<model>/images/`."
     )
     L.append("")
 
@@ -302,10 +325,31 @@ def main():
     sg = res.get(("standard", "mb_greedy", t0))
     if sg and mb and sg[1] and mb[1] and sg[0]:
         speed2 = sg[1]["decode_seconds"] / max(mb[1]["decode_seconds"], 1e-9)
-        L.append(
-            f"- same greedy implementation (mb_greedy) on both models: **{speed2:.2f}x** "
-            f"(standard model with mb_greedy: WER {sg[0]['wer']:.2f}%, "
+        line = (
+            "- same greedy implementation (mb_greedy) on both models: "
+            f"**{speed2:.2f}x** end to end"
+        )
+        if sg[1].get("search_seconds") and mb[1].get("search_seconds"):
+            s2 = sg[1]["search_seconds"] / max(mb[1]["search_seconds"], 1e-9)
+            line += f", **{s2:.2f}x** for the search alone"
+        line += (
+            f" (standard model with mb_greedy: WER {sg[0]['wer']:.2f}%, "
             f"{sg[1]['decode_seconds']:.1f} s): the gain of the big blanks alone"
+        )
+        L.append(line)
+    if g and mb and g[1] and mb[1] and g[1].get("search_seconds"):
+        n = max(g[1].get("num_utterances") or 1, 1)
+        rest = [
+            (st["decode_seconds"] - st["search_seconds"]) / n * 1e3
+            for st in (g[1], mb[1])
+        ]
+        L.append(
+            f"- per utterance, outside the search (data loading, feature extraction, "
+            f"encoder, output): {rest[0]:.1f} ms (greedy run), {rest[1]:.1f} ms "
+            f"(mb_greedy run); search: {g[1]['search_seconds'] / n * 1e3:.1f} ms "
+            f"(greedy), {mb[1]['search_seconds'] / n * 1e3:.1f} ms (mb_greedy). Big "
+            f"blanks shorten only the search, so the end-to-end speed-up is at most "
+            f"(rest + greedy search) / rest."
         )
     L.append("")
     done = os.path.join(a.exp, ".done")
@@ -314,10 +358,15 @@ def main():
         L.append("")
         L.append("| stage | finished, seconds |")
         L.append("|---|---|")
-        for k in sorted(os.listdir(done), key=lambda x: int(x) if x.isdigit() else 99):
+        stages = [k for k in os.listdir(done) if k.isdigit() and int(k) < 10]
+        for k in sorted(stages, key=int):
             L.append(f"| {k} | {open(os.path.join(done, k)).read().strip()} |")
         L.append("")
         L.append("(the report stage itself is not listed.)")
+        span = run_span(done)
+        if span:
+            L.append("")
+            L.append(f"Stages 1-9, first start to last finish: {span / 60:.1f} min.")
         L.append("")
 
     plot(curves, os.path.join(a.exp, "valid_loss.png"))

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Word-level token list for ESPnet: `<blank>` first, `<unk>`, the words, `<sos/eos>` last.
+"""Word-level token list for ESPnet:
+`<blank>` first, `<unk>`, the words, `<sos/eos>` last.
 
 ESPnet reads the list line by line (index = line number); index 0 must be `<blank>`
 and the last entry `<sos/eos>`. For the multi-blank model ESPnet's ASRTask inserts

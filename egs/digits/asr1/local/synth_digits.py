@@ -56,7 +56,8 @@ ESPEAK_TRAIN_VARIANTS = (
     "Marco Mario Michael Mike Nguyen adam anika announcer antonio aunty belinda "
     "benjamin boris caleb david ed edward edward2 grandma grandpa gustave iven iven2 "
     "iven3 iven4 john kaukovalta linda marcelo max michel miguel norbert pablo paul "
-    "pedro quincy rob robert sandro shelby steph steph2 steph3 travis victor zac".split()
+    "pedro quincy rob robert sandro shelby steph steph2 steph3 travis victor "
+    "zac".split()
 )
 
 # (engine, voice, share of the set).  espeak voices are "accent+variant".

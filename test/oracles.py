@@ -1,6 +1,6 @@
 """Independent oracles for the multi-blank RNN-T loss tests.
 
-Everything here follows ``shared/loss_math.md`` directly and is written without looking
+Everything here follows ``docs/lattice.md`` directly and is written without looking
 at (or importing) ``espnet_multiblank.loss.reference``:
 
 * :func:`enumerate_paths` lists EVERY path of the definition (label, standard blank, big

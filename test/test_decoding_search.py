@@ -231,7 +231,7 @@ def brute_force_sequences(model, enc, max_sym):
     """log P(y | x) for every label sequence y, by enumerating every path.
 
     Independent of the searches: ESPnet's decoder and joint network called directly,
-    one path at a time, with the lattice rules of ``shared/loss_math.md`` (labels stay,
+    one path at a time, with the lattice rules of ``docs/lattice.md`` (labels stay,
     blank +1, big blank i + d_i, no overshoot) and at most ``max_sym`` labels per frame.
     """
     blank, durations = model.blank_id, model.big_blank_durations

@@ -4,7 +4,7 @@
 #
 # Why not `pip install espnet`: ESPnet 202511 pins setuptools<74 while torch 2.14 needs
 # setuptools>=77, so pip either swaps torch for another build or backtracks to an old
-# ESPnet (see shared/anchors.md, "Installing ESPnet next to torch"). We therefore install
+# ESPnet (see "Installation" in README.md). We therefore install
 # a pinned torch/torchaudio pair, ESPnet's own requirements without that pin, and ESPnet
 # itself with --no-deps; then we check that the result imports.
 #

@@ -1,6 +1,6 @@
 """Blank layout of a (multi-blank) transducer model and the decoder blank fix.
 
-The project's vocabulary convention (``shared/loss_math.md``): the standard blank has
+The project's vocabulary convention (``docs/lattice.md``): the standard blank has
 index ``blank_id`` and big blank ``i`` (duration ``durations[i]``) has index
 ``blank_id - 1 - i``. With ``<blank>`` first in the token list and durations
 ``[2, 4, 8]`` the vocabulary starts ``<blank8>, <blank4>, <blank2>, <blank>`` and

@@ -1,4 +1,4 @@
-"""Numba CUDA kernels of the multi-blank RNN-T loss (see ``shared/loss_math.md``).
+"""Numba CUDA kernels of the multi-blank RNN-T loss (see ``docs/lattice.md``).
 
 This module imports ``numba.cuda`` at import time: import it lazily (the package's
 ``compute`` does), so that a CPU-only install never needs numba-cuda. Under

@@ -1,0 +1,322 @@
+"""The duration lattice: one definition shared by the losses, the model and the searches.
+
+Every transducer this package trains or decodes walks the same kind of lattice. A path
+starts at node (t, u) = (0, 0) (frame t, u labels emitted) of an utterance with T
+frames and L labels, and every step emits one symbol that moves it to (t + n, u) (a
+blank) or (t + n, u + 1) (the next label), where n >= 0 is the number of frames the
+symbol covers. The lattices differ only in which symbols exist and how many frames
+each covers:
+
+==============  ===========================  ==========================================
+lattice         blank symbols (frames)       labels (frames)
+==============  ===========================  ==========================================
+standard RNN-T  ``blank`` (1)                every label (0)
+multi-blank     ``blank`` (1), big blank i   every label (0)
+                at ``blank - 1 - i`` (d_i)
+TDT             ``blank`` with each duration every label, with each duration
+                d >= 1 of the duration head  d >= 0 of the duration head
+==============  ===========================  ==========================================
+
+The end rule is the same for all of them (:func:`step_target`): a step from (t, u) that
+lands at t' = t + n < T reaches node (t', u') and continues; a step that lands exactly
+on t' = T ends the path, and only a blank emitted after the last label may do that;
+any other step (overshooting T, or a label landing on T) leads nowhere.
+
+This module is the single owner of these rules: the loss options and their validation,
+the ESPnet model's configuration checks, the searches and the kernels' launch code are
+built from :class:`MultiblankLattice` and :class:`TDTLattice`. The recursions, the
+gradients and the conventions are written out in ``docs/lattice.md``.
+
+Nothing here imports torch or ESPnet.
+"""
+
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, Optional, Sequence, Tuple
+
+#: :func:`step_target` results
+NODE, END, NOWHERE = "node", "end", "nowhere"
+
+
+def step_target(t: int, frames: int, num_frames: int, is_blank: bool, last_row: bool):
+    """Where a step from frame ``t`` that covers ``frames`` frames goes.
+
+    Args:
+        t: Current frame, ``0 <= t < num_frames``.
+        frames: Frames the emitted symbol covers (>= 0; blanks >= 1).
+        num_frames: T of the utterance.
+        is_blank: Whether the symbol is a blank (standard, big, or a TDT blank).
+        last_row: Whether every label has been emitted before this step (u == L).
+
+    Returns:
+        :data:`NODE` (lands on frame ``t + frames < T``), :data:`END` (a blank after
+        the last label landing exactly on T: the path is complete) or
+        :data:`NOWHERE`.
+    """
+    dest = t + frames
+    if dest < num_frames:
+        return NODE
+    if dest == num_frames and is_blank and last_row:
+        return END
+    return NOWHERE
+
+
+def _as_int(name: str, value: Any) -> int:
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy/torch scalar
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(
+            f"{name} must be an int, got {type(value).__name__} ({value!r})"
+        )
+    return int(value)
+
+
+def _as_int_tuple(name: str, value: Any, what: str) -> Tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(
+            f"{name} must be a list of {what}, got {type(value).__name__} ({value!r})"
+        )
+    if hasattr(value, "tolist"):  # numpy array / torch tensor
+        value = value.tolist()
+    out = tuple(_as_int(f"{name}[{i}]", d) for i, d in enumerate(value))
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must be distinct {what}, got {list(out)}")
+    return out
+
+
+def check_big_blank_durations(
+    value: Any, name: str = "big_blank_durations"
+) -> Tuple[int, ...]:
+    """Validate multi-blank durations: distinct ints >= 2, any order; ``None`` = ().
+
+    Raises:
+        TypeError / ValueError naming ``name`` and the expected value.
+    """
+    if value is None:
+        return ()
+    out = _as_int_tuple(name, value, "ints >= 2 (e.g. [2, 4, 8])")
+    bad = [d for d in out if d < 2]
+    if bad:
+        raise ValueError(
+            f"{name} must contain ints >= 2 (a big blank covers at least 2 frames; "
+            f"the standard blank covers 1), got {list(out)}"
+        )
+    return out
+
+
+def check_tdt_durations(value: Any, name: str = "durations") -> Tuple[int, ...]:
+    """Validate TDT durations: distinct ints >= 0, any order, at least one >= 1.
+
+    Raises:
+        TypeError / ValueError naming ``name`` and the expected value.
+    """
+    if value is None:
+        raise TypeError(
+            f"{name} must be a list of distinct ints >= 0 with at least one >= 1 "
+            "(e.g. [0, 1, 2, 3, 4]), got None"
+        )
+    out = _as_int_tuple(name, value, "ints >= 0 (e.g. [0, 1, 2, 3, 4])")
+    if not out:
+        raise ValueError(
+            f"{name} must not be empty: a TDT needs durations, e.g. [0, 1, 2, 3, 4]"
+        )
+    if any(d < 0 for d in out):
+        raise ValueError(f"{name} must contain ints >= 0, got {list(out)}")
+    if max(out) < 1:
+        raise ValueError(
+            f"{name} must contain a value >= 1 (a blank never has duration 0, so "
+            f"without one no path can advance), got {list(out)}"
+        )
+    return out
+
+
+def big_blank_token(duration: int) -> str:
+    """Token ESPnet's ``ASRTask`` inserts for a big blank: ``<blank{d}>``."""
+    return f"<blank{int(duration)}>"
+
+
+def _check_blank(blank: Any, name: str) -> int:
+    blank = _as_int(name, blank)
+    if blank < 0:
+        raise ValueError(f"{name} must be an index >= 0 into the vocabulary, got {blank}")
+    return blank
+
+
+@dataclass(frozen=True)
+class MultiblankLattice:
+    """Standard / multi-blank RNN-T lattice.
+
+    Attributes:
+        blank: Index of the standard blank (covers 1 frame).
+        big_blank_durations: ``(d_0, ..., d_{N-1})``; big blank ``i`` has index
+            ``blank - 1 - i`` and covers ``d_i`` frames. ``()``: standard RNN-T.
+
+    Construct with :meth:`create` to validate (with argument names in the errors).
+    """
+
+    blank: int
+    big_blank_durations: Tuple[int, ...] = ()
+
+    kind = "multiblank"
+
+    @classmethod
+    def create(
+        cls,
+        blank: Any,
+        big_blank_durations: Any = (),
+        blank_name: str = "blank",
+        durations_name: str = "big_blank_durations",
+    ) -> "MultiblankLattice":
+        blank = _check_blank(blank, blank_name)
+        durations = check_big_blank_durations(big_blank_durations, durations_name)
+        if blank - len(durations) < 0:
+            raise ValueError(
+                f"big blank i has index {blank_name} - 1 - i, so {blank_name} must be "
+                f">= len({durations_name}) = {len(durations)}; got {blank_name} = "
+                f"{blank} (ESPnet puts the <blank{{d}}> tokens before <blank> in the "
+                "token list)"
+            )
+        return cls(blank, durations)
+
+    @property
+    def num_big_blanks(self) -> int:
+        return len(self.big_blank_durations)
+
+    @property
+    def is_multiblank(self) -> bool:
+        return bool(self.big_blank_durations)
+
+    @property
+    def big_blank_ids(self) -> Tuple[int, ...]:
+        """Index of big blank ``i``: ``blank - 1 - i``."""
+        return tuple(self.blank - 1 - i for i in range(self.num_big_blanks))
+
+    @property
+    def blank_ids(self) -> Tuple[int, ...]:
+        """Every blank symbol: the standard blank first, then big blank 0, 1, ..."""
+        return (self.blank,) + self.big_blank_ids
+
+    @property
+    def blank_moves(self) -> Tuple[Tuple[int, int], ...]:
+        """``((symbol, frames), ...)`` of every blank: standard first, then big."""
+        return ((self.blank, 1),) + tuple(
+            zip(self.big_blank_ids, self.big_blank_durations)
+        )
+
+    @property
+    def max_frames(self) -> int:
+        """The most frames one symbol covers."""
+        return max(self.big_blank_durations, default=1)
+
+    def frames(self, symbol: int) -> int:
+        """Frames covered by ``symbol`` (0 for a label)."""
+        if symbol == self.blank:
+            return 1
+        i = self.blank - 1 - symbol
+        if 0 <= i < self.num_big_blanks:
+            return self.big_blank_durations[i]
+        return 0
+
+    def is_blank(self, symbol: int) -> bool:
+        return self.frames(symbol) > 0
+
+    def check_vocab_size(self, vocab_size: int, name: str = "vocab_size") -> None:
+        """Raise ValueError unless every blank index fits a vocabulary of that size."""
+        if not self.blank < vocab_size:
+            raise ValueError(
+                f"blank must be < the vocabulary size {name} = {vocab_size}, got "
+                f"{self.blank}"
+            )
+
+    def token_layout(self, sym_blank: str = "<blank>") -> Tuple[Tuple[int, str], ...]:
+        """``((index, token), ...)`` the blanks must have in an ESPnet token list:
+        ``sym_blank`` at ``blank`` and ``<blank{d_i}>`` at ``blank - 1 - i``."""
+        return ((self.blank, sym_blank),) + tuple(
+            (k, big_blank_token(d))
+            for k, d in zip(self.big_blank_ids, self.big_blank_durations)
+        )
+
+
+@dataclass(frozen=True)
+class TDTLattice:
+    """Token-and-duration transducer lattice (Xu et al., ICML 2023).
+
+    The joint network outputs ``V`` token logits followed by ``D = len(durations)``
+    duration logits; an arc's log-probability is the token's plus the duration's.
+    Labels take any duration (0 keeps the frame); the blank takes only durations >= 1.
+
+    Attributes:
+        blank: Index of the blank among the V token logits.
+        durations: ``(e_0, ..., e_{D-1})``, distinct ints >= 0 with at least one >= 1,
+            in any order; duration logit ``j`` means "covers ``e_j`` frames".
+    """
+
+    blank: int
+    durations: Tuple[int, ...]
+
+    kind = "tdt"
+
+    @classmethod
+    def create(
+        cls,
+        blank: Any,
+        durations: Any,
+        blank_name: str = "blank",
+        durations_name: str = "durations",
+    ) -> "TDTLattice":
+        return cls(
+            _check_blank(blank, blank_name), check_tdt_durations(durations, durations_name)
+        )
+
+    @property
+    def num_durations(self) -> int:
+        return len(self.durations)
+
+    @property
+    def blank_ids(self) -> Tuple[int, ...]:
+        return (self.blank,)
+
+    @property
+    def blank_duration_slots(self) -> Tuple[int, ...]:
+        """Duration slots ``j`` a blank may take (``e_j >= 1``)."""
+        return tuple(j for j, d in enumerate(self.durations) if d >= 1)
+
+    @property
+    def max_frames(self) -> int:
+        return max(self.durations)
+
+    def is_blank(self, symbol: int) -> bool:
+        return symbol == self.blank
+
+    def check_vocab_size(self, vocab_size: int, name: str = "vocab_size") -> None:
+        """``vocab_size`` = V + D (the joint output); V >= 1 token logit needed."""
+        V = vocab_size - self.num_durations
+        if V < 1 or not self.blank < V:
+            raise ValueError(
+                f"{name} = {vocab_size} must be V + D with D = len(durations) = "
+                f"{self.num_durations} duration logits after V token logits, and the "
+                f"blank ({self.blank}) must be < V = {V}"
+            )
+
+
+def lattice_from_config(
+    blank: int,
+    big_blank_durations: Optional[Sequence[int]] = None,
+    tdt_durations: Optional[Sequence[int]] = None,
+    big_blank_name: str = "big_blank_durations",
+    tdt_name: str = "tdt_durations",
+):
+    """The lattice a model configuration asks for (multi-blank/standard or TDT).
+
+    Raises:
+        ValueError naming both keys when both big blanks and TDT durations are set.
+    """
+    big = check_big_blank_durations(big_blank_durations, big_blank_name)
+    if tdt_durations is not None and len(tdt_durations) > 0:
+        if big:
+            raise ValueError(
+                f"{big_blank_name} and {tdt_name} cannot both be set: a TDT's blank "
+                "already covers several frames (choose big blanks OR TDT durations)"
+            )
+        return TDTLattice.create(blank, tdt_durations, durations_name=tdt_name)
+    return MultiblankLattice.create(blank, big, durations_name=big_blank_name)

@@ -138,7 +138,9 @@ def big_blank_token(duration: int) -> str:
 def _check_blank(blank: Any, name: str) -> int:
     blank = _as_int(name, blank)
     if blank < 0:
-        raise ValueError(f"{name} must be an index >= 0 into the vocabulary, got {blank}")
+        raise ValueError(
+            f"{name} must be an index >= 0 into the vocabulary, got {blank}"
+        )
     return blank
 
 
@@ -265,7 +267,8 @@ class TDTLattice:
         durations_name: str = "durations",
     ) -> "TDTLattice":
         return cls(
-            _check_blank(blank, blank_name), check_tdt_durations(durations, durations_name)
+            _check_blank(blank, blank_name),
+            check_tdt_durations(durations, durations_name),
         )
 
     @property

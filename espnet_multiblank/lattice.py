@@ -1,4 +1,4 @@
-"""The duration lattice: one definition shared by the losses, the model and the searches.
+"""The duration lattice: one definition for the losses, the model and the searches.
 
 Every transducer this package trains or decodes walks the same kind of lattice. A path
 starts at node (t, u) = (0, 0) (frame t, u labels emitted) of an utterance with T

@@ -45,11 +45,36 @@ def validate_inputs(
             replaced by 0 so that every backend may gather with it safely.
         act_lens: (B,) int64.  label_lens: (B,) int64.
     """
-    _check_tensor("acts", acts, 4, FLOAT_DTYPES, "raw logits of shape (B, T, U, V)")
+    check_tensors(acts, labels, act_lens, label_lens)
+    V = acts.shape[3]
+    if V < 1:
+        raise ValueError(f"acts.shape[3] (vocabulary size V) must be >= 1, got {V}")
+    if opts.blank >= V:
+        raise ValueError(
+            f"blank must be < the vocabulary size acts.shape[3] = {V}, got {opts.blank}"
+        )
+    return check_lengths_and_labels(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        num_labels=V,
+        blank_ids=opts.all_blank_ids,
+        vocab_text=f"V = {V}",
+        blank_text=(
+            f"standard blank {opts.blank}, big blanks {list(opts.big_blank_ids)}"
+        ),
+    )
+
+
+def check_tensors(acts, labels, act_lens, label_lens, acts_what=None) -> None:
+    """Types, ranks, dtypes, batch sizes and devices of the four tensor inputs."""
+    what = acts_what or "raw logits of shape (B, T, U, V)"
+    _check_tensor("acts", acts, 4, FLOAT_DTYPES, what)
     _check_tensor("labels", labels, 2, INT_DTYPES, "label ids of shape (B, U - 1)")
     _check_tensor("act_lens", act_lens, 1, INT_DTYPES, "frames per utterance, (B,)")
     _check_tensor("label_lens", label_lens, 1, INT_DTYPES, "labels per utterance, (B,)")
-    B, T, U, V = acts.shape
+    B = acts.shape[0]
     for name, x in (
         ("labels", labels),
         ("act_lens", act_lens),
@@ -65,14 +90,34 @@ def validate_inputs(
                 f"{name} must be on the same device as acts ({acts.device}), "
                 f"got {x.device}"
             )
-    if U < 1:
-        raise ValueError(f"acts.shape[2] (U = max labels + 1) must be >= 1, got {U}")
-    if V < 1:
-        raise ValueError(f"acts.shape[3] (vocabulary size V) must be >= 1, got {V}")
-    if opts.blank >= V:
+    if acts.shape[2] < 1:
         raise ValueError(
-            f"blank must be < the vocabulary size acts.shape[3] = {V}, got {opts.blank}"
+            f"acts.shape[2] (U = max labels + 1) must be >= 1, got {acts.shape[2]}"
         )
+
+
+def check_lengths_and_labels(
+    acts: torch.Tensor,
+    labels: torch.Tensor,
+    act_lens: torch.Tensor,
+    label_lens: torch.Tensor,
+    num_labels: int,
+    blank_ids,
+    vocab_text: str,
+    blank_text: str,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lengths within (T, U - 1) and label ids in [0, num_labels) and not a blank.
+
+    Args:
+        acts: (B, T, U, *) logits (only the shape is used).
+        num_labels: label ids must be < this (V of the token softmax).
+        blank_ids: ids a label must not take.
+        vocab_text, blank_text: how the messages name the bound and the blanks.
+    Returns:
+        As :func:`validate_inputs`.
+    """
+    B, T, U = acts.shape[:3]
+    V = num_labels
     act_lens = act_lens.long()
     label_lens = label_lens.long()
     labels = labels.long()
@@ -108,22 +153,21 @@ def validate_inputs(
     if max_label > 0:
         out_of_range = valid & ((labels < 0) | (labels >= V))
         is_blank = torch.zeros_like(valid)
-        for k in opts.all_blank_ids:
+        for k in blank_ids:
             is_blank |= labels == k
         is_blank &= valid
         flags = torch.stack([out_of_range.any(), is_blank.any()]).tolist()
         if flags[0]:
             b, j = out_of_range.nonzero()[0].tolist()
             raise ValueError(
-                f"labels must be ids in [0, V = {V}) within label_lens; "
+                f"labels must be ids in [0, {vocab_text}) within label_lens; "
                 f"labels[{b}, {j}] = {labels[b, j].item()}"
             )
         if flags[1]:
             b, j = is_blank.nonzero()[0].tolist()
             raise ValueError(
-                f"labels must not contain a blank id (standard blank {opts.blank}, big "
-                f"blanks {list(opts.big_blank_ids)}); labels[{b}, {j}] = "
-                f"{labels[b, j].item()}"
+                f"labels must not contain a blank id ({blank_text}); "
+                f"labels[{b}, {j}] = {labels[b, j].item()}"
             )
     labels = torch.where(
         valid, labels, torch.zeros((), dtype=labels.dtype, device=labels.device)

@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
 """ESPnet ASR training with the espnet-multiblank plug-in registered.
 
-``python -m espnet_multiblank.bin.asr_train`` takes exactly the arguments of
+``python -m espnet_multiblank.bin.asr_train`` takes the arguments of
 ``python -m espnet2.bin.asr_train`` (it runs ESPnet's ``ASRTask.main`` through
-:class:`~espnet_multiblank.espnet.task.MultiblankASRTask`, which only adds an up-front
+:class:`~espnet_multiblank.espnet.task.MultiblankASRTask`, which adds an up-front
 check of the plug-in's config keys), and in addition accepts
 ``model: multiblank_espnet``, ``frontend: grad_scaled`` and ``preencoder: grad_scaled``.
 
-Registration happens when this module is imported; DDP workers started with the
-``spawn`` method register too (they re-import ``__main__`` and unpickle
-``MultiblankASRTask.main_worker``, which imports the registering task module).
+Distributed training (DDP) works on CPU as on GPUs:
+
+* ``--multiprocessing_distributed true --dist_world_size N --ngpu 0``: N CPU workers
+  on this machine (ESPnet's spawn path starts GPU workers only);
+* ``torchrun --nproc_per_node N [--nnodes M --node_rank K ...] -m
+  espnet_multiblank.bin.asr_train ... --ngpu 0`` (also with GPUs hidden);
+* ``--dist_backend`` defaults to gloo with ``--ngpu 0`` (nccl with GPUs);
+  ``--dist_timeout SECONDS`` bounds how long a rank waits for the others.
+
+Registration happens when this module is imported; DDP workers register too: torchrun
+runs this module in every rank, and workers started with the ``spawn`` method
+re-import ``__main__`` and unpickle their target from
+:mod:`espnet_multiblank.espnet.task`, which registers at import.
 """
 
 from typing import Optional, Sequence

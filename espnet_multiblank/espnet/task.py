@@ -1,17 +1,25 @@
-"""ESPnet's ASR task with the plug-in registered and its config checked up front.
+"""ESPnet's ASR task with the plug-in registered, its config checked up front and
+DDP that also works on CPU.
 
 :class:`MultiblankASRTask` is ``espnet2.tasks.asr.ASRTask`` (same parser, same
-``main``, same checkpoints) with two additions:
+``main``, same checkpoints) with three additions:
 
 * importing this module registers the plug-in, and ESPnet's DDP workers (started with
   ``spawn``) unpickle their target ``MultiblankASRTask.main_worker`` by importing this
   module, so they are registered whatever ``__main__`` is;
 * ``build_model`` validates the plug-in's ``model_conf`` keys *before* ESPnet's
   ``ASRTask.build_model`` edits the token list with them, so a bad value fails with a
-  message naming its YAML key instead of an error from inside ESPnet.
+  message naming its YAML key instead of an error from inside ESPnet;
+* distributed training (:mod:`espnet_multiblank.espnet.ddp`): ``--dist_backend``
+  defaults to gloo with ``--ngpu 0``, ``--dist_timeout`` bounds every collective
+  operation, torchrun works with GPUs hidden, and ``--multiprocessing_distributed true
+  --dist_world_size N --ngpu 0`` starts N CPU workers
+  (:mod:`espnet_multiblank.espnet.cpu_spawn`). GPU runs take ESPnet's own paths.
 """
 
 import argparse
+import sys
+from typing import Optional, Sequence
 
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.registration import register
@@ -21,6 +29,7 @@ register()
 from espnet2.asr.espnet_model import ESPnetASRModel  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
+from espnet_multiblank.espnet import cpu_spawn, ddp  # noqa: E402
 from espnet_multiblank.espnet.errors import ConfigError  # noqa: E402
 from espnet_multiblank.espnet.model import check_model_conf  # noqa: E402
 
@@ -59,10 +68,59 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 class MultiblankASRTask(ASRTask):
-    """``ASRTask`` whose ``build_model`` first checks the plug-in's config keys."""
+    """``ASRTask`` whose ``build_model`` first checks the plug-in's config keys and
+    whose ``main`` / ``main_worker`` also run DDP on CPU."""
+
+    @classmethod
+    def get_parser(cls) -> argparse.ArgumentParser:
+        """ESPnet's ASR parser; ``--dist_backend`` defaults by device and
+        ``--dist_timeout`` is added."""
+        register()
+        return ddp.add_arguments(super().get_parser())
 
     @classmethod
     def build_model(cls, args: argparse.Namespace) -> ESPnetASRModel:
         register()
         check_args(args)
         return super().build_model(args)
+
+    @classmethod
+    def main(
+        cls,
+        args: Optional[argparse.Namespace] = None,
+        cmd: Optional[Sequence[str]] = None,
+    ):
+        """ESPnet's ``main``, plus the CPU spawn path (N CPU workers on this machine
+        for ``--multiprocessing_distributed true --dist_world_size N --ngpu 0``)."""
+        register()
+        if args is None:
+            args = cls.get_parser().parse_args(cmd)
+        if args.print_config:
+            return super().main(args=args)
+        ddp.prepare(args)
+        nprocs = ddp.cpu_spawn_world_size(args)
+        if not nprocs:
+            return super().main(args=args)
+        # what ESPnet's main does before it starts workers
+        from espnet import __version__
+        from espnet.utils.cli_utils import get_commandline_args
+
+        print(get_commandline_args(), file=sys.stderr)
+        args.version = __version__
+        if args.pretrain_path is not None:
+            raise RuntimeError("--pretrain_path is deprecated. Use --init_param")
+        cls.check_required_command_args(args)
+        ddp.check_backend(args)
+        check_args(args)  # fail once here rather than in every worker
+        cpu_spawn.launch(cls, args, nprocs)
+
+    @classmethod
+    def main_worker(cls, args: argparse.Namespace):
+        """ESPnet's ``main_worker`` (one DDP rank, or the whole single-process run)
+        with the backend resolved, CPU ranks' ``local_rank`` fixed, the process-group
+        timeout applied and a failed collective explained."""
+        register()
+        ddp.prepare_worker(args)
+        with ddp.process_group_timeout(args.dist_timeout):
+            with ddp.explain_rank_failure(args.dist_timeout):
+                return super().main_worker(args)

@@ -1,0 +1,214 @@
+"""Distributed (DDP) options of the plug-in's training entry point.
+
+ESPnet 202511 trains with ``torch.distributed`` but assumes GPUs in three places; the
+plug-in's :class:`~espnet_multiblank.espnet.task.MultiblankASRTask` uses the helpers
+here to make the same flags work on CPU:
+
+* ``--dist_backend`` defaults to ``gloo`` with ``--ngpu 0`` and to ``nccl`` otherwise
+  (ESPnet's default ``nccl`` makes torch raise on CPU); an explicit ``nccl`` on CPU is
+  rejected with a message that names the flag;
+* a CPU rank's ``local_rank`` is pinned to 0: ESPnet checks ``LOCAL_RANK`` against
+  ``CUDA_VISIBLE_DEVICES`` (a GPU index), so torchrun with hidden GPUs failed;
+* ``--dist_timeout SECONDS`` bounds every collective operation and the start-up
+  rendezvous (torch's default: 30 min for gloo, 10 min for NCCL): a rank that died or
+  stopped responding makes the others fail instead of waiting; the error they raise
+  says so (:class:`DistributedTrainingError`);
+* ``--multiprocessing_distributed true --dist_world_size N --ngpu 0`` starts N CPU
+  workers on this machine (:mod:`espnet_multiblank.espnet.cpu_spawn`); ESPnet's own
+  spawn path only starts one worker per GPU.
+
+Nothing here imports ESPnet at import time.
+"""
+
+import argparse
+import contextlib
+import datetime
+import logging
+import os
+from typing import Iterator, Optional
+
+from espnet_multiblank.espnet.errors import ConfigError
+
+#: backend chosen when ``--dist_backend`` is not given
+DEFAULT_BACKEND = {"cpu": "gloo", "gpu": "nccl"}
+
+#: substrings of the errors torch's backends raise when a peer rank is gone
+_PEER_FAILURE_MARKS = (
+    "gloo",
+    "NCCL",
+    "Timed out",
+    "timed out",
+    "Connection closed",
+    "Connection reset",
+    "Broken pipe",
+)
+
+
+class DistributedTrainingError(RuntimeError):
+    """A DDP rank failed because another rank died or stopped responding, or a worker
+    of the CPU spawn path failed (the message names the rank and the cause)."""
+
+
+def _positive_seconds(value) -> Optional[float]:
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(
+            "--dist_timeout must be a positive number of seconds (e.g. 600) or none "
+            f"for torch's default, got {value!r}"
+        )
+    return seconds
+
+
+def _seconds_arg(value: str) -> Optional[float]:
+    try:
+        return _positive_seconds(value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Change ESPnet's ``--dist_backend`` default to "by device" and add
+    ``--dist_timeout`` (both in place; returns ``parser``)."""
+    for action in parser._actions:  # argparse keeps no public accessor
+        if action.dest == "dist_backend":
+            action.default = None
+            action.help = (
+                "distributed backend; default: gloo with --ngpu 0, nccl with GPUs"
+            )
+    parser.set_defaults(dist_backend=None)
+    parser.add_argument(
+        "--dist_timeout",
+        type=_seconds_arg,
+        default=None,
+        help="seconds a rank waits in a collective operation (and at start-up for the "
+        "other ranks) before it fails; default: torch's (30 min gloo, 10 min nccl)",
+    )
+    return parser
+
+
+def prepare(args: argparse.Namespace) -> argparse.Namespace:
+    """Resolve the backend default and validate ``dist_timeout`` (in place, idempotent;
+    also accepts a namespace from ESPnet's stock parser)."""
+    if getattr(args, "dist_backend", None) is None:
+        gpu = (getattr(args, "ngpu", 0) or 0) > 0
+        args.dist_backend = DEFAULT_BACKEND["gpu" if gpu else "cpu"]
+    args.dist_timeout = _positive_seconds(getattr(args, "dist_timeout", None))
+    return args
+
+
+def check_backend(args: argparse.Namespace) -> None:
+    """Reject NCCL for a distributed CPU run (torch would raise deep inside ESPnet)."""
+    if args.ngpu == 0 and str(args.dist_backend).lower() == "nccl":
+        raise ConfigError(
+            "--dist_backend nccl needs GPUs (--ngpu > 0); with --ngpu 0 use "
+            "--dist_backend gloo (the default when --dist_backend is not given)"
+        )
+
+
+def prepare_worker(args: argparse.Namespace) -> None:
+    """Per-rank fixes before ESPnet's ``main_worker`` (in place)."""
+    prepare(args)
+    if not getattr(args, "distributed", False):
+        return
+    check_backend(args)
+    if args.ngpu == 0:
+        # ESPnet's local_rank is a GPU index, checked against CUDA_VISIBLE_DEVICES
+        # (torchrun's LOCAL_RANK=1 with CUDA_VISIBLE_DEVICES= fails that check) and
+        # otherwise read from LOCAL_RANK or taken out of CUDA_VISIBLE_DEVICES; a CPU
+        # rank uses no GPU, so any fixed value is right and 0 passes the check.
+        args.local_rank = 0
+
+
+def cpu_spawn_world_size(args: argparse.Namespace) -> int:
+    """Number of CPU workers to start on this machine, or 0 for ESPnet's own paths.
+
+    The CPU spawn path is taken for ``--multiprocessing_distributed true --ngpu 0``
+    with ``--dist_world_size N`` (N > 1) when no launcher and no node rank are given
+    (``--dist_rank`` unset, no ``RANK`` in the environment: torchrun, slurm and ESPnet's
+    launch.py set one). With a node rank ESPnet's meaning applies: one CPU process per
+    node, N nodes.
+    """
+    if not args.multiprocessing_distributed or args.ngpu != 0:
+        return 0
+    if args.dist_launcher is not None or args.dist_rank is not None:
+        return 0
+    if "RANK" in os.environ:
+        return 0
+    n = args.dist_world_size
+    if n is None:
+        return 0
+    if n < 1:
+        raise ConfigError(f"--dist_world_size must be >= 1, got {n}")
+    return n if n > 1 else 0
+
+
+@contextlib.contextmanager
+def process_group_timeout(seconds: Optional[float]) -> Iterator[None]:
+    """Give ``torch.distributed.init_process_group`` a timeout while inside.
+
+    ESPnet's ``DistributedOption.init_torch_distributed`` calls it without one; the
+    timeout bounds the rendezvous and every later collective of the default group.
+    Only calls that pass no timeout of their own are changed.
+    """
+    if seconds is None:
+        yield
+        return
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+    timeout = datetime.timedelta(seconds=seconds)
+
+    def init_process_group(*args, **kwargs):
+        kwargs.setdefault("timeout", timeout)
+        return original(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group = original
+
+
+def _is_peer_failure(error: BaseException) -> bool:
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(error, dist_error):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        mark in str(error) for mark in _PEER_FAILURE_MARKS
+    )
+
+
+@contextlib.contextmanager
+def explain_rank_failure(timeout: Optional[float]) -> Iterator[None]:
+    """Turn a failed collective into :class:`DistributedTrainingError` naming this rank,
+    the likely cause (another rank died or hangs) and the timeout."""
+    try:
+        yield
+    except Exception as error:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise
+        if not _is_peer_failure(error) or isinstance(error, DistributedTrainingError):
+            raise
+        rank, world = dist.get_rank(), dist.get_world_size()
+        waited = (
+            f"--dist_timeout {timeout:g} s"
+            if timeout is not None
+            else "torch's default timeout (--dist_timeout)"
+        )
+        message = (
+            f"DDP rank {rank} of {world}: a collective operation failed "
+            f"({type(error).__name__}: {str(error).strip()[:500]}). Another rank has "
+            f"most likely died or stopped responding (ranks wait at most {waited}); "
+            "its own log shows the first error."
+        )
+        logging.error(message)
+        raise DistributedTrainingError(message) from error

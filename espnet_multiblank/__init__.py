@@ -1,11 +1,13 @@
-"""espnet-multiblank: multi-blank RNN-T loss (Numba CPU/CUDA) and ESPnet plug-in."""
+"""espnet-multiblank: multi-blank RNN-T and TDT losses (Numba) and an ESPnet plug-in."""
 
 from espnet_multiblank.autograd import GradMultiply, LogSoftmaxGradModification
 from espnet_multiblank.loss import (
     MultiblankRNNTLoss,
     MultiblankRNNTLossNumba,
+    TDTLoss,
     multiblank_rnnt_loss,
     rnnt_loss,
+    tdt_loss,
 )
 
 __version__ = "0.1.0"
@@ -25,6 +27,8 @@ __all__ = [
     "MultiblankRNNTLossNumba",
     "multiblank_rnnt_loss",
     "rnnt_loss",
+    "TDTLoss",
+    "tdt_loss",
     "register",
     "__version__",
 ]

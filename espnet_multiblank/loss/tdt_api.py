@@ -62,24 +62,25 @@ def _raise_on_nan(costs: torch.Tensor) -> None:
         )
 
 
-def _check_duration_logits(acts, act_lens, label_lens, V: int) -> None:
-    """NaN / +inf duration logits in the valid rows raise (the RNN-T branch of omega
-    does not read them, but a bad joint output must not pass silently)."""
+def _check_finite_logits(acts, act_lens, label_lens) -> None:
+    """NaN / +inf logits in the valid rows raise ValueError. Used on omega's RNN-T
+    branch, whose backends do not all check, and which does not read the duration
+    logits (a bad joint output must not pass silently there either)."""
     B, T, U = acts.shape[:3]
     if B == 0 or T == 0:
         return
-    dur = acts.detach()[..., V:]
+    x = acts.detach()
     t = torch.arange(T, device=acts.device)
     u = torch.arange(U, device=acts.device)
     valid = (t[None, :, None] < act_lens[:, None, None]) & (
         u[None, None, :] <= label_lens[:, None, None]
     )
-    bad = (torch.isnan(dur) | (dur == float("inf"))).any(dim=-1) & valid
+    bad = (torch.isnan(x) | (x == float("inf"))).any(dim=-1) & valid
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
         raise ValueError(
             "acts must be finite logits (-inf allowed for masked symbols); "
-            f"utterance {b} contains NaN or +inf duration logits"
+            f"utterance {b} contains NaN or +inf"
         )
 
 
@@ -88,7 +89,7 @@ def _plain_rnnt_branch(acts, labels, act_lens, label_lens, opts: TDTOptions, bac
     (no sigma; FastEmit, clamp and reduction as asked). The duration logits get an
     exactly zero gradient (autograd of the slice)."""
     V = acts.shape[3] - opts.num_durations
-    _check_duration_logits(acts, act_lens, label_lens, V)
+    _check_finite_logits(acts, act_lens, label_lens)
     return multiblank_rnnt_loss(
         acts[..., :V],
         labels,

@@ -774,3 +774,26 @@ def check_module(device, backend):
     loss_m = mod(x, labels, act_lens, label_lens)
     loss_m.backward()
     assert torch.equal(loss_m.detach(), loss_f) and torch.equal(x.grad, g_f)
+
+
+def check_incoming_gradient(device, backend):
+    """Any incoming gradient (0.7, negative, per utterance) multiplies the clamped
+    per-utterance gradient: d loss / d acts_b = g_out[b] * w_b * clip(d cost_b)."""
+    case = TINY_CASES[9]  # sigma, FastEmit and clamp
+    acts, labels, act_lens, label_lens = make_inputs(case, device, torch.float64)
+    costs, grads = cached_oracle(case, torch.float64)
+    for reduction, g_out in [
+        ("none", torch.tensor([-1.5, 0.7], dtype=torch.float64)),
+        ("mean", torch.tensor(0.7, dtype=torch.float64)),
+        ("sum", torch.tensor(-2.0, dtype=torch.float64)),
+    ]:
+        loss, g = loss_and_grad(
+            acts,
+            labels,
+            act_lens,
+            label_lens,
+            grad_out=g_out.to(device),
+            **case.kwargs(reduction=reduction, backend=backend),
+        )
+        w = reduction_weights(reduction, label_lens) * g_out
+        assert_grads_close(g, grads * w.view(-1, 1, 1, 1), 1e-9, 1e-10)

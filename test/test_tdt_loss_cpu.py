@@ -208,3 +208,8 @@ def test_fused_kernel_refuses_double_backward():
     (g,) = torch.autograd.grad(loss**2, acts, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(g.sum(), acts)
+
+
+@backends
+def test_incoming_gradient(backend):
+    impl.check_incoming_gradient(DEVICE, backend)

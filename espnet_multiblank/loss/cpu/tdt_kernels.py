@@ -284,8 +284,8 @@ def tdt_gradients(
     Args:
         inv_sums: (B, T, U, 2) float64 from pass 1.
         occupancy: (B, T, U, 2 + D) float64 from pass 2 (W_blank, W_label, W_dur).
-        log_p: (B,) float64; weights: (B,) float64 per-utterance weights (folded
-            into the coefficients and the clamp threshold).
+        log_p: (B,) float64; weights: (B,) float64 per-utterance factors, any sign
+            (folded into the coefficients and the clamp threshold |w| * clamp).
         grads: in, exp(x - max) of both parts at the valid rows (pass 1); out, the
             gradient, every element written (0 at padding and impossible utterances).
     """
@@ -318,4 +318,4 @@ def tdt_gradients(
             for j in range(D):
                 g[V + j] = g[V + j] * c_dur - occupancy[b, t, u, 2 + j] * w
             if clamp > 0.0:
-                row_clamp(g, g.dtype.type(clamp * w))
+                row_clamp(g, g.dtype.type(clamp * abs(w)))  # w may be < 0

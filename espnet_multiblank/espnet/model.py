@@ -26,6 +26,7 @@ from typeguard import typechecked
 
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
+from espnet_multiblank.espnet.exact_encoding import make_batch_exact
 from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
 from espnet_multiblank.loss.options import REDUCTIONS
 
@@ -259,6 +260,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         criterion_transducer (MultiblankRNNTLoss): the loss (raw logits in).
         transducer_multi_blank_durations (List[int]): same as ``big_blank_durations``
             (ESPnet's attribute name, read by ESPnet's ``Speech2Text``).
+        batch_exact_encoding (BatchExactness): whether ``encode`` gives each
+            utterance of a padded batch what it gives the utterance alone (see
+            :mod:`espnet_multiblank.espnet.exact_encoding`; in training too).
 
     The CTC branch (if ``ctc_weight > 0``) uses the standard blank as CTC blank, and
     validation CER/WER decode greedily with big blanks skipping frames and strip every
@@ -415,6 +419,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
                 report_wer,
                 big_blank_ids=self.big_blank_ids,
             )
+
+        # Padded utterances encoded as alone, in training as in (batched) decoding.
+        make_batch_exact(self)
 
     def joint_logits(
         self, encoder_out: torch.Tensor, decoder_out: torch.Tensor

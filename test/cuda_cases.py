@@ -7,8 +7,9 @@ compares the costs and gradients with the float64 PyTorch reference
 as in ``api._ClampedReferenceFunction``), computed on the CPU.
 
 Run as a script (``python test/cuda_cases.py --sim [--cpu-kernel] [-k NAME]``) it sets
-``NUMBA_ENABLE_CUDASIM=1`` *before* numba is imported, runs every case in the
-simulator and prints one JSON line per case: ``{"case": name, "ok": bool, "msg": str}``.
+``NUMBA_ENABLE_CUDASIM=1`` *before* numba is imported, runs every case (then the TDT
+cases of ``tdt_cuda_cases.py``) in the simulator and prints one JSON line per case:
+``{"case": name, "ok": bool, "msg": str}``.
 ``test/test_loss_cuda_sim.py`` runs it in a subprocess so that the simulator never
 leaks into other tests.
 """
@@ -460,22 +461,32 @@ def compare_with_cpu_kernel(case: Case, costs, grads, cpu_compute):
 
 
 def _main(argv):
+    from tdt_cuda_cases import TDT_CASES, compare_tdt_with_cpu_kernel, run_tdt_case
+
     only = None
     if "-k" in argv:
         only = argv[argv.index("-k") + 1]
-    cpu_compute, cpu_skip = None, "not asked for (--cpu-kernel)"
+    cpu_compute, tdt_cpu_compute, cpu_skip = None, None, "not asked for (--cpu-kernel)"
     if "--cpu-kernel" in argv:
         try:
             from espnet_multiblank.loss.cpu import compute as cpu_compute
+            from espnet_multiblank.loss.cpu.tdt_driver import (
+                tdt_compute as tdt_cpu_compute,
+            )
         except ImportError as e:
             cpu_skip = f"espnet_multiblank.loss.cpu not importable: {e}"
-    for case in CASES:
+    jobs = [(c, run_case, compare_with_cpu_kernel, cpu_compute) for c in CASES]
+    jobs += [
+        (c, run_tdt_case, compare_tdt_with_cpu_kernel, tdt_cpu_compute)
+        for c in TDT_CASES
+    ]
+    for case, run, compare, cpu in jobs:
         if only and only not in case.name:
             continue
         t0 = time.time()
         out = {}
         try:
-            msg = run_case(case, "cpu", keep=out)
+            msg = run(case, "cpu", keep=out)
             ok = True
         except Exception as e:  # report, keep going
             ok = False
@@ -483,15 +494,13 @@ def _main(argv):
         rec = dict(case=case.name, kind="ref", ok=ok, msg=msg, s=time.time() - t0)
         print(json.dumps(rec), flush=True)
         rec = dict(case=case.name, kind="cpu", ok=True, skip=cpu_skip, msg="")
-        if cpu_compute is not None:
+        if cpu is not None:
             rec["skip"] = None
             if "costs" not in out:
                 rec["skip"] = "the CUDA backend itself failed"
             else:
                 try:
-                    rec["msg"] = compare_with_cpu_kernel(
-                        case, out["costs"], out["grads"], cpu_compute
-                    )
+                    rec["msg"] = compare(case, out["costs"], out["grads"], cpu)
                 except Exception as e:
                     rec["ok"] = False
                     rec["msg"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"

@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cuda_cases import CASES, Case, make_inputs, reference, run_case  # noqa: E402
+from tdt_cuda_cases import TDT_CASES, TDTCase, run_tdt_case  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -68,14 +69,17 @@ def sim_results():
     return records
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+SIM_NAMES = [c.name for c in CASES] + [c.name for c in TDT_CASES]
+
+
+@pytest.mark.parametrize("name", SIM_NAMES)
 def test_sim_matches_reference(sim_results, name):
     rec = sim_results.get((name, "ref"))
     assert rec is not None, f"case {name} did not run"
     assert rec["ok"], rec["msg"]
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+@pytest.mark.parametrize("name", SIM_NAMES)
 def test_sim_matches_cpu_kernel(sim_results, name):
     rec = sim_results.get((name, "cpu"))
     assert rec is not None, f"case {name} did not run"
@@ -145,6 +149,56 @@ def _f32(case: Case) -> Case:
 )
 def test_gpu_cases(case):
     run_case(case, "cuda")
+
+
+@gpu
+@pytest.mark.parametrize(
+    "case",
+    TDT_CASES
+    + [
+        TDTCase(
+            **{
+                **c.__dict__,
+                "name": c.name + "_f32",
+                "dtype": torch.float32,
+                "tol": dict(cost=2e-5, grad=2e-5),
+            }
+        )
+        for c in TDT_CASES
+        if c.dtype == torch.float64
+    ],
+    ids=lambda c: c.name,
+)
+def test_gpu_tdt_cases(case):
+    run_tdt_case(case, "cuda")
+
+
+@gpu
+def test_gpu_tdt_api_vs_cpu():
+    """tdt_loss on CUDA (float32, float16) vs the CPU kernel on the same values,
+    V = 1000 (several strides of the row kernels), durations [0, 1, 2, 3, 4]."""
+    from espnet_multiblank import tdt_loss
+
+    g = torch.Generator().manual_seed(3)
+    B, T, U, V, durs = 3, 40, 9, 1000, [0, 1, 2, 3, 4]
+    acts = torch.randn(B, T, U, V + len(durs), generator=g)
+    labels = torch.randint(1, V, (B, U - 1), generator=g)
+    tl, ll = torch.tensor([40, 31, 17]), torch.tensor([8, 5, 6])
+    kw = dict(blank=0, durations=durs, reduction="sum", sigma=0.05)
+    x_cpu = acts.clone().requires_grad_(True)
+    ref = tdt_loss(x_cpu, labels, tl, ll, backend="numba", **kw)
+    ref.backward()
+    for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 2e-3)]:
+        x = acts.to(dtype).cuda().requires_grad_(True)
+        loss = tdt_loss(x, labels.cuda(), tl.cuda(), ll.cuda(), backend="numba", **kw)
+        loss.backward()
+        assert x.grad.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(loss.cpu(), ref.detach(), rtol=tol, atol=tol)
+            torch.testing.assert_close(x.grad.cpu(), x_cpu.grad, rtol=tol, atol=tol)
+        else:  # the half logits differ from the float32 ones: compare loosely
+            assert abs(float(loss) - float(ref)) <= 2e-3 * abs(float(ref))
+            assert float((x.grad.float().cpu() - x_cpu.grad).abs().max()) < 5e-3
 
 
 @gpu

@@ -1,9 +1,10 @@
-"""CUDA backend of the multi-blank RNN-T loss (Numba CUDA kernels).
+"""CUDA backend of the multi-blank RNN-T and TDT losses (Numba CUDA kernels).
 
 Importing this package is free: ``numba.cuda`` (from the ``numba-cuda`` package, the
-``cuda`` extra) is imported only by the first call of :func:`compute`, so a CPU-only
-install never needs it. The kernels are in :mod:`espnet_multiblank.loss.cuda.kernels`,
-the launch layer in :mod:`espnet_multiblank.loss.cuda.launch`.
+``cuda`` extra) is imported only by the first call of :func:`compute` or
+:func:`tdt_compute`, so a CPU-only install never needs it. The kernels are in
+:mod:`espnet_multiblank.loss.cuda.kernels` and ``tdt_kernels``, the launch layers in
+:mod:`espnet_multiblank.loss.cuda.launch` and ``tdt_launch``.
 
 Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is first imported) the kernels run
 in Numba's CUDA simulator and :func:`compute` takes CPU tensors instead of CUDA ones;
@@ -47,4 +48,33 @@ def compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad):
     return _compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)
 
 
-__all__ = ["compute"]
+def tdt_compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad):
+    """Costs and (optionally) gradients of the TDT loss on a GPU.
+
+    Args:
+        acts: (B, T, U, V + D) float32 or float64 CUDA tensor of raw logits.
+        labels: (B, L) int64, L <= U - 1, padding replaced by 0.
+        act_lens, label_lens: (B,) int64 (validated).
+        opts: :class:`~espnet_multiblank.loss.tdt_options.TDTOptions` (omega is drawn
+            by the caller).
+        grad_weights: (B,) tensor; utterance b's gradient is clamped (clamp > 0), then
+            multiplied by grad_weights[b].
+        need_grad: compute the gradient only when True.
+
+    Returns:
+        costs: (B,) acts dtype, ``-(1 + fastemit_lambda) * log P`` (+inf when
+            impossible, 0 for T_b = 0 = L_b, NaN for NaN / +inf logits).
+        grads: (B, T, U, V + D) acts dtype (0 at padding and for impossible
+            utterances), or None.
+
+    Queued on torch's current stream without host synchronisation, like
+    :func:`compute`.
+    """
+    try:
+        from espnet_multiblank.loss.cuda.tdt_launch import tdt_compute as _compute
+    except ImportError as e:  # numba without numba.cuda, or numba-cuda missing
+        raise ImportError(f"{_INSTALL_HINT} ({e})") from e
+    return _compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)
+
+
+__all__ = ["compute", "tdt_compute"]

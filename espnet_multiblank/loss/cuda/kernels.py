@@ -6,7 +6,8 @@ This module imports ``numba.cuda`` at import time: import it lazily (the package
 Numba's CUDA simulator on numpy arrays; that is how CI tests them without a GPU.
 
 Notation: B batch, T max frames, U max labels + 1, V vocabulary, N = number of big
-blanks with durations d_0..d_{N-1}; big blank i has index ``blank - 1 - i``.
+blanks with durations d_0..d_{N-1}; big blank i has index ``k_i`` (the lattice's
+``big_blank_ids``, compile-time constants like the durations).
 For utterance b: T_b = act_lens[b], U_b = label_lens[b] + 1, y_u = labels[b, u].
 ``FT`` is the compute dtype (float32 or float64, the logits' dtype); every
 workspace below is float64.
@@ -22,7 +23,7 @@ Four launches, all on the same stream:
 
        lpw[b,t,u,0]     = lp(t,u,blank)
        lpw[b,t,u,1]     = lp(t,u,y_u)            (-inf for u = U_b - 1)
-       lpw[b,t,u,2 + i] = lp(t,u,blank - 1 - i)  (big blank i)
+       lpw[b,t,u,2 + i] = lp(t,u,k_i)            (big blank i)
 
    No (B,T,U,V) log-prob tensor is ever made.
 
@@ -63,7 +64,7 @@ Four launches, all on the same stream:
 
        g_k = (gamma + lambda * w_label) * exp(acts[b,t,u,k] - denom)
              - w_blank [k = blank] - (1 + lambda) w_label [k = y_u]
-             - w_big_i [k = blank - 1 - i]
+             - w_big_i [k = k_i]
 
    (FastEmit with ESPnet/NeMo semantics), then clamped to [-clamp, clamp] when
    clamp > 0, then multiplied by ``grad_weights[b]``. Rows with t >= T_b or u >= U_b,
@@ -75,6 +76,8 @@ import math
 
 import numba
 from numba import cuda
+
+from espnet_multiblank.lattice import MultiblankLattice
 
 NEG_INF = -math.inf
 POS_INF = math.inf
@@ -119,24 +122,26 @@ def log_sum_exp(terms, n):
     return mx + math.log(s)
 
 
-def get_kernels(dtype_name: str, durations: tuple, row_threads: int):
-    """The four kernels specialised (and cached) for one dtype and duration set.
+def get_kernels(dtype_name: str, lattice: MultiblankLattice, row_threads: int):
+    """The four kernels specialised (and cached) for one dtype and lattice.
 
     Args:
         dtype_name: "float32" or "float64", the dtype of acts / costs / grads.
-        durations: big-blank durations (d_0, ..., d_{N-1}), compile-time constants.
+        lattice: the big blanks' indices and durations (``big_blank_ids``,
+            ``big_blank_durations``) become compile-time constants; the standard
+            blank stays a launch argument.
         row_threads: threads per block of the row kernels (a power of two, 32..1024).
 
     Returns:
         (row_stats_kernel, alpha_beta_kernel, weights_kernel, grad_kernel), see the
         module docstring.
     """
-    key = (dtype_name, tuple(durations), row_threads)
+    key = (dtype_name, lattice.big_blank_ids, lattice.big_blank_durations, row_threads)
     if key not in _KERNEL_CACHE:
         row_stats, alpha_beta, weights, grad = _make_kernels(*key)
         # The two DP kernels do not depend on row_threads: share them between block
         # sizes, so that each is compiled (lazily, at its first launch) only once.
-        dp_key = key[:2]
+        dp_key = (dtype_name, lattice.big_blank_durations)
         if dp_key not in _KERNEL_CACHE:
             _KERNEL_CACHE[dp_key] = (alpha_beta, weights)
         alpha_beta, weights = _KERNEL_CACHE[dp_key]
@@ -144,11 +149,13 @@ def get_kernels(dtype_name: str, durations: tuple, row_threads: int):
     return _KERNEL_CACHE[key]
 
 
-def _make_kernels(dtype_name, durations, row_threads):
+def _make_kernels(dtype_name, big_ids, durations, row_threads):
     FT = getattr(numba, dtype_name)  # compute dtype of the logits' own arithmetic
     N = len(durations)
     NW = N + 2  # workspace columns: blank, label, big blanks
-    DUR = tuple(int(d) for d in durations) + (0,)  # never empty (typing of DUR[i])
+    # (0,) appended: never empty (typing of DUR[i], BIG[i])
+    DUR = tuple(int(d) for d in durations) + (0,)
+    BIG = tuple(int(k) for k in big_ids) + (0,)
     RT = row_threads
 
     @cuda.jit
@@ -227,7 +234,7 @@ def _make_kernels(dtype_name, durations, row_threads):
             else:
                 lpw[b, t, u, 1] = NEG_INF
             for i in range(N):
-                lpw[b, t, u, 2 + i] = acts[b, t, u, blank - 1 - i] - off
+                lpw[b, t, u, 2 + i] = acts[b, t, u, BIG[i]] - off
 
     @cuda.jit
     def alpha_beta_kernel(
@@ -446,8 +453,10 @@ def _make_kernels(dtype_name, durations, row_threads):
                 g -= c_blank
             elif k == lab:
                 g -= c_label
-            elif k < blank and k >= blank - N:
-                g -= FT(wts[b, t, u, 2 + blank - 1 - k])
+            else:
+                for i in range(N):
+                    if k == BIG[i]:
+                        g -= FT(wts[b, t, u, 2 + i])
             if cl > 0:
                 g = min(max(g, -cl), cl)
             grads[b, t, u, k] = g * gw

@@ -125,10 +125,11 @@ def compute(
 
     row_threads, diag_threads = block_sizes(T, U, V)
     dtype_name = "float64" if dtype == torch.float64 else "float32"
+    lattice = opts.lattice
     row_stats, alpha_beta, weights_k, grad_k = get_kernels(
-        dtype_name, opts.big_blank_durations, row_threads
+        dtype_name, lattice, row_threads
     )
-    blank = int(opts.blank)
+    blank = int(lattice.blank)
     sigma = float(opts.sigma)
     lam = float(opts.fastemit_lambda)
     clamp = float(opts.clamp)

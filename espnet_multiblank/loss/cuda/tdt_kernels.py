@@ -1,0 +1,430 @@
+"""Numba CUDA kernels of the TDT loss (``docs/lattice.md`` section 3).
+
+Imports ``numba.cuda`` at import time: import it lazily (the package's ``tdt_compute``
+does). Under ``NUMBA_ENABLE_CUDASIM=1`` the kernels run in Numba's CUDA simulator.
+
+Notation: acts (B, T, U, V + D), V token logits (the blank at ``blank``) then D
+duration logits; duration j covers ``e_j`` frames (the lattice's ``durations``,
+compile-time constants, any order); T_b = act_lens[b], U_b = label_lens[b] + 1,
+y_u = labels[b, u]. ``FT`` is the logits' dtype; every workspace is float64.
+
+Four launches on one stream:
+
+1. :func:`tdt_row_stats_kernel` (one block per valid row (b, t, u)): both
+   log-softmax denominators, ``denom[b,t,u,0] = LSE(x[:V])`` (strided online
+   log-sum-exp reduced in shared memory) and ``denom[b,t,u,1] = LSE(x[V:])`` (thread 0),
+   and the step log-probs::
+
+       lpw[b,t,u,0]     = tok(blank) = x[blank] - denom0 - sigma
+       lpw[b,t,u,1]     = tok(y_u)   = x[y_u] - denom0 - sigma   (-inf for u = U_b - 1)
+       lpw[b,t,u,2 + j] = dur(j)     = x[V + j] - denom1
+
+   A row with NaN / +inf (or a part of only -inf) sets ``bad[b] = 1``.
+
+2. :func:`tdt_alpha_beta_kernel` (grid (B, 2): alpha and beta blocks run
+   concurrently), one anti-diagonal n = t + u at a time: every step moves to a later
+   diagonal (a label with duration e to n + e + 1, a blank with duration e >= 1 to
+   n + e), so the cells of a diagonal are independent (one ``syncthreads`` each)::
+
+       alpha(t,u) = LSE_j( alpha(t-e_j,u) + tok(t-e_j,u,blank) + dur(t-e_j,u,j)
+                                                            [e_j >= 1, t >= e_j],
+                           alpha(t-e_j,u-1) + tok(t-e_j,u-1,y_{u-1}) + dur(...,j)
+                                                            [u >= 1, t >= e_j] )
+       log P = LSE_j alpha(T_b-e_j,L_b) + tok(T_b-e_j,L_b,blank) + dur(T_b-e_j,L_b,j)
+               [e_j >= 1, T_b >= e_j]
+       beta(t,u) = LSE_j( tok(blank) + dur(j) + beta(t+e_j,u)  [e_j >= 1, t+e_j < T_b],
+                          tok(blank) + dur(j)     [e_j >= 1, t+e_j = T_b, u = L_b],
+                          tok(y_u) + dur(j) + beta(t+e_j,u+1)  [u < L_b, t+e_j < T_b] )
+
+   The alpha block writes ``logp[b]`` and ``costs[b] = -(1 + lambda) log P`` (+inf
+   when impossible, 0 for T_b = 0 = L_b, NaN when ``bad[b]``).
+
+3. :func:`tdt_weights_kernel` (one thread per cell): the step occupancies
+   ``W = exp(alpha(t,u) + step log-prob + beta(dest) - log P)``, summed per token and
+   per duration and written over the cell's own ``lpw`` entries: [W_blank, W_label,
+   W_dur(0), ..., W_dur(D-1)].
+
+4. :func:`tdt_grad_kernel` (one block per row, padding included), with
+   gamma = W_blank + W_label::
+
+       g[k]     = (gamma + lambda W_label) exp(x_k - denom0) - W_blank [k = blank]
+                  - (1 + lambda) W_label [k = y_u]                        (k < V)
+       g[V + j] = gamma exp(x_{V+j} - denom1) - W_dur(j)
+
+   clipped to [-clamp, clamp] (clamp > 0), times ``grad_weights[b]``; exactly 0 at
+   padding rows and for utterances whose log P is not finite.
+"""
+
+import math
+
+import numba
+from numba import cuda
+
+from espnet_multiblank.lattice import TDTLattice
+from espnet_multiblank.loss.cuda.kernels import log_sum_exp
+
+NEG_INF = -math.inf
+POS_INF = math.inf
+
+_KERNEL_CACHE = {}
+
+
+def get_tdt_kernels(dtype_name: str, lattice: TDTLattice, row_threads: int):
+    """The four TDT kernels specialised (and cached) for one dtype and lattice.
+
+    Args:
+        dtype_name: "float32" or "float64", the dtype of acts / costs / grads.
+        lattice: its durations become compile-time constants (the blank stays a
+            launch argument).
+        row_threads: threads per block of the row kernels (a power of two).
+
+    Returns:
+        (row_stats, alpha_beta, weights, grad) kernels (module docstring).
+    """
+    key = (dtype_name, lattice.durations, row_threads)
+    if key not in _KERNEL_CACHE:
+        _KERNEL_CACHE[key] = _make_kernels(*key)
+    return _KERNEL_CACHE[key]
+
+
+def _make_kernels(dtype_name, durations, row_threads):
+    FT = getattr(numba, dtype_name)
+    D = len(durations)
+    DUR = tuple(int(e) for e in durations)
+    NT = 2 * D  # terms of one log-sum-exp: a blank and a label step per duration
+    RT = row_threads
+
+    @cuda.jit
+    def tdt_row_stats_kernel(
+        acts, labels, act_lens, label_lens, blank, V, sigma, denom, lpw, bad
+    ):
+        """Fused log-softmax statistics of one row per block.
+
+        Args:
+            acts: (B, T, U, V + D) FT raw logits, C-contiguous.
+            labels: (B, L) int64 (L >= 1); act_lens, label_lens: (B,) int64.
+            blank, V: ints.  sigma: float.
+            denom: (B, T, U, 2) float64 out: LSE of the token / duration part.
+            lpw: (B, T, U, 2 + D) float64 out: tok(blank), tok(y_u), dur(0..D-1).
+            bad: (B,) int32, set to 1 for a row with NaN / +inf or a part of only
+                -inf (zero-initialised by the caller).
+        Grid: B*T*U blocks of RT threads; rows outside (T_b, U_b) return at once.
+        """
+        sm_m = cuda.shared.array(RT, FT)
+        sm_s = cuda.shared.array(RT, numba.float64)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        T = acts.shape[1]
+        U = acts.shape[2]
+        u = row % U
+        bt = row // U
+        t = bt % T
+        b = bt // T
+        Ub = label_lens[b] + 1
+        if t >= act_lens[b] or u >= Ub:
+            return  # uniform over the block
+        m = FT(NEG_INF)
+        s = 0.0
+        k = tid
+        while k < V:
+            v = acts[b, t, u, k]
+            if v > m:
+                s = s * math.exp(m - v) + 1.0
+                m = v
+            elif v != FT(NEG_INF):
+                s += math.exp(v - m)  # NaN stays NaN
+            k += RT
+        sm_m[tid] = m
+        sm_s[tid] = s
+        cuda.syncthreads()
+        stride = RT // 2
+        while stride > 0:
+            if tid < stride:
+                m1 = sm_m[tid]
+                s1 = sm_s[tid]
+                m2 = sm_m[tid + stride]
+                s2 = sm_s[tid + stride]
+                if m1 < m2:
+                    m1, m2 = m2, m1
+                    s1, s2 = s2, s1
+                if m1 == FT(NEG_INF):
+                    s1 = s1 + s2
+                else:
+                    s1 = s1 + s2 * math.exp(m2 - m1)
+                sm_m[tid] = m1
+                sm_s[tid] = s1
+            cuda.syncthreads()
+            stride //= 2
+        if tid == 0:
+            mx = sm_m[0]
+            sm = sm_s[0]
+            if mx == POS_INF or not (sm > 0.0):
+                d_tok = math.nan
+            else:
+                d_tok = mx + math.log(sm)
+            # the duration part is short: one thread, two passes
+            md = NEG_INF
+            nan_seen = False
+            for j in range(D):
+                v = numba.float64(acts[b, t, u, V + j])
+                if v != v or v == POS_INF:
+                    nan_seen = True
+                elif v > md:
+                    md = v
+            d_dur = math.nan
+            if not nan_seen and md != NEG_INF:
+                sd = 0.0
+                for j in range(D):
+                    sd += math.exp(acts[b, t, u, V + j] - md)
+                d_dur = md + math.log(sd)
+            if d_tok != d_tok or d_dur != d_dur:
+                bad[b] = 1
+            denom[b, t, u, 0] = d_tok
+            denom[b, t, u, 1] = d_dur
+            off = d_tok + sigma
+            lpw[b, t, u, 0] = acts[b, t, u, blank] - off
+            if u < Ub - 1:
+                lpw[b, t, u, 1] = acts[b, t, u, labels[b, u]] - off
+            else:
+                lpw[b, t, u, 1] = NEG_INF
+            for j in range(D):
+                lpw[b, t, u, 2 + j] = acts[b, t, u, V + j] - d_dur
+
+    @cuda.jit
+    def tdt_alpha_beta_kernel(
+        lpw,
+        act_lens,
+        label_lens,
+        bad,
+        fastemit_lambda,
+        do_beta,
+        alphas,
+        betas,
+        logp,
+        costs,
+    ):
+        """alpha (block y = 0) and beta (block y = 1), by anti-diagonal.
+
+        Args:
+            lpw: (B, T, U, 2 + D) float64 from the row kernel.
+            act_lens, label_lens: (B,) int64.  bad: (B,) int32.
+            fastemit_lambda: float.  do_beta: int (0: costs only, grid (B, 1)).
+            alphas, betas: (B, T, U) float64 out (valid cells only).
+            logp: (B,) float64 out.  costs: (B,) FT out.
+        Grid: (B, 1 + do_beta) blocks of any number of threads (they stride).
+        """
+        b = cuda.blockIdx.x
+        which = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        nthr = cuda.blockDim.x
+        Tb = act_lens[b]
+        Ub = label_lens[b] + 1
+        if Tb == 0:
+            if which == 0 and tid == 0:
+                lp0 = 0.0 if Ub == 1 else NEG_INF
+                logp[b] = lp0
+                costs[b] = -(1.0 + fastemit_lambda) * lp0 + 0.0
+            return
+        L = Ub - 1
+        n_diag = Tb + Ub - 1
+        terms = cuda.local.array(NT, numba.float64)
+        if which == 0:
+            for n in range(n_diag):
+                t = max(0, n - L) + tid
+                t_hi = min(n, Tb - 1)
+                while t <= t_hi:
+                    u = n - t
+                    if n == 0:
+                        a = 0.0
+                    else:
+                        for j in range(D):
+                            e = DUR[j]
+                            s = t - e
+                            terms[j] = NEG_INF
+                            terms[D + j] = NEG_INF
+                            if s >= 0:
+                                if e >= 1:
+                                    terms[j] = (
+                                        alphas[b, s, u]
+                                        + lpw[b, s, u, 0]
+                                        + lpw[b, s, u, 2 + j]
+                                    )
+                                if u >= 1:
+                                    terms[D + j] = (
+                                        alphas[b, s, u - 1]
+                                        + lpw[b, s, u - 1, 1]
+                                        + lpw[b, s, u - 1, 2 + j]
+                                    )
+                        a = log_sum_exp(terms, NT)
+                    alphas[b, t, u] = a
+                    t += nthr
+                cuda.syncthreads()
+            if tid == 0:
+                for j in range(D):
+                    e = DUR[j]
+                    s = Tb - e
+                    terms[j] = NEG_INF
+                    if e >= 1 and s >= 0:
+                        terms[j] = (
+                            alphas[b, s, L] + lpw[b, s, L, 0] + lpw[b, s, L, 2 + j]
+                        )
+                lp = log_sum_exp(terms, D)
+                if bad[b] != 0:
+                    lp = math.nan
+                logp[b] = lp
+                costs[b] = -(1.0 + fastemit_lambda) * lp
+        else:
+            for m in range(n_diag):
+                n = n_diag - 1 - m
+                t = max(0, n - L) + tid
+                t_hi = min(n, Tb - 1)
+                while t <= t_hi:
+                    u = n - t
+                    last_row = u == L
+                    lpb = lpw[b, t, u, 0]
+                    lpl = lpw[b, t, u, 1]
+                    for j in range(D):
+                        e = DUR[j]
+                        dest = t + e
+                        dj = lpw[b, t, u, 2 + j]
+                        terms[j] = NEG_INF
+                        if e >= 1:
+                            if dest < Tb:
+                                terms[j] = lpb + dj + betas[b, dest, u]
+                            elif dest == Tb and last_row:
+                                terms[j] = lpb + dj
+                        terms[D + j] = NEG_INF
+                        if not last_row and dest < Tb:
+                            terms[D + j] = lpl + dj + betas[b, dest, u + 1]
+                    betas[b, t, u] = log_sum_exp(terms, NT)
+                    t += nthr
+                cuda.syncthreads()
+
+    @cuda.jit
+    def tdt_weights_kernel(lpw, act_lens, label_lens, alphas, betas, logp):
+        """Step occupancies of every valid cell, written over its ``lpw`` entries.
+
+        Args:
+            lpw: (B, T, U, 2 + D) float64: in, the step log-probs; out (valid cells of
+                utterances with a finite log P), [W_blank, W_label, W_dur(0..D-1)].
+            act_lens, label_lens: (B,) int64.
+            alphas, betas: (B, T, U) float64.  logp: (B,) float64.
+        Grid: ceil(B*T*U / blockDim) blocks, one thread per cell.
+        """
+        cell = cuda.grid(1)
+        T = lpw.shape[1]
+        U = lpw.shape[2]
+        if cell >= lpw.shape[0] * T * U:
+            return
+        u = cell % U
+        bt = cell // U
+        t = bt % T
+        b = bt // T
+        Tb = act_lens[b]
+        Ub = label_lens[b] + 1
+        lp_tot = logp[b]
+        if t >= Tb or u >= Ub or not (abs(lp_tot) < POS_INF):
+            return
+        last_row = u == Ub - 1
+        base = alphas[b, t, u] - lp_tot
+        lpb = lpw[b, t, u, 0]
+        lpl = lpw[b, t, u, 1]
+        w_blank = 0.0
+        w_label = 0.0
+        for j in range(D):
+            e = DUR[j]
+            dest = t + e
+            x = base + lpw[b, t, u, 2 + j]
+            wb = 0.0
+            if e >= 1:
+                if dest < Tb:
+                    wb = math.exp(x + lpb + betas[b, dest, u])
+                elif dest == Tb and last_row:
+                    wb = math.exp(x + lpb)
+            wl = 0.0
+            if not last_row and dest < Tb:
+                wl = math.exp(x + lpl + betas[b, dest, u + 1])
+            w_blank += wb
+            w_label += wl
+            lpw[b, t, u, 2 + j] = wb + wl
+        lpw[b, t, u, 0] = w_blank
+        lpw[b, t, u, 1] = w_label
+
+    @cuda.jit
+    def tdt_grad_kernel(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        blank,
+        V,
+        fastemit_lambda,
+        clamp,
+        grad_weights,
+        denom,
+        wts,
+        logp,
+        grads,
+    ):
+        """d cost_b / d acts (clamped, times grad_weights[b]) for one row per block.
+
+        Args:
+            acts: (B, T, U, V + D) FT.  labels: (B, L) int64.
+            act_lens, label_lens: (B,) int64.  blank, V: ints.
+            fastemit_lambda, clamp: floats (clamp 0 = off).
+            grad_weights: (B,) FT.  denom: (B, T, U, 2) float64.
+            wts: (B, T, U, 2 + D) float64 from the weights kernel.  logp: (B,).
+            grads: (B, T, U, V + D) FT out, every element written.
+        Grid: B*T*U blocks of RT threads (streaming; no shared memory).
+        """
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        T = acts.shape[1]
+        U = acts.shape[2]
+        VD = acts.shape[3]
+        u = row % U
+        bt = row // U
+        t = bt % T
+        b = bt // T
+        Tb = act_lens[b]
+        Ub = label_lens[b] + 1
+        if t >= Tb or u >= Ub or not (abs(logp[b]) < POS_INF):
+            k = tid
+            while k < VD:
+                grads[b, t, u, k] = 0
+                k += RT
+            return
+        w_blank = wts[b, t, u, 0]
+        w_label = wts[b, t, u, 1]
+        gamma = w_blank + w_label
+        c_tok = FT(gamma + fastemit_lambda * w_label)
+        c_dur = FT(gamma)
+        c_blank = FT(w_blank)
+        c_label = FT((1.0 + fastemit_lambda) * w_label)
+        d_tok = FT(denom[b, t, u, 0])
+        d_dur = FT(denom[b, t, u, 1])
+        gw = FT(grad_weights[b])
+        cl = FT(clamp)
+        lab = labels[b, u] if u < Ub - 1 else -1
+        k = tid
+        while k < VD:
+            if k < V:
+                g = c_tok * math.exp(acts[b, t, u, k] - d_tok)
+                if k == blank:
+                    g -= c_blank
+                elif k == lab:
+                    g -= c_label
+            else:
+                g = c_dur * math.exp(acts[b, t, u, k] - d_dur)
+                g -= FT(wts[b, t, u, 2 + k - V])
+            if cl > 0:
+                g = min(max(g, -cl), cl)
+            grads[b, t, u, k] = g * gw
+            k += RT
+
+    return (
+        tdt_row_stats_kernel,
+        tdt_alpha_beta_kernel,
+        tdt_weights_kernel,
+        tdt_grad_kernel,
+    )

@@ -16,7 +16,13 @@
 #   5  ESPnet collect_stats (feature mean/var, shape files)
 #   6  train the standard transducer
 #   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8]);
-#      6 and 7 run side by side (--train_jobs 2, one torch thread each)
+#      6 and 7 run side by side (--train_jobs 2, one torch thread each).
+#      --train_procs N trains each model with N DDP processes on this machine (ESPnet's
+#      DDP through the plug-in: gloo, --multiprocessing_distributed true
+#      --dist_world_size N); the configs' batch size is the global one, split among the
+#      processes, so the training is the same. With --train_jobs 2 that makes 2N
+#      processes of one torch thread each; with --train_jobs 1 the N processes share the
+#      CPUs (cpus / N threads each).
 #   8  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
 #      as the multi-blank model's); multi-blank mb_greedy + mb_beam
 #   9  score WER / CER
@@ -43,25 +49,32 @@ decode_conf_dir=$repo/conf/decode
 inference_model=valid.loss.ave.pth
 decode_threads=1            # torch threads while decoding (speed comparison)
 train_jobs=2                # 2: train both models at once, one torch thread each
+train_procs=1               # DDP processes per model (CPU, gloo); 1: no DDP
 train_args=""               # extra arguments for asr_train (both models)
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
   echo "Options: --stage N --stop_stage N --smoke --dir DIR --python PY --nj N"
   echo "         --num_train N --num_dev N --num_test N --num_real N --train_args '...'"
-  echo "         --train_jobs N --decode_threads N --inference_model F --decode_conf_dir D"
+  echo "         --train_jobs N --train_procs N --decode_threads N --inference_model F"
+  echo "         --decode_conf_dir D"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=true; shift ;;
     --stage|--stop_stage|--dir|--python|--nj|--num_train|--num_dev|--num_test|--num_real|\
-    --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs)
+    --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs|\
+    --train_procs)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown option: $1" >&2; usage >&2; exit 1 ;;
   esac
 done
+
+case $train_procs in
+  ''|*[!0-9]*|0) echo "--train_procs must be a positive integer, got '$train_procs'" >&2; exit 1 ;;
+esac
 
 suffix=""
 if $smoke; then
@@ -287,15 +300,22 @@ train_model() {
   log "training $name ($config): progress in $out.tmp/train.log"
   local t0=$SECONDS
   # shellcheck disable=SC2046,SC2086
-  local threads=()
+  local threads=() ddp=()
   [ "$train_jobs" -gt 1 ] && threads=(env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1)
+  if [ "$train_procs" -gt 1 ]; then
+    # N CPU workers started by the plug-in (gloo); a rank that dies stops the run, one
+    # that hangs makes the others fail after --dist_timeout
+    ddp=(--multiprocessing_distributed true --dist_world_size "$train_procs"
+      --dist_timeout 600)
+  fi
   "${threads[@]}" "${train_cmd[@]}" --ngpu 0 --config "$config" $(common_args) \
     --normalize_conf stats_file="$stats_dir/train/feats_stats.npz" \
     --train_shape_file "$stats_dir/train/speech_shape" \
     --train_shape_file "$stats_dir/train/text_shape.word" \
     --valid_shape_file "$stats_dir/valid/speech_shape" \
     --valid_shape_file "$stats_dir/valid/text_shape.word" \
-    --resume false --output_dir "$out.tmp" $train_args > "$out.tmp/train.log" 2>&1 &
+    --resume false --output_dir "$out.tmp" "${ddp[@]}" $train_args \
+    > "$out.tmp/train.log" 2>&1 &
   local pid=$!
   # show ESPnet's per-epoch summaries while it runs
   tail -n +1 -F --pid=$pid "$out.tmp/train.log" 2>/dev/null | grep --line-buffered -E \
@@ -310,6 +330,7 @@ train_model() {
   fi
   [ -e "$out.tmp/$inference_model" ] || die "training $name: no $inference_model"
   echo "$((SECONDS - t0))" > "$out.tmp/train_seconds"
+  echo "$train_procs" > "$out.tmp/train_procs"
   # ESPnet's symlinks (valid.loss.ave.pth, ...) are relative: the rename keeps them valid
   mv "$out.tmp" "$out"
   # config.yaml holds absolute output paths of the temporary dir: harmless, but fix them

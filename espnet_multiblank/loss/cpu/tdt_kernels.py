@@ -90,6 +90,27 @@ def _part_log_sum_exp(x, e, ibuf):
     return np.float64(m) + math.log(s), 1.0 / s
 
 
+@njit(cache=True)
+def _short_log_sum_exp(x, e):
+    """:func:`_part_log_sum_exp` for the few duration logits: scalar float64 loops
+    (a vectorised row pass costs more than it saves on a handful of elements)."""
+    m = _NEG_INF
+    for k in range(x.size):
+        v = np.float64(x[k])
+        if v != v or v == np.inf:
+            return math.nan, math.nan
+        if v > m:
+            m = v
+    if m == _NEG_INF:
+        return math.nan, math.nan
+    s = 0.0
+    for k in range(x.size):
+        ek = math.exp(np.float64(x[k]) - m)
+        e[k] = ek
+        s += ek
+    return m + math.log(s), 1.0 / s
+
+
 @njit(parallel=True, cache=True)
 def tdt_row_statistics(
     acts,
@@ -133,7 +154,7 @@ def tdt_row_statistics(
             x = acts[b, t, u]
             e = exps[b, t, u] if keep_exps else scratch
             d_tok, inv_tok = _part_log_sum_exp(x[:V], e[:V], ibuf[:V])
-            d_dur, inv_dur = _part_log_sum_exp(x[V:], e[V:], ibuf[V:])
+            d_dur, inv_dur = _short_log_sum_exp(x[V:], e[V:])
             if math.isnan(d_tok) or math.isnan(d_dur):
                 bad[b] = 1
                 continue

@@ -61,8 +61,11 @@ def _train_args(model="espnet", durations=None):
     ]
 
 
-def make_experiment(root: Path, durations=None, model="espnet") -> Path:
-    """config.yaml (ASRTask --dry_run) + model.pth with blank-leaning joint bias."""
+def make_experiment(
+    root: Path, durations=None, model="espnet", blank_bias=BLANK_BIAS
+) -> Path:
+    """config.yaml (ASRTask --dry_run) + model.pth with ``blank_bias`` added to the
+    joint network's blank logits."""
     from espnet2.tasks.asr import ASRTask
 
     exp = root / "exp"
@@ -83,7 +86,7 @@ def make_experiment(root: Path, durations=None, model="espnet") -> Path:
     n_blanks = len(durations or ())
     with torch.no_grad():  # a few labels, mostly blanks: short hypotheses
         bias = asr_model.joint_network.lin_out.bias
-        bias[asr_model.blank_id - n_blanks : asr_model.blank_id + 1] += BLANK_BIAS
+        bias[asr_model.blank_id - n_blanks : asr_model.blank_id + 1] += blank_bias
     torch.save(asr_model.state_dict(), exp / "model.pth")
     return exp
 
@@ -203,13 +206,20 @@ def std_exp(workdir):
 def test_espnet_multiblank_config_layout(mb_exp):
     from espnet2.tasks.asr import ASRTask
 
-    from espnet_multiblank.decoding import build_transducer_search, layout_from_model
+    from espnet_multiblank.espnet.search import (
+        build_transducer_search,
+        lattice_from_model,
+    )
 
     model, _ = ASRTask.build_model_from_file(mb_exp / "config.yaml", None, "cpu")
     assert model.token_list[:3] == ["<blank4>", "<blank2>", "<blank>"]
     assert model.decoder.blank_id == 0  # ESPnet's defect...
-    lay = layout_from_model(model)
-    assert (lay.blank_id, lay.durations, lay.big_blank_ids) == (2, (2, 4), (1, 0))
+    lat = lattice_from_model(model)
+    assert (lat.blank, lat.big_blank_durations, lat.big_blank_ids) == (
+        2,
+        (2, 4),
+        (1, 0),
+    )
     build_transducer_search(model, search_type="greedy")
     assert model.decoder.blank_id == 2  # ...fixed before any search runs
 
@@ -244,8 +254,10 @@ def test_cli_mb_greedy_batched_and_single(workdir, mb_exp):
 
 def test_speech2text_results_layout(mb_exp):
     """Token ids -> ESPnet's (text, token, token_int, hyp) with the char tokenizer."""
-    from espnet_multiblank.decoding import MultiblankHypothesis
-    from espnet_multiblank.decoding.speech2text import MultiblankSpeech2Text
+    from espnet2.asr.transducer.beam_search_transducer import Hypothesis as ESPnetHyp
+
+    from espnet_multiblank.decoding import Hypothesis
+    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
 
     s2t = MultiblankSpeech2Text(
         asr_train_config=mb_exp / "config.yaml",
@@ -255,9 +267,11 @@ def test_speech2text_results_layout(mb_exp):
     assert s2t.beam_search_transducer.beam_size == 3
     assert s2t.asr_model.decoder.blank_id == 2
     ids = [TOKENS.index(c) + 2 for c in "ab"]  # two big blanks precede <blank>
-    hyp = MultiblankHypothesis(score=-1.0, yseq=[2] + ids, dec_state=None)
+    hyp = Hypothesis(score=-1.0, yseq=[2] + ids, big_blank_emissions=3)
     ((text, token, token_int, out),) = s2t.hyps_to_results([hyp])
-    assert (text, token, token_int, out) == ("ab", ["a", "b"], ids, hyp)
+    assert (text, token, token_int) == ("ab", ["a", "b"], ids)
+    assert isinstance(out, ESPnetHyp)  # what ESPnet's Speech2Text type-checks
+    assert (out.score, out.yseq, out.big_blank_emissions) == (-1.0, hyp.yseq, 3)
 
 
 def test_cli_mb_beam(workdir, mb_exp):

@@ -14,13 +14,16 @@ from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from espnet2.asr_transducer.joint_network import JointNetwork
 
 from espnet_multiblank.decoding import (
-    BlankLayout,
+    JointStepper,
     MultiblankBeamSearch,
     MultiblankGreedySearch,
+)
+from espnet_multiblank.espnet.search import (
     build_transducer_search,
-    layout_from_model,
+    lattice_from_model,
     resolve_search_type,
 )
+from espnet_multiblank.lattice import MultiblankLattice
 
 V = 10
 D_ENC = 8
@@ -51,6 +54,15 @@ def make_model(seed=0, blank_id=BLANK, durations=DURS, blank_bias=2.0, vocab=V):
         big_blank_durations=tuple(durations),
         big_blank_ids=tuple(blank_id - 1 - i for i in range(len(durations))),
         token_list=[f"t{i}" for i in range(vocab)],
+    )
+
+
+def core_beam(model, **kwargs):
+    """The core beam search on a ``make_model`` model (no ESPnet glue)."""
+    return MultiblankBeamSearch(
+        JointStepper(model.decoder, model.joint_network),
+        MultiblankLattice.create(model.blank_id, model.big_blank_durations),
+        **kwargs,
     )
 
 
@@ -209,9 +221,7 @@ def test_beam_merges_alignments_exactly():
         model.joint_network.lin_out.weight.zero_()  # context-free probabilities
     T = 6
     enc, _ = enc_batch(0, [T])
-    search = MultiblankBeamSearch(
-        model.decoder, model.joint_network, 2, durations, beam_size=50, nbest=50
-    )
+    search = core_beam(model, beam_size=50, nbest=50)
     hyps = search(enc[0])
     empty = [h for h in hyps if h.yseq == [2]][0]
     logp = torch.log_softmax(model.joint_network.lin_out.bias.detach().double(), -1)
@@ -273,15 +283,7 @@ def test_wide_beam_equals_exhaustive_search(seed, max_sym):
     model = make_model(seed, blank_id=1, durations=durations, vocab=4, blank_bias=0.0)
     enc, _ = enc_batch(seed, [5 if max_sym == 1 else 3])  # keeps enumeration fast
     exact = brute_force_sequences(model, enc[0], max_sym)
-    wide = MultiblankBeamSearch(
-        model.decoder,
-        model.joint_network,
-        1,
-        durations,
-        beam_size=100000,
-        nbest=100000,
-        max_sym_per_frame=max_sym,
-    )
+    wide = core_beam(model, beam_size=100000, nbest=100000, max_sym_per_frame=max_sym)
     got = {tuple(h.yseq[1:]): h.score for h in wide(enc[0])}
     assert set(got) == set(exact)
     for y, score in exact.items():
@@ -322,7 +324,7 @@ def test_wrong_blank_defect_cannot_occur():
         search = build_transducer_search(model, search_type=st, beam_size=2)
         assert isinstance(search, (MultiblankGreedySearch, MultiblankBeamSearch)), st
         assert search.blank_id == BLANK
-        assert search.layout.big_blank_ids == (2, 1, 0)
+        assert search.lattice.big_blank_ids == (2, 1, 0)
         assert model.decoder.blank_id == BLANK
     # every hypothesis starts with the standard blank, never index 0
     enc, lens = enc_batch(0, [12, 6])
@@ -379,20 +381,23 @@ def test_standard_model_blank_not_first():
     assert mb(enc[0])[0].yseq[0] == 2
 
 
-def test_layout_from_espnet_multiblank_model_and_validation():
+def test_lattice_from_espnet_multiblank_model_and_validation():
     model = make_model(0)
     del model.big_blank_durations
     model.transducer_multi_blank_durations = [2, 4, 8]  # ESPnet's own attribute
-    lay = layout_from_model(model)
-    assert lay.durations == DURS and lay.big_blank_ids == (2, 1, 0)
-    assert lay.blank_ids == (0, 1, 2, 3)
-    assert [lay.advance(k) for k in range(5)] == [8, 4, 2, 1, 0]
-    with pytest.raises(ValueError, match="big blanks need"):
-        BlankLayout(blank_id=1, durations=(2, 4), vocab_size=5)
-    with pytest.raises(ValueError, match=">= 2"):
-        BlankLayout(blank_id=3, durations=(1,), vocab_size=5)
+    lat = lattice_from_model(model)
+    assert lat.big_blank_durations == DURS and lat.big_blank_ids == (2, 1, 0)
+    assert lat.blank_ids == (3, 2, 1, 0)
+    assert [lat.frames(k) for k in range(5)] == [8, 4, 2, 1, 0]
+    model.blank_id = 1
+    with pytest.raises(ValueError, match=r"model\.blank_id must be >= len\(model\.big"):
+        lattice_from_model(model)
+    model.blank_id, model.transducer_multi_blank_durations = 3, [1]
+    with pytest.raises(ValueError, match=r"model\.big_blank_durations must .*>= 2"):
+        lattice_from_model(model)
+    model.transducer_multi_blank_durations = [2, 2]
     with pytest.raises(ValueError, match="distinct"):
-        BlankLayout(blank_id=3, durations=(2, 2), vocab_size=5)
+        lattice_from_model(model)
 
 
 def test_unknown_conf_key_and_lm_rejected():
@@ -428,8 +433,6 @@ def test_cuda_matches_cpu():
 def test_fused_cell_step_equals_decoder_rnn_forward(rnn_type, num_layers):
     """The searches' one-label step (torch.lstm_cell / gru_cell per layer) gives the
     decoder's own rnn_forward outputs and states, layer by layer."""
-    from espnet_multiblank.decoding.common import JointStepper
-
     torch.manual_seed(0)
     decoder = TransducerDecoder(
         V, rnn_type=rnn_type, num_layers=num_layers, hidden_size=12, dropout=0.3
@@ -456,7 +459,7 @@ def test_fused_cell_step_equals_decoder_rnn_forward(rnn_type, num_layers):
 def test_cell_step_not_used_for_other_decoders_or_training():
     """Anything but TransducerDecoder's one-layer cells, and training mode (dropout is
     active there), goes through the decoder's own rnn_forward."""
-    from espnet_multiblank.decoding.common import JointStepper, rnn_cells
+    from espnet_multiblank.decoding.stepper import rnn_cells
 
     assert rnn_cells(SimpleNamespace(embed=None)) is None
     decoder = TransducerDecoder(V, hidden_size=12, dropout=0.5)

@@ -6,7 +6,7 @@ import yaml
 
 import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
+from espnet_multiblank.decoding import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model import (
     MultiblankErrorCalculatorTransducer,
@@ -290,7 +290,7 @@ def test_error_calculator_uses_multiblank_search_and_strips_all_blanks():
     )
     assert isinstance(calc.beam_search, MultiblankGreedySearch)
     assert calc.beam_search.blank_id == 3
-    assert calc.beam_search.layout.durations == (2, 4, 8)
+    assert calc.beam_search.lattice.big_blank_durations == (2, 4, 8)
     pred, ref = calc.convert_to_char([[4, 0, 6, 1, 5, 2]], torch.tensor([[4, 6, 5, 3]]))
     assert pred == ["a b"] and ref == ["a b"]
 

@@ -75,6 +75,8 @@ def fake_target(monkeypatch, tmp_path):
     (tmp_path / "mb_fake_target.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    _hook.uninstall()  # a finder of this process may still watch asr_inference
+    monkeypatch.setattr(_hook, "INFERENCE_TARGET", "mb_fake_inference")
     monkeypatch.delitem(sys.modules, "mb_fake_target", raising=False)
     monkeypatch.delenv(_hook.ENV_DISABLE, raising=False)
     calls = []
@@ -103,7 +105,9 @@ def test_hook_fires_once_after_the_target_import(fake_target, monkeypatch, how):
     import mb_fake_target
 
     assert mb_fake_target.VALUE == 1 and calls == [1]  # after the module executed
-    assert _plugin_finders() == []
+    # only the modules not executed yet are still watched
+    watched = [f.targets for f in _plugin_finders()]
+    assert watched == ([] if how == "pth" else [("mb_fake_inference",)])
 
 
 def test_hook_disabled_by_environment(fake_target, monkeypatch):

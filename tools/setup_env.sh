@@ -37,12 +37,14 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
     -c requirements/torch.txt "setuptools>=77"
   pip_quiet install -q --no-deps "espnet==202511"
   pip_quiet install -q --no-deps -e .
-  # start-up hook: ESPnet's stock espnet2.bin.asr_train / asr_inference see the plug-in
-  "$VENV/bin/python" -m espnet_multiblank.espnet.autoregister install
   echo "$HASH" > "$STAMP"
 else
   echo "[setup] $VENV is up to date"
 fi
+# start-up hook: ESPnet's stock espnet2.bin.asr_train / asr_inference see the plug-in
+# (rewritten whenever this checkout's hook differs from the installed one)
+"$VENV/bin/python" -m espnet_multiblank.espnet.autoregister status >/dev/null \
+  || "$VENV/bin/python" -m espnet_multiblank.espnet.autoregister install
 
 # Verify the environment: the pinned versions and ESPnet's ASR task import.
 "$VENV/bin/python" - <<'PY'

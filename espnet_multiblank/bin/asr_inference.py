@@ -12,7 +12,7 @@ Usage (every argument of ``espnet2.bin.asr_inference``)::
 
 It calls :func:`espnet_multiblank.register` first (so models trained with
 ``model: multiblank_espnet`` rebuild), decodes with
-:class:`~espnet_multiblank.decoding.speech2text.MultiblankSpeech2Text`, writes ESPnet's
+:class:`~espnet_multiblank.espnet.speech2text.MultiblankSpeech2Text`, writes ESPnet's
 layout (``<output_dir>/1best_recog/{text,token,token_int,score}``, ``Nbest_recog`` for
 ``--nbest N``) and ``<output_dir>/decoding_stats.json``::
 
@@ -40,22 +40,6 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 
 logger = logging.getLogger("espnet_multiblank.asr_inference")
-
-# arguments of ESPnet's inference() that are not Speech2Text arguments
-_LOOP_KEYS = (
-    "output_dir",
-    "batch_size",
-    "ngpu",
-    "seed",
-    "num_workers",
-    "log_level",
-    "data_path_and_name_and_type",
-    "key_file",
-    "allow_variable_data_keys",
-    "model_tag",
-    "word_lm_train_config",
-    "word_lm_file",
-)
 
 
 def _audio_seconds(speech_lengths, speech_dim: int, train_args: Any) -> float:
@@ -114,7 +98,7 @@ def inference(
     from espnet2.torch_utils.set_all_random_seed import set_all_random_seed
     from espnet.nets.pytorch_backend.transformer.subsampling import TooShortUttError
 
-    from espnet_multiblank.decoding.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
 
     if word_lm_train_config is not None:
         raise NotImplementedError("Word LM is not implemented")
@@ -133,7 +117,7 @@ def inference(
 
     accepted = inspect.signature(MultiblankSpeech2Text.__init__).parameters
     espnet_accepted = inspect.signature(
-        MultiblankSpeech2Text.__mro__[1].__init__
+        MultiblankSpeech2Text.espnet_speech2text.__init__
     ).parameters
     s2t_kwargs = {
         k: v

@@ -1,36 +1,34 @@
-"""Transducer decoding for multi-blank models: greedy (batched) and beam search.
+"""Transducer searches over the duration lattice: the decoding core.
 
-See ``docs/decoding.md``. Import order: this package imports ``espnet2``; import
-``espnet_multiblank.espnet.quiet`` first in scripts to silence nltk.
+Depends on torch and :mod:`espnet_multiblank.lattice` only (no ESPnet import); the
+ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
+:mod:`espnet_multiblank.espnet` and imports this package, never the reverse.
+
+* :class:`Stepper` / :class:`JointStepper`: the prediction and joint networks.
+* :class:`Hypothesis`, :class:`BatchedHyps`: search results and batched bookkeeping.
+* :class:`SymbolTable`: frames per symbol and the allowed-symbol masks of a lattice.
+* :class:`TransducerSearch`: the searches' base class; :class:`MultiblankGreedySearch`
+  (one utterance and batched), :class:`MultiblankBeamSearch`.
+
+See ``docs/decoding.md``.
 """
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-
-# isort: split
+from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch
-from espnet_multiblank.decoding.common import MultiblankHypothesis
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
-from espnet_multiblank.decoding.layout import (
-    BlankLayout,
-    fix_decoder_blank,
-    layout_from_model,
-)
-from espnet_multiblank.decoding.search import (
-    ESPNET_SEARCH_TYPES,
-    MULTIBLANK_SEARCH_TYPES,
-    build_transducer_search,
-    resolve_search_type,
-)
+from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
+from espnet_multiblank.decoding.stepper import JointStepper, Stepper
+from espnet_multiblank.decoding.symbols import SymbolTable
+from espnet_multiblank.decoding.threads import single_thread_on_cpu
 
 __all__ = [
-    "BlankLayout",
-    "ESPNET_SEARCH_TYPES",
-    "MULTIBLANK_SEARCH_TYPES",
+    "BatchedHyps",
+    "Hypothesis",
+    "JointStepper",
     "MultiblankBeamSearch",
     "MultiblankGreedySearch",
-    "MultiblankHypothesis",
-    "build_transducer_search",
-    "fix_decoder_blank",
-    "layout_from_model",
-    "resolve_search_type",
+    "Stepper",
+    "SymbolTable",
+    "TransducerSearch",
+    "single_thread_on_cpu",
 ]

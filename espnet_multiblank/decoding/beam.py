@@ -44,88 +44,58 @@ better-scoring path than greedy search, but in practice (and in the tests) its 1
 scores at least as well.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from typeguard import typechecked
 
-from espnet_multiblank.decoding.common import (
-    JointStepper,
-    MultiblankHypothesis,
-    SymbolTable,
-    cat_states,
-    select_state,
-)
-from espnet_multiblank.decoding.layout import BlankLayout
+from espnet_multiblank.decoding.base import TransducerSearch
+from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.symbols import SymbolTable
+
+Queue = Dict[Tuple[int, ...], Hypothesis]
 
 
-class MultiblankBeamSearch:
+class MultiblankBeamSearch(TransducerSearch):
     """Frame-synchronous multi-blank beam search (see the module docstring).
 
     Args:
-        decoder: ESPnet ``TransducerDecoder``.
-        joint_network: ESPnet ``JointNetwork``.
-        blank_id: Index of the standard blank (start symbol of the prediction network).
-        big_blank_durations: ``(d_0, ..., d_{N-1})``; big blank i has index
-            ``blank_id - 1 - i``. ``()`` gives a standard transducer beam search.
+        stepper, lattice, max_sym_per_frame, nbest: see
+            :class:`~espnet_multiblank.decoding.base.TransducerSearch`.
         beam_size: B.
-        nbest: Number of hypotheses returned.
-        max_sym_per_frame: Labels allowed at one frame before only blanks are allowed.
-        score_norm: Rank the final hypotheses by score / len(yseq).
-        vocab_size: V (defaults to ``decoder.odim``).
+        score_norm: Rank the final hypotheses by ``score / len(yseq)`` instead of
+            ``score``.
     """
 
-    @typechecked
     def __init__(
         self,
-        decoder: Any,
-        joint_network: Any,
-        blank_id: int,
-        big_blank_durations: Sequence[int] = (),
+        stepper,
+        lattice,
         beam_size: int = 4,
         nbest: int = 1,
         max_sym_per_frame: int = 10,
         score_norm: bool = False,
-        vocab_size: int = 0,
     ):
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1: {beam_size}")
-        if max_sym_per_frame < 1:
-            raise ValueError(f"max_sym_per_frame must be >= 1: {max_sym_per_frame}")
-        self.decoder = decoder
-        self.joint_network = joint_network
-        self.layout = BlankLayout(
-            blank_id=blank_id,
-            durations=tuple(int(d) for d in big_blank_durations),
-            vocab_size=vocab_size or int(decoder.odim),
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, nbest=nbest
         )
-        self.blank_id = blank_id
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int):
+            raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+        if not isinstance(score_norm, bool):
+            raise TypeError(f"score_norm must be a bool, got {score_norm!r}")
         self.beam_size = beam_size
-        self.nbest = nbest
-        self.max_sym_per_frame = max_sym_per_frame
         self.score_norm = score_norm
-        self.stepper = JointStepper(decoder, joint_network)
-        self._tables = {}
 
-    def _table(self, device: torch.device) -> SymbolTable:
-        if device not in self._tables:
-            self._tables[device] = SymbolTable(self.layout, device)
-        return self._tables[device]
-
-    def __call__(self, enc_out: torch.Tensor) -> List[MultiblankHypothesis]:
-        """ESPnet ``BeamSearchTransducer`` interface.
-
-        Args:
-            enc_out: (T, D_enc) encoder output of one utterance.
-
-        Returns:
-            Up to ``nbest`` hypotheses, best first.
-        """
-        return self.search(enc_out)
+    def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
+        """Final ranking, best first: by score, or by score / len(yseq)."""
+        if self.score_norm:
+            return sorted(hyps, key=lambda h: h.score / len(h.yseq), reverse=True)
+        return sorted(hyps, key=lambda h: h.score, reverse=True)
 
     @staticmethod
-    def _insert(queue: Dict[Tuple[int, ...], MultiblankHypothesis], hyp) -> None:
+    def _insert(queue: Queue, hyp: Hypothesis) -> None:
         """Insert into a frame queue, log-adding the scores of equal label sequences."""
         key = tuple(hyp.yseq)
         old = queue.get(key)
@@ -138,7 +108,7 @@ class MultiblankBeamSearch:
         queue[key].score = total
 
     @torch.no_grad()
-    def search(self, enc_out: torch.Tensor) -> List[MultiblankHypothesis]:
+    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         """Beam search for one utterance.
 
         Args:
@@ -148,20 +118,17 @@ class MultiblankBeamSearch:
             Up to ``nbest`` hypotheses, best first.
         """
         device = enc_out.device
-        self.stepper.set_device(device)
-        table = self._table(device)
+        table = self.table(device)
         B = self.beam_size
         T = enc_out.size(0)
         enc_proj = self.stepper.project_enc(enc_out)  # (T, J)
-
-        blank = torch.full((1,), self.blank_id, dtype=torch.long, device=device)
-        dec_proj, state = self.stepper.step(blank, self.stepper.init_state(1))
-        root = MultiblankHypothesis(
+        dec_proj, state = self.start(1, device)
+        root = Hypothesis(
             score=0.0, yseq=[self.blank_id], dec_state=state, dec_proj=dec_proj[0]
         )
         if T == 0:
             return [root]
-        queues: List[Optional[Dict]] = [dict() for _ in range(T + 1)]
+        queues: List[Optional[Queue]] = [dict() for _ in range(T + 1)]
         queues[0][tuple(root.yseq)] = root
         length = torch.tensor([T], device=device)
 
@@ -170,38 +137,35 @@ class MultiblankBeamSearch:
             queues[t] = None
             if not queue:
                 continue
+            # per-frame cut: only the B best hypotheses at this frame are expanded
             current = sorted(queue.values(), key=lambda h: h.score, reverse=True)[:B]
             while current:
                 current = self._expand(current, t, enc_proj[t], length, table, queues)
 
-        final = list(queues[T].values())
-        if self.score_norm:
-            final.sort(key=lambda h: h.score / len(h.yseq), reverse=True)
-        else:
-            final.sort(key=lambda h: h.score, reverse=True)
-        return final[: self.nbest]
+        return self.rank(list(queues[T].values()))[: self.nbest]
 
     def _expand(
         self,
-        current: List[MultiblankHypothesis],
+        current: List[Hypothesis],
         t: int,
         enc_proj_t: torch.Tensor,
         length: torch.Tensor,
         table: SymbolTable,
-        queues: List[Optional[Dict]],
-    ) -> List[MultiblankHypothesis]:
+        queues: List[Optional[Queue]],
+    ) -> List[Hypothesis]:
         """Expand the hypotheses of frame t once; queue blanks, return label children.
 
         Args:
             current: A hypotheses at frame t.
             enc_proj_t: (J,) projected encoder frame t.
-            length: (1,) T.
+            length: (1,) long, T.
         """
+        stepper = self.stepper
         B = self.beam_size
         A = len(current)
         device = enc_proj_t.device
         dec_proj = torch.stack([h.dec_proj for h in current])  # (A, J)
-        logp = self.stepper.log_probs(enc_proj_t.expand(A, -1), dec_proj)  # (A, V)
+        logp = stepper.log_probs(enc_proj_t.expand(A, -1), dec_proj)  # (A, V)
         num_sym = torch.tensor([h.num_sym_frame for h in current], device=device)
         masked = table.mask(
             logp,
@@ -217,6 +181,7 @@ class MultiblankBeamSearch:
         keep = torch.isfinite(top_scores)
         top_scores, top_idx = top_scores[keep].tolist(), top_idx[keep].tolist()
 
+        # labels must beat the B-th best hypothesis already queued at frame t + 1
         nxt = queues[t + 1] if t + 1 < len(queues) else None
         floor = float("-inf")
         if nxt is not None and len(nxt) >= B:
@@ -226,40 +191,42 @@ class MultiblankBeamSearch:
         for score, flat in zip(top_scores, top_idx):
             a, k = divmod(flat, V)
             parent = current[a]
-            adv = table.advance_list[k]
-            if adv == 0:
+            frames = table.frames_list[k]
+            if frames == 0:
                 if score < floor:
                     continue
                 label_parents.append(a)
                 label_syms.append(k)
                 label_scores.append(score)
                 continue
-            big = adv > 1
-            child = MultiblankHypothesis(
+            big = frames > 1
+            child = Hypothesis(
                 score=score,
                 yseq=parent.yseq,
                 dec_state=parent.dec_state,
                 dec_proj=parent.dec_proj,
-                frame=t + adv,
+                frame=t + frames,
                 num_sym_frame=0,
                 big_blank_emissions=parent.big_blank_emissions + int(big),
-                frames_skipped=parent.frames_skipped + (adv - 1 if big else 0),
+                frames_skipped=parent.frames_skipped + (frames - 1 if big else 0),
             )
-            self._insert(queues[t + adv], child)
+            self._insert(queues[t + frames], child)
 
         if not label_parents:
             return []
-        states = cat_states([current[a].dec_state for a in label_parents])
+        states = stepper.cat_states([current[a].dec_state for a in label_parents])
         labels = torch.tensor(label_syms, dtype=torch.long, device=device)
-        new_proj, new_state = self.stepper.step(labels, states)  # (L, J)
+        new_proj, new_state = stepper.step(labels, states)  # (L, J)
         children = []
         for j, (a, k, score) in enumerate(zip(label_parents, label_syms, label_scores)):
             parent = current[a]
             children.append(
-                MultiblankHypothesis(
+                Hypothesis(
                     score=score,
                     yseq=parent.yseq + [k],
-                    dec_state=select_state(new_state, torch.tensor([j], device=device)),
+                    dec_state=stepper.select_state(
+                        new_state, torch.tensor([j], device=device)
+                    ),
                     dec_proj=new_proj[j],
                     frame=t,
                     num_sym_frame=parent.num_sym_frame + 1,

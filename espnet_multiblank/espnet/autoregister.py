@@ -2,10 +2,12 @@
 
 With ``espnet_multiblank_autoregister.pth`` in ``site-packages`` every Python process
 of that environment registers the plug-in's classes right after it imports
-``espnet2.tasks.asr``: stock ``python -m espnet2.bin.asr_train`` /
+``espnet2.tasks.asr`` (stock ``python -m espnet2.bin.asr_train`` /
 ``espnet2.bin.asr_inference``, ``--collect_stats`` jobs, DDP workers started with
-``spawn``, ``ASRTask.build_model_from_file`` in notebooks. Processes that never import
-ESPnet pay for one tiny ``exec`` at start-up (see :mod:`._hook`).
+``spawn``, ``ASRTask.build_model_from_file`` in notebooks), and makes
+``espnet2.bin.asr_inference`` decode the plug-in's models with the plug-in's searches.
+Processes that never import ESPnet pay for one tiny ``exec`` at start-up (see
+:mod:`._hook`).
 
 Usage::
 
@@ -34,37 +36,45 @@ import os, sys
 if os.environ.get('ESPNET_MULTIBLANK_NO_AUTOREGISTER', '') in ('', '0'):
     class EspnetMultiblankBootstrap:
         tag = 'espnet_multiblank'
+        targets = {targets!r}
 
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name != {target!r}:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name not in cls.targets:
                 return None
-            sys.meta_path[:] = [f for f in sys.meta_path
-                                if getattr(f, 'tag', None) != 'espnet_multiblank']
             try:
                 from espnet_multiblank.espnet._hook import find_and_wrap
             except ImportError:  # package uninstalled, .pth left behind
+                sys.meta_path[:] = [f for f in sys.meta_path
+                                    if getattr(f, 'tag', None) != 'espnet_multiblank']
                 return None
-            return find_and_wrap(name, path, target)
+            return find_and_wrap(name, path, target, cls.targets)
 
     if not any(getattr(f, 'tag', None) == 'espnet_multiblank' for f in sys.meta_path):
         sys.meta_path.insert(0, EspnetMultiblankBootstrap)
 """
 
-
-def bootstrap_source(target: str = "espnet2.tasks.asr") -> str:
-    """Source of the start-up bootstrap watching module ``target``."""
-    return _BOOTSTRAP.format(target=target)
+#: the modules the hook watches (see :mod:`._hook`)
+TARGETS = ("espnet2.tasks.asr", "espnet2.bin.asr_inference")
 
 
-def pth_line(target: str = "espnet2.tasks.asr") -> str:
+def _targets(targets) -> tuple:
+    return (targets,) if isinstance(targets, str) else tuple(targets)
+
+
+def bootstrap_source(targets=TARGETS) -> str:
+    """Source of the start-up bootstrap watching the modules ``targets``."""
+    return _BOOTSTRAP.format(targets=_targets(targets))
+
+
+def pth_line(targets=TARGETS) -> str:
     """The single ``import ...`` line of the ``.pth`` file.
 
     It embeds the bootstrap twice: marshalled for the interpreter that writes it (no
     compilation at start-up: ~15 us instead of ~300 us) and as source for any other
     interpreter. It does not need to know where the package is installed.
     """
-    source = bootstrap_source(target)
+    source = bootstrap_source(targets)
     filename = "<" + PTH_NAME + ">"
     blob = marshal.dumps(compile(source, filename, "exec"))
     return (

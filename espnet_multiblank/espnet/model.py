@@ -6,7 +6,7 @@ Selected from YAML with ``model: multiblank_espnet`` once
 
 import logging
 import math
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -24,9 +24,10 @@ from espnet2.layers.abs_normalize import AbsNormalize
 from espnet.nets.e2e_asr_common import ErrorCalculator
 from typeguard import typechecked
 
-from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
+from espnet_multiblank.decoding import JointStepper, MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.exact_encoding import make_batch_exact
+from espnet_multiblank.lattice import MultiblankLattice, check_big_blank_durations
 from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
 from espnet_multiblank.loss.options import REDUCTIONS
 
@@ -56,23 +57,17 @@ def check_model_conf(
     Raises:
         ConfigError: naming the offending ``model_conf.<key>``.
     """
-    durations = transducer_multi_blank_durations
-    if durations is None:
-        durations = ()
-    if isinstance(durations, (str, bytes)) or not isinstance(durations, (list, tuple)):
+    key = _key("transducer_multi_blank_durations")
+    value = transducer_multi_blank_durations
+    try:
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise TypeError(f"got {type(value).__name__} {value!r}")
+        durations = check_big_blank_durations(value, key)
+    except (TypeError, ValueError) as e:
         raise ConfigError(
-            f"{_key('transducer_multi_blank_durations')} must be a list of distinct "
-            f"integers >= 2 (e.g. [2, 4, 8]; [] for a standard transducer), got "
-            f"{durations!r}"
-        )
-    bad = [d for d in durations if isinstance(d, bool) or not isinstance(d, Integral)]
-    bad += [d for d in durations if d not in bad and d < 2]
-    if bad or len(set(durations)) != len(durations):
-        raise ConfigError(
-            f"{_key('transducer_multi_blank_durations')} must be a list of distinct "
-            f"integers >= 2 (e.g. [2, 4, 8]; [] for a standard transducer), got "
-            f"{list(durations)!r}"
-        )
+            f"{key} must be a list of distinct integers >= 2 (e.g. [2, 4, 8]; [] for "
+            f"a standard transducer): {e}"
+        ) from None
     for name, value in (
         ("transducer_multi_blank_sigma", transducer_multi_blank_sigma),
         ("transducer_fastemit_lambda", transducer_fastemit_lambda),
@@ -98,36 +93,42 @@ def check_model_conf(
             f"{_key('transducer_loss_backend')} must be one of {list(BACKENDS)}, got "
             f"{transducer_loss_backend!r}"
         )
-    return tuple(int(d) for d in durations)
+    return durations
 
 
 def _check_token_layout(
     token_list: Sequence[str], sym_blank: str, durations: Tuple[int, ...]
-) -> int:
-    """Index of the standard blank; checks the big blanks sit just before it."""
+) -> MultiblankLattice:
+    """The model's lattice; checks the token list has the blanks where it says.
+
+    Raises:
+        ConfigError: naming ``model_conf.sym_blank`` or
+            ``model_conf.transducer_multi_blank_durations``.
+    """
     if sym_blank not in token_list:
         raise ConfigError(
             f"{_key('sym_blank')}={sym_blank!r} is not in token_list: a transducer "
             "needs a blank symbol"
         )
-    blank_id = list(token_list).index(sym_blank)
-    if blank_id - len(durations) < 0:
-        raise ConfigError(
-            f"{_key('transducer_multi_blank_durations')}={list(durations)} needs "
-            f"{len(durations)} big blanks just before {sym_blank!r} (index {blank_id}) "
-            "in token_list"
+    key = _key("transducer_multi_blank_durations")
+    try:
+        lattice = MultiblankLattice.create(
+            list(token_list).index(sym_blank),
+            durations,
+            blank_name=f"the index of {sym_blank!r} in token_list",
+            durations_name=key,
         )
-    for i, d in enumerate(durations):
-        expected = f"<blank{d}>"
-        got = token_list[blank_id - 1 - i]
-        if got != expected:
+    except ValueError as e:
+        raise ConfigError(f"{key}={list(durations)}: {e}") from None
+    for index, token in lattice.token_layout(sym_blank)[1:]:
+        if token_list[index] != token:
             raise ConfigError(
-                f"{_key('transducer_multi_blank_durations')}={list(durations)}: "
-                f"token_list[{blank_id - 1 - i}] must be {expected!r} (big blank {i} "
-                f"sits at index blank - 1 - {i}), got {got!r}; ESPnet's ASRTask "
-                "inserts these tokens when model_conf lists the durations"
+                f"{key}={list(durations)}: token_list[{index}] must be {token!r} (big "
+                f"blank i sits at index blank - 1 - i), got {token_list[index]!r}; "
+                "ESPnet's ASRTask inserts these tokens when model_conf lists the "
+                "durations"
             )
-    return blank_id
+    return lattice
 
 
 class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
@@ -162,12 +163,13 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
             report_cer=report_cer,
             report_wer=report_wer,
         )
+        lattice = MultiblankLattice.create(blank_id, big_blank_durations)
         self.beam_search = MultiblankGreedySearch(
-            decoder, joint_network, blank_id, big_blank_durations, max_sym_per_frame=5
+            JointStepper(decoder, joint_network, len(token_list)),
+            lattice,
+            max_sym_per_frame=5,
         )
-        self.blank_ids = frozenset(
-            [blank_id] + [blank_id - 1 - i for i in range(len(big_blank_durations))]
-        )
+        self.blank_ids = frozenset(lattice.blank_ids)
 
     def convert_to_char(self, pred, target) -> Tuple[List[str], List[str]]:
         """Token ids to strings, dropping all blanks (and padding) by id."""
@@ -186,24 +188,17 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
         self,
         encoder_out: torch.Tensor,
         target: torch.Tensor,
-        encoder_out_lens: Optional[torch.Tensor] = None,
+        encoder_out_lens: torch.Tensor,
     ) -> Tuple[Optional[float], Optional[float]]:
         """Sentence-level CER and WER of greedy hypotheses.
 
         Args:
             encoder_out: Encoder output sequences. (B, T, D_enc)
             target: Target label ID sequences. (B, L)
-            encoder_out_lens: Valid frames per utterance (B,); None = all T frames
-                (ESPnet's behaviour, which also decodes the padding).
+            encoder_out_lens: Valid frames per utterance. (B,)
         """
-        if not (self.report_cer or self.report_wer):
-            return None, None
         device = next(self.decoder.parameters()).device
         encoder_out = encoder_out.to(device)
-        if encoder_out_lens is None:
-            encoder_out_lens = torch.full(
-                (encoder_out.size(0),), encoder_out.size(1), dtype=torch.long
-            )
         hyps = self.beam_search.search_batch(encoder_out, encoder_out_lens)
         pred = [h.yseq[1:] for h in hyps]
         char_pred, char_target = self.convert_to_char(pred, target)
@@ -322,7 +317,8 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             raise ConfigError(
                 f"{_key('ctc_weight')} must be in [0, 1], got {ctc_weight}"
             )
-        blank_id = _check_token_layout(token_list, sym_blank, durations)
+        lattice = _check_token_layout(token_list, sym_blank, durations)
+        blank_id = lattice.blank
         if ctc_weight > 0 and ctc.ctc_type not in _CTC_TYPES_WITH_BLANK and blank_id:
             raise ConfigError(
                 f"ctc_conf.ctc_type={ctc.ctc_type!r} always uses blank 0, but the "
@@ -366,9 +362,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         assert self.blank_id == blank_id, (self.blank_id, blank_id)
 
         self.big_blank_durations: Tuple[int, ...] = durations
-        self.big_blank_ids: Tuple[int, ...] = tuple(
-            blank_id - 1 - i for i in range(len(durations))
-        )
+        self.big_blank_ids: Tuple[int, ...] = lattice.big_blank_ids
         self.transducer_multi_blank_durations = list(durations)
         self.criterion_transducer = MultiblankRNNTLoss(
             blank=blank_id,
@@ -464,14 +458,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
 
         cer_transducer, wer_transducer = None, None
         if not self.training and self.error_calculator_trans is not None:
-            if isinstance(
-                self.error_calculator_trans, MultiblankErrorCalculatorTransducer
-            ):
-                cer_transducer, wer_transducer = self.error_calculator_trans(
-                    encoder_out, target, encoder_out_lens
-                )
-            else:
-                cer_transducer, wer_transducer = self.error_calculator_trans(
-                    encoder_out, target
-                )
+            cer_transducer, wer_transducer = self.error_calculator_trans(
+                encoder_out, target, encoder_out_lens
+            )
         return loss_transducer, cer_transducer, wer_transducer

@@ -1,0 +1,132 @@
+"""What every transducer search shares: networks, lattice, symbol tables, interface.
+
+A search is built from a :class:`~espnet_multiblank.decoding.stepper.Stepper` (the
+prediction and joint networks) and a lattice from :mod:`espnet_multiblank.lattice`
+(which symbols exist and how many frames each covers). Subclasses implement
+:meth:`TransducerSearch.search` (one utterance, n-best) and, when they have a batched
+algorithm, :meth:`TransducerSearch.search_batch` (B utterances, 1-best each) with
+``batched = True``. Frame-looping greedy and beam search are here; label-looping
+searches (one emitted label per outer iteration, the inner loop advancing only the
+joint network) and searches over other lattices (TDT: a stepper whose joint output
+carries duration logits, and a symbol table built from ``TDTLattice``) plug in through
+:meth:`TransducerSearch.make_table` and the same two methods.
+"""
+
+from abc import ABC, abstractmethod
+from numbers import Integral
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.stepper import Stepper
+from espnet_multiblank.decoding.symbols import SymbolTable
+from espnet_multiblank.lattice import MultiblankLattice
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+class TransducerSearch(ABC):
+    """Base class of the transducer searches.
+
+    Args:
+        stepper: The prediction and joint networks.
+        lattice: The lattice the model was trained on (its ``blank`` is also the
+            prediction network's start symbol, as in training).
+        max_sym_per_frame: Labels a hypothesis may emit at one frame; after that only
+            blanks are allowed there.
+        nbest: Hypotheses :meth:`search` returns.
+
+    Attributes:
+        batched: True when :meth:`search_batch` decodes the utterances together.
+    """
+
+    batched = False
+
+    def __init__(
+        self,
+        stepper: Stepper,
+        lattice: MultiblankLattice,
+        max_sym_per_frame: int = 10,
+        nbest: int = 1,
+    ):
+        if not isinstance(stepper, Stepper):
+            raise TypeError(
+                f"stepper must be an espnet_multiblank.decoding.Stepper, got "
+                f"{type(stepper).__name__}"
+            )
+        if not isinstance(lattice, MultiblankLattice):
+            raise TypeError(
+                f"lattice must be an espnet_multiblank.lattice.MultiblankLattice, got "
+                f"{type(lattice).__name__}"
+            )
+        lattice.check_vocab_size(stepper.vocab_size, "stepper.vocab_size")
+        self.stepper = stepper
+        self.lattice = lattice
+        self.max_sym_per_frame = check_positive_int(
+            "max_sym_per_frame", max_sym_per_frame
+        )
+        self.nbest = check_positive_int("nbest", nbest)
+        self._tables: Dict[torch.device, SymbolTable] = {}
+
+    @property
+    def blank_id(self) -> int:
+        """The standard blank (the start symbol of every hypothesis)."""
+        return self.lattice.blank
+
+    def make_table(self, device: torch.device) -> SymbolTable:
+        """The symbol table of :attr:`lattice` on ``device`` (override for other
+        lattices)."""
+        return SymbolTable(self.lattice, self.stepper.vocab_size, device)
+
+    def table(self, device: torch.device) -> SymbolTable:
+        """:meth:`make_table`, cached per device."""
+        table = self._tables.get(device)
+        if table is None:
+            table = self._tables[device] = self.make_table(device)
+        return table
+
+    def start(self, batch: int, device: torch.device) -> Tuple[torch.Tensor, Any]:
+        """Prediction network after the start symbol, for ``batch`` rows.
+
+        Returns:
+            (batch, J) projected outputs and the state (fresh tensors: the batched
+            searches write into them).
+        """
+        self.stepper.prepare(device)
+        start = torch.full((batch,), self.blank_id, dtype=torch.long, device=device)
+        return self.stepper.step(start, self.stepper.init_state(batch))
+
+    def __call__(self, enc_out: torch.Tensor) -> List[Hypothesis]:
+        """ESPnet's search interface: :meth:`search`."""
+        return self.search(enc_out)
+
+    @abstractmethod
+    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
+        """Decode one utterance.
+
+        Args:
+            enc_out: (T, D_enc) encoder output.
+
+        Returns:
+            Up to :attr:`nbest` complete hypotheses (``frame == T``), best first.
+        """
+
+    def search_batch(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """Decode B utterances (here one after the other; batched subclasses override).
+
+        Args:
+            enc_out: (B, T_max, D_enc) padded encoder output.
+            enc_lens: (B,) encoder lengths T_b.
+
+        Returns:
+            The best hypothesis of each utterance, in input order.
+        """
+        lens = enc_lens.tolist()
+        return [self.search(enc_out[b, : lens[b]])[0] for b in range(len(lens))]

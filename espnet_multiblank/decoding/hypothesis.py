@@ -1,0 +1,114 @@
+"""Search hypotheses: one per utterance or beam entry, and a batch as tensors."""
+
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+
+
+@dataclass
+class Hypothesis:
+    """A path of a search through the duration lattice (``docs/lattice.md``).
+
+    Attributes:
+        score: Log-probability of the path (beam search: log-sum over the alignments
+            of the same labels merged into this hypothesis).
+        yseq: The prediction network's start symbol (the standard blank), then the
+            emitted labels; never a blank after the first entry. ``yseq[1:]`` is the
+            transcript's token ids.
+        dec_state: Prediction-network state after ``yseq`` (the stepper's type).
+        dec_proj: Prediction-network output after ``yseq``, projected by the stepper.
+            (J,)
+        frame: Frames consumed; the path is complete when ``frame == T``.
+        num_sym_frame: Labels emitted at ``frame`` so far (``max_sym_per_frame``).
+        big_blank_emissions: Emissions on the path that covered more than one frame
+            (big blanks).
+        frames_skipped: Frames whose joint network the path never evaluated: the sum
+            of ``frames - 1`` over those emissions.
+    """
+
+    score: float
+    yseq: List[int]
+    dec_state: Any = None
+    dec_proj: Optional[torch.Tensor] = None
+    frame: int = 0
+    num_sym_frame: int = 0
+    big_blank_emissions: int = 0
+    frames_skipped: int = 0
+
+    @property
+    def labels(self) -> List[int]:
+        """The emitted labels (``yseq`` without the start symbol)."""
+        return self.yseq[1:]
+
+
+class BatchedHyps:
+    """B hypotheses that advance independently, kept as tensors (batched searches).
+
+    Attributes:
+        frame: (B,) long, frames consumed.
+        num_sym: (B,) long, labels emitted at the current frame.
+        score: (B,) float64, path log-probabilities.
+        big_blank_emissions: (B,) long.
+        frames_skipped: (B,) long.
+        labels: B lists of emitted labels.
+    """
+
+    def __init__(self, batch: int, device: torch.device):
+        def zeros(dtype=torch.long):
+            return torch.zeros(batch, dtype=dtype, device=device)
+
+        self.frame = zeros()
+        self.num_sym = zeros()
+        self.score = zeros(torch.float64)
+        self.big_blank_emissions = zeros()
+        self.frames_skipped = zeros()
+        self.labels: List[List[int]] = [[] for _ in range(batch)]
+
+    def record(
+        self,
+        rows: torch.Tensor,
+        symbols: torch.Tensor,
+        frames: torch.Tensor,
+        logp: torch.Tensor,
+        is_label: torch.Tensor,
+    ) -> None:
+        """Rows ``rows`` emitted ``symbols``, covering ``frames`` frames each.
+
+        Args:
+            rows: (A,) long, distinct row indices.
+            symbols: (A,) long, emitted symbols.
+            frames: (A,) long, frames each emission covers (0: a label that stays).
+            logp: (A,) log-probabilities of the emissions.
+            is_label: (A,) bool, which emissions are labels.
+        """
+        self.score[rows] += logp.double()
+        if bool(is_label.any()):
+            for r, k in zip(rows[is_label].tolist(), symbols[is_label].tolist()):
+                self.labels[r].append(k)
+        self.frame[rows] += frames
+        moved = frames > 0
+        self.num_sym[rows] = torch.where(
+            moved, torch.zeros_like(frames), self.num_sym[rows] + is_label.long()
+        )
+        jump = frames > 1
+        if bool(jump.any()):
+            self.frames_skipped[rows] += torch.where(
+                jump, frames - 1, torch.zeros_like(frames)
+            )
+            self.big_blank_emissions[rows] += (jump & ~is_label).long()
+
+    def hypothesis(
+        self, b: int, start: int, dec_state: Any = None, dec_proj=None
+    ) -> Hypothesis:
+        """Row ``b`` as a :class:`Hypothesis` whose ``yseq`` begins with ``start``."""
+        return Hypothesis(
+            score=float(self.score[b]),
+            yseq=[start] + self.labels[b],
+            dec_state=dec_state,
+            dec_proj=dec_proj,
+            frame=int(self.frame[b]),
+            num_sym_frame=int(self.num_sym[b]),
+            big_blank_emissions=int(self.big_blank_emissions[b]),
+            frames_skipped=int(self.frames_skipped[b]),
+        )

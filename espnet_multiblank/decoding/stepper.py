@@ -1,0 +1,206 @@
+"""The prediction and joint networks as the searches see them.
+
+A search never touches the networks directly: it asks a :class:`Stepper` to project
+encoder frames, to advance the prediction network by one label for A rows at once, to
+evaluate the joint network for A (frame, prediction) pairs, and to gather / scatter
+rows of the prediction network's state. :class:`JointStepper` implements it for an
+RNN prediction network and a joint network with ESPnet's attribute names (duck-typed:
+nothing is imported from ESPnet); another network pair only needs another stepper.
+
+Notation: T = encoder frames, D_enc / D_dec = encoder / prediction-network output size,
+J = joint space size, V = joint output size, A = rows of a step (active utterances or
+hypotheses), N = prediction-network layers, H = its units.
+"""
+
+from abc import ABC, abstractmethod
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+State = Any  # whatever the stepper keeps per row; JointStepper: RNNState
+RNNState = Tuple[torch.Tensor, Optional[torch.Tensor]]  # ((N, A, H), (N, A, H)|None)
+
+
+class Stepper(ABC):
+    """Interface between the searches and a prediction + joint network pair.
+
+    Attributes:
+        vocab_size: V, the number of joint-network outputs (every blank included).
+    """
+
+    vocab_size: int
+
+    def prepare(self, device: torch.device) -> None:
+        """Called once per search call with the encoder output's device."""
+
+    @abstractmethod
+    def project_enc(self, enc_out: torch.Tensor) -> torch.Tensor:
+        """Encoder output (..., D_enc) -> the joint network's encoder input (..., J)."""
+
+    @abstractmethod
+    def joint(self, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
+        """Raw joint-network logits (A, V) for (A, J) projected encoder frames and
+        (A, J) projected prediction-network outputs."""
+
+    def log_probs(self, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
+        """Plain log-softmax of :meth:`joint`, (A, V) float32 (decoding applies no
+        sigma)."""
+        return torch.log_softmax(self.joint(enc_proj, dec_proj).float(), dim=-1)
+
+    @abstractmethod
+    def init_state(self, batch: int) -> State:
+        """State of ``batch`` rows before the start symbol."""
+
+    @abstractmethod
+    def step(self, labels: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
+        """Advance A rows by one symbol each.
+
+        Args:
+            labels: (A,) long, the symbol each row emits.
+            state: the rows' states.
+
+        Returns:
+            (A, J) projected prediction-network outputs and the new state (a new
+            object: ``state`` is not modified).
+        """
+
+    @abstractmethod
+    def select_state(self, state: State, idx: torch.Tensor) -> State:
+        """Rows ``idx`` ((A,) long) of a state."""
+
+    @abstractmethod
+    def cat_states(self, states: List[State]) -> State:
+        """Concatenate states along the row axis."""
+
+    @abstractmethod
+    def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
+        """Write ``rows`` (A rows) into ``state`` at ``idx`` ((A,) long), in place."""
+
+
+class JointStepper(Stepper):
+    """Stepper for an RNN prediction network and a joint network (ESPnet's layout).
+
+    The prediction network needs ``embed`` (an embedding), ``init_state(batch)``,
+    ``rnn_forward(emb (A, 1, E), state)``, ``odim`` and optionally ``set_device``
+    (ESPnet's ``TransducerDecoder``). When the joint network has ``lin_enc`` and
+    ``lin_dec`` (ESPnet's ``JointNetwork``) the encoder frames are projected once per
+    utterance and every prediction once per label, and the joint network is called with
+    ``no_projection=True``, which computes exactly ``lin_out(act(lin_enc(e) +
+    lin_dec(d)))`` as in training; any other joint network is called as
+    ``joint(enc, dec)``.
+
+    In eval mode, a prediction network made of one-layer unidirectional LSTM/GRU
+    modules (what ``TransducerDecoder`` builds) is stepped with ``torch.lstm_cell`` /
+    ``torch.gru_cell``, one fused op per layer, instead of a full ``nn.LSTM`` call per
+    label (same arithmetic: dropout is the identity in eval mode; see
+    ``bench/decode_steps.py`` for the cost of each).
+
+    Args:
+        decoder: The prediction network.
+        joint_network: The joint network.
+        vocab_size: V; default ``decoder.odim``.
+    """
+
+    def __init__(self, decoder: Any, joint_network: Any, vocab_size: int = 0):
+        self.decoder = decoder
+        self.joint_network = joint_network
+        self.vocab_size = int(vocab_size or getattr(decoder, "odim", 0))
+        if self.vocab_size < 1:
+            raise ValueError(
+                "vocab_size must be the joint network's output size (>= 1); the "
+                "decoder has no odim to take it from"
+            )
+        self.project = hasattr(joint_network, "lin_enc") and hasattr(
+            joint_network, "lin_dec"
+        )
+        self.cells = rnn_cells(decoder)
+        self.lstm = self.cells is not None and isinstance(
+            decoder.decoder[0], torch.nn.LSTM
+        )
+
+    def prepare(self, device: torch.device) -> None:
+        if hasattr(self.decoder, "set_device"):
+            self.decoder.set_device(device)
+
+    def project_enc(self, enc_out: torch.Tensor) -> torch.Tensor:
+        return self.joint_network.lin_enc(enc_out) if self.project else enc_out
+
+    def _project_dec(self, dec_out: torch.Tensor) -> torch.Tensor:
+        return self.joint_network.lin_dec(dec_out) if self.project else dec_out
+
+    def joint(self, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
+        if self.project:
+            return self.joint_network(enc_proj, dec_proj, no_projection=True)
+        return self.joint_network(enc_proj, dec_proj)
+
+    def init_state(self, batch: int) -> RNNState:
+        return self.decoder.init_state(batch)
+
+    def step(
+        self, labels: torch.Tensor, state: RNNState
+    ) -> Tuple[torch.Tensor, RNNState]:
+        if self.cells is not None and not self.decoder.training:
+            return self._cell_step(labels, state)
+        emb = self.decoder.embed(labels.view(-1, 1))  # (A, 1, E)
+        dec_out, new_state = self.decoder.rnn_forward(emb, state)  # (A, 1, D_dec)
+        return self._project_dec(dec_out[:, 0]), new_state
+
+    def _cell_step(
+        self, labels: torch.Tensor, state: RNNState
+    ) -> Tuple[torch.Tensor, RNNState]:
+        x = self.decoder.embed(labels.view(-1))  # (A, H)
+        h_prev, c_prev = state
+        hs, cs = [], []
+        for layer, weights in enumerate(self.cells):
+            if self.lstm:
+                h, c = torch.lstm_cell(x, (h_prev[layer], c_prev[layer]), *weights)
+                cs.append(c)
+            else:
+                h = torch.gru_cell(x, h_prev[layer], *weights)
+            hs.append(h)
+            x = h
+        new_state = (torch.stack(hs), torch.stack(cs) if cs else None)
+        return self._project_dec(x), new_state
+
+    def select_state(self, state: RNNState, idx: torch.Tensor) -> RNNState:
+        h, c = state
+        return h[:, idx], (c[:, idx] if c is not None else None)
+
+    def cat_states(self, states: List[RNNState]) -> RNNState:
+        h = torch.cat([s[0] for s in states], dim=1)
+        c = None if states[0][1] is None else torch.cat([s[1] for s in states], dim=1)
+        return h, c
+
+    def scatter_state(self, state: RNNState, idx: torch.Tensor, rows: RNNState) -> None:
+        state[0][:, idx] = rows[0]
+        if state[1] is not None:
+            state[1][:, idx] = rows[1]
+
+
+def rnn_cells(decoder: Any) -> Optional[List[Tuple[torch.Tensor, ...]]]:
+    """Per-layer cell weights of an RNN prediction network, or None.
+
+    Returns ``[(w_ih, w_hh, b_ih, b_hh), ...]`` when ``decoder.decoder`` is a
+    ``ModuleList`` of one-layer, unidirectional ``torch.nn.LSTM`` (or all
+    ``torch.nn.GRU``) with biases and no projection, as ESPnet's ``TransducerDecoder``
+    builds; None for anything else (stepped through ``rnn_forward``).
+    """
+    layers = getattr(decoder, "decoder", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not hasattr(decoder, "embed"):
+        return None
+    cells = []
+    for rnn in layers:
+        if (
+            type(rnn) not in (torch.nn.LSTM, torch.nn.GRU)
+            or rnn.num_layers != 1
+            or rnn.bidirectional
+            or not rnn.bias
+            or getattr(rnn, "proj_size", 0)
+        ):
+            return None
+        cells.append(
+            (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+        )
+    if not cells or len({type(rnn) for rnn in layers}) != 1:
+        return None
+    return cells

@@ -1,0 +1,200 @@
+"""The transducer search of an ESPnet model, chosen by a decode config.
+
+``search_type`` values (the ``transducer_conf.search_type`` key of a decode config):
+
+=============  =========================================================================
+``mb_greedy``  :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (batched
+               over utterances by the plug-in's inference).
+``mb_beam``    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, ``beam_size``.
+``greedy``     ESPnet's greedy search (``BeamSearchTransducer`` with beam 1).
+``default``    ESPnet's default beam search (beam 1: ESPnet's greedy search).
+``tsd`` ...    ESPnet's other searches (``tsd``, ``alsd``, ``nsc``, ``maes``).
+``mbg``        ESPnet's multi-blank greedy: served by ``mb_greedy`` (the same
+               algorithm on the lattice's blank indices).
+=============  =========================================================================
+
+On a multi-blank model ESPnet's searches would emit the big blanks as labels, so
+``greedy`` / ``mbg`` / ``default`` with beam 1 run as ``mb_greedy`` and ``default``
+with a beam as ``mb_beam`` (a warning says so); ESPnet's other search types are
+refused. Before any search is built ``decoder.blank_id`` is set to the model's
+standard blank (ESPnet leaves it at 0, which is ``<blank8>`` in a multi-blank
+vocabulary). ESPnet's beam searches other than greedy hard-code index 0 as the blank,
+so they are refused when the model's blank is elsewhere.
+"""
+
+import logging
+from typing import Any, List, Optional
+
+from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
+from typeguard import typechecked
+
+from espnet_multiblank.decoding import (
+    JointStepper,
+    MultiblankBeamSearch,
+    MultiblankGreedySearch,
+)
+from espnet_multiblank.lattice import MultiblankLattice
+
+logger = logging.getLogger(__name__)
+
+MULTIBLANK_SEARCH_TYPES = ("mb_greedy", "mb_beam")
+ESPNET_SEARCH_TYPES = ("greedy", "default", "tsd", "alsd", "nsc", "maes", "mbg")
+#: transducer_conf keys understood by the plug-in's searches
+MULTIBLANK_KEYS = ("max_sym_per_frame", "score_norm")
+#: transducer_conf keys that ESPnet's searches do not know
+PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size")
+
+
+def lattice_from_model(model: Any) -> MultiblankLattice:
+    """The lattice of an ESPnet transducer model.
+
+    Reads the plug-in's ``multiblank_espnet`` model (``blank_id``,
+    ``big_blank_durations``), ESPnet's own multi-blank ``ESPnetASRModel``
+    (``transducer_multi_blank_durations``) and standard transducers (neither).
+    """
+    durations = getattr(model, "big_blank_durations", None)
+    if durations is None:
+        durations = getattr(model, "transducer_multi_blank_durations", None) or ()
+    return MultiblankLattice.create(
+        model.blank_id,
+        durations,
+        blank_name="model.blank_id",
+        durations_name="model.big_blank_durations",
+    )
+
+
+def vocab_size_of(model: Any) -> int:
+    """V, the joint network's output size: ``decoder.odim`` or the token list's."""
+    return int(getattr(model.decoder, "odim", 0)) or len(model.token_list)
+
+
+def fix_decoder_blank(decoder: Any, lattice: MultiblankLattice) -> None:
+    """Make ``decoder.blank_id`` the lattice's standard blank (in place).
+
+    ESPnet's searches start every hypothesis with ``decoder.blank_id`` (training starts
+    the prediction network with the model's ``blank_id``) and its greedy search treats
+    it as the blank; ESPnet leaves it at ``embed_pad = 0``, which is ``<blank{d_max}>``
+    in a multi-blank model. The embedding's ``padding_idx`` is left alone.
+    """
+    if getattr(decoder, "blank_id", None) != lattice.blank:
+        logger.info(
+            "decoder.blank_id %s -> %d (the model's standard blank)",
+            getattr(decoder, "blank_id", None),
+            lattice.blank,
+        )
+        decoder.blank_id = lattice.blank
+
+
+def resolve_search_type(search_type: str, beam_size: int, multiblank: bool) -> str:
+    """The search type that runs for a requested one (see the module docstring)."""
+    if search_type not in MULTIBLANK_SEARCH_TYPES + ESPNET_SEARCH_TYPES:
+        raise ValueError(
+            f"transducer_conf.search_type must be one of "
+            f"{list(MULTIBLANK_SEARCH_TYPES + ESPNET_SEARCH_TYPES)}, got "
+            f"{search_type!r} (unknown search type)"
+        )
+    if search_type == "mbg":
+        return "mb_greedy"
+    if not multiblank or search_type in MULTIBLANK_SEARCH_TYPES:
+        return search_type
+    if search_type == "greedy" or (search_type == "default" and beam_size <= 1):
+        resolved = "mb_greedy"
+    elif search_type == "default":
+        resolved = "mb_beam"
+    else:
+        raise ValueError(
+            f"transducer_conf.search_type {search_type!r} does not know big blanks; "
+            "use mb_greedy or mb_beam for a multi-blank model"
+        )
+    logger.warning(
+        "multi-blank model: search_type %r runs as %r", search_type, resolved
+    )
+    return resolved
+
+
+@typechecked
+def build_transducer_search(
+    model: Any,
+    beam_size: int = 1,
+    search_type: str = "default",
+    nbest: int = 1,
+    lm: Optional[Any] = None,
+    lm_weight: float = 0.1,
+    token_list: Optional[List[str]] = None,
+    **conf: Any,
+):
+    """Build the transducer search for ``model``.
+
+    Args:
+        model: Transducer model with ``decoder``, ``joint_network``, ``blank_id`` and,
+            for multi-blank models, ``big_blank_durations`` (the plug-in's model) or
+            ``transducer_multi_blank_durations`` (ESPnet's).
+        beam_size: Beam size (``mb_greedy`` and ``greedy`` use 1).
+        search_type: See the module docstring.
+        nbest: Hypotheses returned.
+        lm, lm_weight: Shallow-fusion LM for ESPnet's searches (not supported by the
+            plug-in's searches).
+        token_list: For ESPnet's debug logging.
+        **conf: Other ``transducer_conf`` keys: ``max_sym_per_frame`` and
+            ``score_norm`` for the plug-in's searches; ESPnet's keys (``score_norm``,
+            ``score_norm_during``, ``max_sym_exp``, ``u_max``, ...) for ESPnet's.
+
+    Returns:
+        The plug-in's :class:`~espnet_multiblank.decoding.TransducerSearch` or ESPnet's
+        ``BeamSearchTransducer``: ``search(enc_out (T, D_enc))`` returns the n-best
+        hypotheses, best first.
+    """
+    lattice = lattice_from_model(model)
+    fix_decoder_blank(model.decoder, lattice)
+    resolved = resolve_search_type(search_type, beam_size, lattice.is_multiblank)
+
+    if resolved in MULTIBLANK_SEARCH_TYPES:
+        unknown = sorted(set(conf) - set(MULTIBLANK_KEYS))
+        if unknown:
+            raise ValueError(
+                f"transducer_conf keys not used by {resolved}: {unknown} (it takes "
+                f"{list(MULTIBLANK_KEYS)})"
+            )
+        if lm is not None:
+            raise NotImplementedError(
+                f"{resolved} does not support LM fusion (ESPnet's searches do, on "
+                "standard models)"
+            )
+        stepper = JointStepper(model.decoder, model.joint_network, vocab_size_of(model))
+        max_sym = conf.get("max_sym_per_frame", 10)
+        if resolved == "mb_greedy":
+            return MultiblankGreedySearch(stepper, lattice, max_sym_per_frame=max_sym)
+        return MultiblankBeamSearch(
+            stepper,
+            lattice,
+            beam_size=beam_size,
+            nbest=nbest,
+            max_sym_per_frame=max_sym,
+            score_norm=conf.get("score_norm", False),
+        )
+
+    # ESPnet's own searches (standard transducer)
+    if "max_sym_per_frame" in conf:
+        logger.warning("max_sym_per_frame is ignored by ESPnet's %s search", resolved)
+        conf = {k: v for k, v in conf.items() if k != "max_sym_per_frame"}
+    if resolved == "greedy":
+        resolved, beam_size = "default", 1
+    if beam_size > 1 and lattice.blank != 0:
+        raise ValueError(
+            f"ESPnet's {resolved!r} beam search assumes the blank is index 0, but this "
+            f"model's blank is {lattice.blank}; use search_type: mb_beam (it handles "
+            "any blank)"
+        )
+    search = BeamSearchTransducer(
+        decoder=model.decoder,
+        joint_network=model.joint_network,
+        beam_size=beam_size,
+        lm=lm,
+        lm_weight=lm_weight,
+        search_type=resolved,
+        nbest=nbest,
+        token_list=token_list,
+        **conf,
+    )
+    assert search.blank_id == lattice.blank
+    return search

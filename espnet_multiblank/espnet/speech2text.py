@@ -1,0 +1,337 @@
+"""ESPnet's ``Speech2Text`` with the plug-in's transducer searches.
+
+:func:`plugin_speech2text` derives, from ESPnet's ``Speech2Text`` class, a class that
+builds everything as ESPnet does (model from ``config.yaml`` + ``model.pth``, LM,
+tokenizer, converter) and then replaces ``beam_search_transducer`` by
+:func:`~espnet_multiblank.espnet.search.build_transducer_search`, which reads the
+lattice from the model, fixes ``decoder.blank_id`` and serves the plug-in's search
+types. It also keeps decoding statistics and adds :meth:`PluginSearchMixin.decode_batch`
+(batched greedy search). Two flavours:
+
+* ``MultiblankSpeech2Text`` (the plug-in's inference entry point): every transducer
+  model gets :func:`build_transducer_search`;
+* ESPnet's own ``espnet2.bin.asr_inference.Speech2Text`` once the start-up hook has
+  wrapped it (:mod:`espnet_multiblank.espnet._hook`): the plug-in's models, and any
+  transducer model whose decode config asks for a plug-in search type, get
+  :func:`build_transducer_search`; everything else decodes exactly as ESPnet does.
+
+This module does not import ``espnet2.bin.asr_inference`` until
+``MultiblankSpeech2Text`` is first used, so the start-up hook can wrap that module
+while it is being executed.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from espnet2.asr.transducer.beam_search_transducer import (
+    Hypothesis as ESPnetTransducerHypothesis,
+)
+from espnet2.torch_utils.device_funcs import to_device
+
+from espnet_multiblank.decoding import (
+    Hypothesis,
+    TransducerSearch,
+    single_thread_on_cpu,
+)
+from espnet_multiblank.espnet.search import (
+    MULTIBLANK_SEARCH_TYPES,
+    PLUGIN_ONLY_KEYS,
+    build_transducer_search,
+    lattice_from_model,
+)
+
+logger = logging.getLogger(__name__)
+
+#: ``model:`` names of the plug-in's models (see registration.ENTRIES)
+PLUGIN_MODELS = ("multiblank_espnet",)
+
+
+@dataclass
+class DecodedHypothesis(ESPnetTransducerHypothesis):
+    """ESPnet's transducer ``Hypothesis`` (what ESPnet's ``Speech2Text`` and tools
+    accept: ``score``, ``yseq`` with the start symbol first, ``dec_state``) plus the
+    plug-in's counts: ``frame``, ``big_blank_emissions``, ``frames_skipped``."""
+
+    frame: int = 0
+    big_blank_emissions: int = 0
+    frames_skipped: int = 0
+
+
+def to_espnet_hypothesis(hyp: Any) -> ESPnetTransducerHypothesis:
+    """A search's :class:`~espnet_multiblank.decoding.Hypothesis` as ESPnet's type
+    (ESPnet's own hypotheses are returned as they are)."""
+    if isinstance(hyp, ESPnetTransducerHypothesis):
+        return hyp
+    return DecodedHypothesis(
+        score=float(hyp.score),
+        yseq=list(hyp.yseq),
+        dec_state=hyp.dec_state,
+        frame=hyp.frame,
+        big_blank_emissions=hyp.big_blank_emissions,
+        frames_skipped=hyp.frames_skipped,
+    )
+
+
+class DecodingStats:
+    """Counters for ``decoding_stats.json`` (1-best hypotheses only)."""
+
+    def __init__(self):
+        self.num_utterances = 0
+        self.total_frames = 0
+        self.big_blank_emissions = 0
+        self.frames_skipped_by_big_blanks = 0
+        # wall time inside the transducer search alone (no encoder, no I/O): the part
+        # that big blanks shorten
+        self.search_seconds = 0.0
+
+    def add(self, frames: int, hyp: Any) -> None:
+        self.num_utterances += 1
+        self.total_frames += int(frames)
+        self.big_blank_emissions += int(getattr(hyp, "big_blank_emissions", 0))
+        self.frames_skipped_by_big_blanks += int(getattr(hyp, "frames_skipped", 0))
+
+
+def _config_model_name(asr_train_config: Any) -> Optional[str]:
+    """The ``model:`` of a training config file, or None."""
+    if asr_train_config is None:
+        return None
+    import yaml
+
+    try:
+        with open(asr_train_config, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except OSError:
+        return None  # ESPnet reports it
+    model = config.get("model") if isinstance(config, dict) else None
+    return model.lower() if isinstance(model, str) else None
+
+
+def is_plugin_model(model: Any) -> bool:
+    from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+
+    return isinstance(model, MultiblankESPnetASRModel)
+
+
+def requests_plugin_search(transducer_conf: Optional[Dict]) -> bool:
+    """True when a decode config's ``transducer_conf`` names a plug-in search type or
+    a key only the plug-in's searches know."""
+    conf = transducer_conf or {}
+    return conf.get("search_type") in MULTIBLANK_SEARCH_TYPES or any(
+        key in conf for key in PLUGIN_ONLY_KEYS
+    )
+
+
+class PluginSearchMixin:
+    """Replaces ESPnet's transducer search by the plug-in's (put before ESPnet's
+    ``Speech2Text`` in the bases; see :func:`plugin_speech2text`).
+
+    Accepts every argument of ESPnet's ``Speech2Text``. ``transducer_conf`` takes
+    ``search_type`` (``mb_greedy``, ``mb_beam``, or ESPnet's ``greedy``, ``default``,
+    ``tsd``, ``alsd``, ``nsc``, ``maes``, ``mbg``), ``max_sym_per_frame`` and
+    ``score_norm`` (plug-in searches) or ESPnet's search keys, and optionally
+    ``beam_size`` (overrides the ``beam_size`` argument). Non-transducer models are
+    decoded exactly as by ESPnet.
+
+    Attributes:
+        stats (DecodingStats): counters of the utterances decoded so far.
+        plugin_search (bool): whether the plug-in chose the transducer search.
+    """
+
+    #: "all": every transducer model; "plugin": the plug-in's models and configs that
+    #: ask for a plug-in search type (ESPnet's class wrapped by the start-up hook)
+    replace_search = "all"
+
+    def __init__(
+        self,
+        asr_train_config: Any = None,
+        asr_model_file: Any = None,
+        transducer_conf: Optional[Dict] = None,
+        beam_size: int = 20,
+        nbest: int = 1,
+        **kwargs: Any,
+    ):
+        replace = (
+            self.replace_search == "all"
+            or requests_plugin_search(transducer_conf)
+            or _config_model_name(asr_train_config) in PLUGIN_MODELS
+        )
+        conf = dict(transducer_conf or {})
+        search_beam = int(conf.pop("beam_size", beam_size))
+        search_type = conf.pop("search_type", "default")
+        # ESPnet would build its own BeamSearchTransducer from transducer_conf, and
+        # reject the plug-in's search types and keys: give it a neutral one and
+        # replace the object below
+        super().__init__(
+            asr_train_config=asr_train_config,
+            asr_model_file=asr_model_file,
+            transducer_conf={"search_type": "default"} if replace else transducer_conf,
+            beam_size=search_beam if replace else beam_size,
+            nbest=nbest,
+            **kwargs,
+        )
+        self.stats = DecodingStats()
+        self.plugin_search = False
+        if self.beam_search_transducer is None:
+            return
+        if not (replace or is_plugin_model(self.asr_model)):
+            return
+        espnet_search = self.beam_search_transducer
+        self.beam_search_transducer = build_transducer_search(
+            self.asr_model,
+            beam_size=search_beam,
+            search_type=search_type,
+            nbest=nbest,
+            lm=espnet_search.lm,
+            lm_weight=espnet_search.lm_weight,
+            token_list=list(self.asr_model.token_list),
+            **conf,
+        )
+        self.plugin_search = True
+        self.lattice = lattice_from_model(self.asr_model)
+        logger.info(
+            "transducer search: %s (blank %d, big blanks %s at %s)",
+            type(self.beam_search_transducer).__name__,
+            self.lattice.blank,
+            list(self.lattice.big_blank_durations),
+            list(self.lattice.big_blank_ids),
+        )
+
+    @property
+    def supports_batch(self) -> bool:
+        """True when the search decodes several utterances at once."""
+        search = self.beam_search_transducer
+        return isinstance(search, TransducerSearch) and search.batched
+
+    def _decode_single_sample(self, enc: torch.Tensor):
+        if not self.plugin_search:
+            return super()._decode_single_sample(enc)
+        start = time.perf_counter()
+        with single_thread_on_cpu(enc.device):
+            nbest = self.beam_search_transducer(enc)
+            # the log lines of ESPnet's own _decode_single_sample (same cost)
+            best = nbest[0]
+            logging.info(f"total log probability: {best.score:.2f}")
+            logging.info(
+                f"normalized log probability: {best.score / len(best.yseq):.2f}"
+            )
+            logging.info(
+                "best hypo: " + "".join(self.converter.ids2tokens(best.yseq[1:])) + "\n"
+            )
+            results = self.hyps_to_results(nbest)
+        self.stats.search_seconds += time.perf_counter() - start
+        if results:
+            self.stats.add(enc.shape[0], results[0][3])
+        return results
+
+    def hyps_to_results(self, nbest_hyps: List[Hypothesis]) -> List[Tuple]:
+        """Hypotheses -> ESPnet's ``[(text, token, token_int, hyp)]``.
+
+        ``yseq[0]`` is the start symbol; the transducer searches never put a blank
+        after it, so no id is filtered out (ESPnet's own conversion drops id 0, which
+        is a label when the blank is elsewhere).
+        """
+        results = []
+        for hyp in nbest_hyps[: self.nbest]:
+            token_int = [int(x) for x in hyp.yseq[1:]]
+            token = self.converter.ids2tokens(token_int)
+            text = self.tokenizer.tokens2text(token) if self.tokenizer else None
+            results.append((text, token, token_int, to_espnet_hypothesis(hyp)))
+        return results
+
+    @torch.no_grad()
+    def decode_batch(
+        self, speech: torch.Tensor, speech_lengths: torch.Tensor
+    ) -> List[List[Tuple]]:
+        """Batched greedy search over utterances encoded one at a time.
+
+        The encoder sees each utterance alone, exactly as with ``batch_size: 1``:
+        ESPnet's encoders are not padding-invariant (the conformer's convolution module
+        does not mask padded frames, and conv2d subsampling can report one extra frame
+        for a padded input), so a batched encoder pass would change the hypotheses.
+        Only the search, whose rows are independent, is batched: the hypotheses do not
+        depend on the batch size.
+
+        Args:
+            speech: (B, L) or (B, L, F) padded input.
+            speech_lengths: (B,) lengths.
+
+        Returns:
+            For each utterance, ESPnet's n-best list
+            ``[(text, token, token_int, hyp)]``.
+        """
+        if not self.supports_batch:
+            raise NotImplementedError(
+                f"{type(self.beam_search_transducer).__name__} decodes one utterance "
+                "at a time"
+            )
+        encs = []
+        for b in range(speech.size(0)):
+            batch = {
+                "speech": speech[b : b + 1, : int(speech_lengths[b])].to(
+                    getattr(torch, self.dtype)
+                ),
+                "speech_lengths": speech_lengths[b : b + 1],
+            }
+            batch = to_device(batch, device=self.device)
+            enc, _ = self.asr_model.encode(**batch)
+            if isinstance(enc, tuple):  # intermediate CTC outputs: not written here
+                enc = enc[0]
+            encs.append(enc[0])
+        enc_lens = torch.tensor([e.size(0) for e in encs], device=encs[0].device)
+        enc = torch.nn.utils.rnn.pad_sequence(encs, batch_first=True)
+        start = time.perf_counter()
+        with single_thread_on_cpu(enc.device):
+            hyps = self.beam_search_transducer.search_batch(enc, enc_lens)
+        self.stats.search_seconds += time.perf_counter() - start
+        out = []
+        for hyp, frames in zip(hyps, enc_lens.tolist()):
+            results = self.hyps_to_results([hyp])
+            self.stats.add(frames, results[0][3])
+            out.append(results)
+        return out
+
+
+def plugin_speech2text(base: type, replace_search: str = "all", name: str = "") -> type:
+    """``base`` (ESPnet's ``Speech2Text`` class) with :class:`PluginSearchMixin`.
+
+    Args:
+        base: ESPnet's class (an already wrapped class is unwrapped first).
+        replace_search: ``"all"`` or ``"plugin"`` (see
+            :attr:`PluginSearchMixin.replace_search`).
+        name: Class name (default: ``base``'s, so ESPnet's messages stay the same).
+    """
+    if replace_search not in ("all", "plugin"):
+        raise ValueError(
+            f"replace_search must be 'all' or 'plugin', got {replace_search!r}"
+        )
+    base = getattr(base, "espnet_speech2text", base)
+    return type(
+        name or base.__name__,
+        (PluginSearchMixin, base),
+        {
+            "replace_search": replace_search,
+            "espnet_speech2text": base,
+            "__module__": base.__module__ if not name else __name__,
+            "__qualname__": name or base.__qualname__,
+            "__doc__": (
+                f"ESPnet's ``{base.__name__}`` with the plug-in's transducer searches "
+                f"(espnet_multiblank; replace_search={replace_search!r}).\n\n"
+                + (PluginSearchMixin.__doc__ or "")
+            ),
+        },
+    )
+
+
+def __getattr__(name: str):
+    # MultiblankSpeech2Text is made on first use: importing espnet2.bin.asr_inference
+    # here at import time would re-enter the start-up hook while it wraps that module
+    if name == "MultiblankSpeech2Text":
+        from espnet2.bin import asr_inference
+
+        cls = plugin_speech2text(asr_inference.Speech2Text, "all", name)
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

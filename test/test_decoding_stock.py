@@ -1,0 +1,150 @@
+"""ESPnet's stock ``python -m espnet2.bin.asr_inference`` on the plug-in's models.
+
+With the start-up hook, the stock module must decode ``model: multiblank_espnet``
+models with the plug-in's searches (the same hypotheses as the plug-in's own entry
+point, token for token), and refuse what it cannot do with an error naming the
+plug-in's entry point: never a silent wrong answer (before the hook wrapped it, the
+stock module emitted big blanks as labels).
+
+The subprocesses run the hook of this checkout: a ``sitecustomize`` on PYTHONPATH
+replaces whatever hook the environment's ``.pth`` installed by this checkout's
+bootstrap (:func:`espnet_multiblank.espnet.autoregister.pth_line`).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_decoding_cli import (  # noqa: I100
+    CONF,
+    REPO,
+    make_data,
+    make_experiment,
+    run_inference,
+)
+
+import espnet_multiblank
+from espnet_multiblank.espnet import autoregister
+
+
+def read_outputs(out: Path):
+    """{file: {utt: value}} of 1best_recog."""
+    best = out / "1best_recog"
+    result = {}
+    for name in ("token_int", "token", "text", "score"):
+        path = best / name
+        lines = path.read_text().splitlines() if path.exists() else []
+        result[name] = dict(
+            (line.split(" ", 1) + [""])[:2] for line in lines if line.strip()
+        )
+    return result
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stock")
+    scp = make_data(root)
+    espnet_multiblank.register()
+    exps = {}
+    # joint networks that make these random models emit labels (and big blanks)
+    for name, durations, bias, scale in (("mb", (2, 4), 0.5, 10.0), ("std", (), 0, 1)):
+        (root / name).mkdir()
+        exps[name] = make_experiment(
+            root / name, durations, model="multiblank_espnet", blank_bias=bias
+        )
+        path = exps[name] / "model.pth"
+        state = torch.load(path)
+        state["joint_network.lin_out.weight"] *= scale
+        torch.save(state, path)
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path\n"
+        "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
+        + autoregister.pth_line()
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(site))
+    env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
+    return root, scp, exps, env
+
+
+def decode_args(exp: Path, scp: Path, out: Path, conf: str):
+    return [
+        "--config",
+        str(CONF / conf),
+        "--batch_size",
+        "1",
+        "--asr_train_config",
+        str(exp / "config.yaml"),
+        "--asr_model_file",
+        str(exp / "model.pth"),
+        "--data_path_and_name_and_type",
+        f"{scp},speech,sound",
+        "--output_dir",
+        str(out),
+    ]
+
+
+# (model, decode config): greedy/beam are ESPnet's search types (served by the plug-in
+# on a multi-blank model), mb_beam a plug-in type
+CASES = [
+    ("mb", "greedy.yaml"),
+    ("mb", "beam.yaml"),
+    ("mb", "mb_beam.yaml"),
+    ("std", "greedy.yaml"),
+    ("std", "beam.yaml"),
+]
+
+
+def test_stock_inference_equals_plugin_inference(setup):
+    """Stock CLI (subprocesses, in parallel) vs the plug-in's own inference."""
+    root, scp, exps, env = setup
+    procs = {}
+    for model, conf in CASES + [("mb", "batch")]:
+        out = root / f"o_stock_{model}_{conf.split('.')[0]}"
+        args = decode_args(
+            exps[model], scp, out, conf.replace("batch", "mb_greedy.yaml")
+        )
+        if conf == "batch":  # ESPnet's loop decodes one utterance at a time
+            args[args.index("--batch_size") + 1] = "2"
+        procs[model, conf] = (
+            subprocess.Popen(
+                [sys.executable, "-m", "espnet2.bin.asr_inference"] + args,
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+            out,
+        )
+    plugin = {}
+    for model, conf in CASES:
+        out = root / f"o_plugin_{model}_{conf.split('.')[0]}"
+        stats = run_inference(exps[model], scp, out, conf, "--batch_size", "1")
+        plugin[model, conf] = read_outputs(out), stats
+    stock = {}
+    for key, (proc, out) in procs.items():
+        _, err = proc.communicate(timeout=1800)
+        stock[key] = proc.returncode, err, read_outputs(out)
+
+    code, err, outputs = stock.pop(("mb", "batch"))
+    assert code != 0 and "espnet_multiblank.bin.asr_inference" in err
+    assert outputs["token_int"] == {}
+    for (model, conf), (code, err, got) in stock.items():
+        assert code == 0, f"{model} {conf} failed:\n{err[-3000:]}"
+        want, _ = plugin[model, conf]
+        assert set(got["token_int"]) == {"u0", "u1", "u2"}
+        assert got["token_int"] == want["token_int"], (model, conf)
+        assert got["text"] == want["text"], (model, conf)
+        for utt, score in want["score"].items():
+            assert float(got["score"][utt]) == pytest.approx(float(score), rel=1e-6)
+    # the cases decode labels, and the multi-blank model big blanks
+    for model in ("mb", "std"):
+        tokens = plugin[model, "greedy.yaml"][0]["token_int"].values()
+        assert any(t.strip() for t in tokens)
+    assert plugin["mb", "greedy.yaml"][1]["big_blank_emissions"] > 0

@@ -56,6 +56,31 @@ class _ClampedReferenceFunction(torch.autograd.Function):
         )
 
 
+def _check_valid_rows(acts, act_lens, label_lens) -> None:
+    """Raise ValueError, as the fused kernels do, when a valid row (t < T_b,
+    u <= L_b) of ``acts`` (B, T, U, V) holds NaN or +inf or is -inf throughout (no
+    distribution); padding rows are not looked at."""
+    B, T, U, _ = acts.shape
+    with torch.no_grad():
+        t = torch.arange(T, device=acts.device)
+        u = torch.arange(U, device=acts.device)
+        valid = (t.view(1, T, 1) < act_lens.view(B, 1, 1).to(acts.device)) & (
+            u.view(1, 1, U) <= label_lens.view(B, 1, 1).to(acts.device)
+        )
+        bad = (
+            torch.isnan(acts).any(-1)
+            | (acts == float("inf")).any(-1)
+            | (acts == float("-inf")).all(-1)
+        ) & valid
+        rows = bad.reshape(B, T * U).any(1).nonzero()
+    if rows.numel():
+        raise ValueError(
+            "acts must be finite logits (-inf allowed for masked symbols); "
+            f"utterance {int(rows[0])} contains NaN, +inf or a row that is -inf "
+            "throughout"
+        )
+
+
 def _loss(acts, labels, act_lens, label_lens, opts: LossOptions, backend: str):
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -73,6 +98,7 @@ def _loss(acts, labels, act_lens, label_lens, opts: LossOptions, backend: str):
         return FusedMultiblankRNNTFunction.apply(
             acts, labels, act_lens, label_lens, opts, kernel
         )
+    _check_valid_rows(acts, act_lens, label_lens)
     if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
         costs = _ClampedReferenceFunction.apply(
             acts, labels, act_lens, label_lens, opts

@@ -23,10 +23,12 @@ layout (``<output_dir>/1best_recog/{text,token,token_int,score}``, ``Nbest_recog
 search, writing; model loading excluded); ``rtf = decode_seconds / audio_seconds``;
 ``search_seconds`` is the part spent in the transducer search alone (what big blanks
 shorten: the encoder runs on every frame either way).
-With ``--batch_size > 1`` and ``search_type: mb_greedy`` utterances are decoded in
-batches (batched greedy search; the encoder still runs on one utterance at a time,
-see ``MultiblankSpeech2Text.decode_batch``); other searches fall back to one utterance
-at a time.
+With ``--batch_size N > 1`` and ``search_type: mb_greedy`` utterances are decoded N at
+a time (``decode_batch``: batched greedy search, and batched encoder when the model's
+encoder is batch-exact, see :mod:`espnet_multiblank.espnet.exact_encoding`), grouped by
+length (32 N utterances are read and sorted at a time) and written in input order;
+the hypotheses are those of ``--batch_size 1``. Other searches decode one utterance at
+a time.
 """
 
 import inspect
@@ -40,6 +42,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 
 logger = logging.getLogger("espnet_multiblank.asr_inference")
+
+#: batched decoding sorts this many batches' worth of utterances by length at a time
+_SORT_WINDOW = 32
 
 
 def _audio_seconds(speech_lengths, speech_dim: int, train_args: Any) -> float:
@@ -60,6 +65,47 @@ def _audio_seconds(speech_lengths, speech_dim: int, train_args: Any) -> float:
         return total / float(fs)
     hop = conf.get("hop_length", None)
     return total * (float(hop) / float(fs) if hop else 0.01)
+
+
+def _windows(loader, size: int):
+    """Utterances of a batch-size-1 loader, ``size`` at a time, in input order.
+
+    Yields:
+        lists of ``(key, speech)``, speech (L,) or (L, F) without padding.
+    """
+    window = []
+    for keys, batch in loader:
+        speech = batch["speech"]
+        lengths = batch.get("speech_lengths")
+        length = speech.size(1) if lengths is None else int(lengths[0])
+        window.append((keys[0], speech[0, :length]))
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def _length_sorted_batches(utterances, batch_size: int):
+    """Batches of utterances of similar length (longest first: least padding).
+
+    Args:
+        utterances: list of ``(key, speech)``, speech (L,) or (L, F).
+
+    Yields:
+        ``(rows, speech, lengths)``: indices into ``utterances``, the zero-padded
+        (B, L_max) or (B, L_max, F) input and the (B,) int64 lengths.
+    """
+    import torch
+
+    order = sorted(
+        range(len(utterances)), key=lambda i: -utterances[i][1].size(0)
+    )  # stable: equal lengths keep the input order
+    for first in range(0, len(order), batch_size):
+        rows = order[first : first + batch_size]
+        seqs = [utterances[i][1] for i in rows]
+        lengths = torch.tensor([x.size(0) for x in seqs], dtype=torch.long)
+        yield rows, torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), lengths
 
 
 def _write(writer, key: str, results, nbest: int) -> None:
@@ -146,7 +192,7 @@ def inference(
     loader = ASRTask.build_streaming_iterator(
         data_path_and_name_and_type,
         dtype=dtype,
-        batch_size=batch_size if batched else 1,
+        batch_size=1,  # batches are made below, from length-sorted utterances
         key_file=key_file,
         num_workers=num_workers,
         preprocess_fn=ASRTask.build_preprocess_fn(speech2text.asr_train_args, False),
@@ -162,35 +208,39 @@ def inference(
         hyp = Hypothesis(score=0.0, scores={}, states={}, yseq=[])
         return [(" ", ["<space>"], [2], hyp)] * nbest
 
+    def decode_one(key, speech):
+        try:
+            results = speech2text(speech)
+        except TooShortUttError as e:
+            results = too_short(key, e)
+        if isinstance(results, tuple):  # (results, intermediate CTC)
+            results = results[0]
+        return results
+
     audio_seconds, num_utterances = 0.0, 0
     start = time.perf_counter()
     with DatadirWriter(output_dir) as writer:
-        for keys, batch in loader:
-            speech = batch["speech"]
-            num_utterances += len(keys)
-            lengths = batch.get("speech_lengths")
-            if lengths is None:
-                lengths = torch.full((speech.size(0),), speech.size(1))
-            audio_seconds += _audio_seconds(
-                lengths, speech.dim(), speech2text.asr_train_args
-            )
-            if batched:
-                try:
-                    per_utt = speech2text.decode_batch(speech, lengths)
-                except TooShortUttError:  # decode one by one to isolate the culprit
-                    per_utt = None
-                if per_utt is not None:
-                    for key, results in zip(keys, per_utt):
-                        _write(writer, key, results, nbest)
-                    continue
-            for i, key in enumerate(keys):
-                try:
-                    results = speech2text(speech[i, : int(lengths[i])])
-                except TooShortUttError as e:
-                    results = too_short(key, e)
-                if isinstance(results, tuple):  # (results, intermediate CTC)
-                    results = results[0]
-                _write(writer, key, results, nbest)
+        for utterances in _windows(loader, batch_size * _SORT_WINDOW if batched else 1):
+            num_utterances += len(utterances)
+            results = [None] * len(utterances)
+            for rows, speech, lengths in _length_sorted_batches(
+                utterances, batch_size if batched else 1
+            ):
+                audio_seconds += _audio_seconds(
+                    lengths, speech.dim(), speech2text.asr_train_args
+                )
+                per_utt = None
+                if batched:
+                    try:
+                        per_utt = speech2text.decode_batch(speech, lengths)
+                    except TooShortUttError:  # one by one, to isolate the culprit
+                        pass
+                if per_utt is None:
+                    per_utt = [decode_one(*utterances[i]) for i in rows]
+                for i, result in zip(rows, per_utt):
+                    results[i] = result
+            for (key, _), result in zip(utterances, results):  # input order
+                _write(writer, key, result, nbest)
     decode_seconds = time.perf_counter() - start
 
     st = speech2text.stats

@@ -6,7 +6,7 @@ tokenizer, converter) and then replaces ``beam_search_transducer`` by
 :func:`~espnet_multiblank.espnet.search.build_transducer_search`, which reads the
 lattice from the model, fixes ``decoder.blank_id`` and serves the plug-in's search
 types. It also keeps decoding statistics and adds :meth:`PluginSearchMixin.decode_batch`
-(batched greedy search). Two flavours:
+(batched encoder, when exact, and greedy search). Two flavours:
 
 * ``MultiblankSpeech2Text`` (the plug-in's inference entry point): every transducer
   model gets :func:`build_transducer_search`;
@@ -30,12 +30,14 @@ from espnet2.asr.transducer.beam_search_transducer import (
     Hypothesis as ESPnetTransducerHypothesis,
 )
 from espnet2.torch_utils.device_funcs import to_device
+from espnet.nets.pytorch_backend.transformer.subsampling import TooShortUttError
 
 from espnet_multiblank.decoding import (
     Hypothesis,
     TransducerSearch,
     single_thread_on_cpu,
 )
+from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
 from espnet_multiblank.espnet.search import (
     MULTIBLANK_SEARCH_TYPES,
     PLUGIN_ONLY_KEYS,
@@ -241,18 +243,32 @@ class PluginSearchMixin:
             results.append((text, token, token_int, to_espnet_hypothesis(hyp)))
         return results
 
+    def batch_exactness(self) -> BatchExactness:
+        """Whether the model encodes a padded batch exactly as one utterance at a time
+        (:func:`~espnet_multiblank.espnet.exact_encoding.make_batch_exact`, applied on
+        first use; logged once when it cannot be)."""
+        result = getattr(self, "_batch_exactness", None)
+        if result is None:
+            result = make_batch_exact(self.asr_model)
+            self._batch_exactness = result
+            if not result.exact:
+                logger.warning(
+                    "batched decoding encodes one utterance at a time: %s",
+                    result.reason,
+                )
+        return result
+
     @torch.no_grad()
     def decode_batch(
         self, speech: torch.Tensor, speech_lengths: torch.Tensor
     ) -> List[List[Tuple]]:
-        """Batched greedy search over utterances encoded one at a time.
+        """Batched encoder and greedy search; the same hypotheses as one at a time.
 
-        The encoder sees each utterance alone, exactly as with ``batch_size: 1``:
-        ESPnet's encoders are not padding-invariant (the conformer's convolution module
-        does not mask padded frames, and conv2d subsampling can report one extra frame
-        for a padded input), so a batched encoder pass would change the hypotheses.
-        Only the search, whose rows are independent, is batched: the hypotheses do not
-        depend on the batch size.
+        The encoder runs on the padded batch when the model is batch-exact
+        (:meth:`batch_exactness`: ESPnet's conformer and transformer, with the
+        padding-invariant layers of
+        :mod:`~espnet_multiblank.espnet.exact_encoding`), otherwise on each utterance
+        alone. The search's rows are independent.
 
         Args:
             speech: (B, L) or (B, L, F) padded input.
@@ -261,27 +277,42 @@ class PluginSearchMixin:
         Returns:
             For each utterance, ESPnet's n-best list
             ``[(text, token, token_int, hyp)]``.
+
+        Raises:
+            TooShortUttError: an utterance is too short for the encoder (decode the
+                batch one utterance at a time to find it).
         """
         if not self.supports_batch:
             raise NotImplementedError(
                 f"{type(self.beam_search_transducer).__name__} decodes one utterance "
                 "at a time"
             )
-        encs = []
-        for b in range(speech.size(0)):
-            batch = {
-                "speech": speech[b : b + 1, : int(speech_lengths[b])].to(
-                    getattr(torch, self.dtype)
-                ),
-                "speech_lengths": speech_lengths[b : b + 1],
-            }
-            batch = to_device(batch, device=self.device)
-            enc, _ = self.asr_model.encode(**batch)
+        dtype = getattr(torch, self.dtype)
+        if self.batch_exactness().exact:
+            batch = {"speech": speech.to(dtype), "speech_lengths": speech_lengths}
+            enc, enc_lens = self.asr_model.encode(**to_device(batch, self.device))
             if isinstance(enc, tuple):  # intermediate CTC outputs: not written here
                 enc = enc[0]
-            encs.append(enc[0])
-        enc_lens = torch.tensor([e.size(0) for e in encs], device=encs[0].device)
-        enc = torch.nn.utils.rnn.pad_sequence(encs, batch_first=True)
+            if bool((enc_lens <= 0).any()):
+                b = int(torch.nonzero(enc_lens <= 0)[0])
+                raise TooShortUttError(
+                    f"utterance {b} of the batch has no encoder frames",
+                    int(speech_lengths[b]),
+                    -1,
+                )
+        else:
+            encs = []
+            for b in range(speech.size(0)):
+                batch = {
+                    "speech": speech[b : b + 1, : int(speech_lengths[b])].to(dtype),
+                    "speech_lengths": speech_lengths[b : b + 1],
+                }
+                enc, _ = self.asr_model.encode(**to_device(batch, self.device))
+                if isinstance(enc, tuple):
+                    enc = enc[0]
+                encs.append(enc[0])
+            enc_lens = torch.tensor([e.size(0) for e in encs], device=encs[0].device)
+            enc = torch.nn.utils.rnn.pad_sequence(encs, batch_first=True)
         start = time.perf_counter()
         with single_thread_on_cpu(enc.device):
             hyps = self.beam_search_transducer.search_batch(enc, enc_lens)

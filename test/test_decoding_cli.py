@@ -336,3 +336,40 @@ def test_cli_subprocess_multiblank_espnet(workdir):
     )
     stats = check_outputs(out)
     assert stats["search"] == "MultiblankGreedySearch"
+
+
+def test_decode_batch_encodes_each_utterance_trimmed(workdir, mb_exp):
+    """decode_batch with an encoder that is NOT padding-invariant (its output depends
+    on the padded input): the batched results equal decoding each utterance alone,
+    which needs each utterance encoded without its padding."""
+    import soundfile
+
+    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+
+    root, scp = workdir
+    s2t = MultiblankSpeech2Text(
+        asr_train_config=mb_exp / "config.yaml",
+        asr_model_file=mb_exp / "model.pth",
+        transducer_conf={"search_type": "mb_greedy"},
+        beam_size=1,
+    )
+    encode = s2t.asr_model.encode
+
+    def padding_dependent_encode(speech, speech_lengths):
+        enc, lens = encode(speech, speech_lengths)
+        # a shift by the mean over all input samples, padding included
+        return enc + 20.0 * speech.abs().mean(dim=1).view(-1, 1, 1), lens
+
+    s2t.asr_model.encode = padding_dependent_encode
+    wavs = [
+        torch.tensor(soundfile.read(line.split()[1])[0], dtype=torch.float32)
+        for line in scp.read_text().splitlines()
+    ]
+    lengths = torch.tensor([len(w) for w in wavs])
+    speech = torch.nn.utils.rnn.pad_sequence(wavs, batch_first=True)
+    batched = s2t.decode_batch(speech, lengths)
+    for b, wav in enumerate(wavs):
+        ((_, _, alone_ids, alone),) = s2t(wav)
+        ((_, _, ids, hyp),) = batched[b]
+        assert ids == alone_ids
+        assert hyp.score == pytest.approx(alone.score, rel=1e-6)

@@ -472,3 +472,138 @@ def test_cell_step_not_used_for_other_decoders_or_training():
     decoder.rnn_forward = lambda *a: calls.append(1) or original(*a)
     stepper.step(torch.tensor([1]), decoder.init_state(1))
     assert calls == [1]
+
+
+# ------------------------------------------------- beam search: the documented rule
+
+
+class CountingStepper(JointStepper):
+    """JointStepper that records the rows of every joint-network evaluation."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.rows = []
+
+    def log_probs(self, enc_proj, dec_proj):
+        self.rows.append(enc_proj.size(0))
+        return super().log_probs(enc_proj, dec_proj)
+
+
+def reference_beam(model, enc, beam, max_sym):
+    """The beam search of docs/decoding.md, written again one hypothesis at a time
+    with the decoder and joint network called directly (no search code).
+
+    Returns:
+        [(labels, score, big_blank_emissions, frames_skipped)] of every complete
+        hypothesis, and the number of hypotheses of every expansion, in order.
+    """
+    blank, durations = model.blank_id, model.big_blank_durations
+    dec, joint = model.decoder, model.joint_network
+    frames = {blank: 1}
+    frames.update({blank - 1 - i: d for i, d in enumerate(durations)})
+    T, V = enc.size(0), dec.odim
+
+    def pred(k, state):
+        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
+        return out[0, 0], state
+
+    def insert(queue, hyp):
+        old = queue.get(hyp["y"])
+        if old is None:
+            queue[hyp["y"]] = hyp
+            return
+        total = float(torch.logaddexp(torch.tensor(old["s"]), torch.tensor(hyp["s"])))
+        if hyp["s"] > old["s"]:
+            queue[hyp["y"]] = hyp
+        queue[hyp["y"]]["s"] = total
+
+    queues = [dict() for _ in range(T + 1)]
+    out, state = pred(blank, dec.init_state(1))
+    queues[0][()] = dict(y=(), s=0.0, out=out, st=state, n=0, big=0, skip=0)
+    expansions = []
+    with torch.no_grad():
+        for t in range(T):
+            current = sorted(queues[t].values(), key=lambda h: -h["s"])[:beam]
+            while current:
+                expansions.append(len(current))
+                cands = []
+                for a, h in enumerate(current):
+                    logp = torch.log_softmax(joint(enc[t], h["out"]), -1).double()
+                    for k in range(V):
+                        f = frames.get(k, 0)
+                        if (f == 0 and h["n"] >= max_sym) or t + f > T:
+                            continue
+                        cands.append((h["s"] + float(logp[k]), a, k))
+                cands = sorted(cands, key=lambda c: -c[0])[:beam]
+                ahead = sorted((h["s"] for h in queues[t + 1].values()), reverse=True)
+                floor = ahead[beam - 1] if len(ahead) >= beam else float("-inf")
+                nxt = []
+                for s, a, k in cands:
+                    h, f = current[a], frames.get(k, 0)
+                    if f == 0:
+                        if s >= floor:
+                            out, state = pred(k, h["st"])
+                            nxt.append(dict(h, y=h["y"] + (k,), s=s, out=out, st=state))
+                            nxt[-1]["n"] = h["n"] + 1
+                        continue
+                    child = dict(h, s=s, n=0)
+                    child["big"] += f > 1
+                    child["skip"] += f - 1
+                    insert(queues[t + f], child)
+                current = nxt
+    final = [(h["y"], h["s"], h["big"], h["skip"]) for h in queues[T].values()]
+    return final, expansions
+
+
+@pytest.mark.parametrize("durations", [(2, 4), (3,), ()])
+@pytest.mark.parametrize("beam_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_beams_follow_the_documented_rule(durations, beam_size, seed):
+    """Exact n-best (labels, scores, big blanks) and the number of hypotheses expanded
+    at every step, against an independent implementation of the documented rule
+    (per-frame top-B cut, B best candidates per expansion, labels below the B-th best
+    hypothesis queued at t + 1 dropped, merging by log-add)."""
+    blank_id = 2 if durations else 0
+    model = make_model(seed, blank_id=blank_id, durations=durations, vocab=6)
+    with torch.no_grad():  # labels and blanks compete: wide n-best lists
+        model.joint_network.lin_out.bias[blank_id - len(durations) :] -= 1.5
+    enc, _ = enc_batch(seed + 40, [11])
+    want, want_expansions = reference_beam(model, enc[0], beam_size, max_sym=2)
+    stepper = CountingStepper(model.decoder, model.joint_network)
+    search = MultiblankBeamSearch(
+        stepper,
+        MultiblankLattice.create(blank_id, durations),
+        beam_size=beam_size,
+        nbest=1000,
+        max_sym_per_frame=2,
+    )
+    got = search(enc[0])
+    assert stepper.rows == want_expansions
+    want.sort(key=lambda w: -w[1])
+    assert [tuple(h.labels) for h in got] == [w[0] for w in want]
+    for h, (_, score, big, skip) in zip(got, want):
+        assert h.score == pytest.approx(score, rel=1e-6, abs=1e-6)
+        assert (h.big_blank_emissions, h.frames_skipped) == (big, skip)
+
+
+@pytest.mark.parametrize("how", ["core", "transducer_conf"])
+def test_score_norm_ranks_by_score_per_symbol(how):
+    """score_norm: the final n-best is ordered by score / len(yseq) (in the search and
+    when set through transducer_conf); the hypotheses themselves do not change."""
+    model = make_model(3, blank_bias=0.0)
+    enc, _ = enc_batch(9, [14])
+    plain = core_beam(model, beam_size=4, nbest=100)(enc[0])
+    if how == "core":
+        normed = core_beam(model, beam_size=4, nbest=100, score_norm=True)
+    else:
+        normed = build_transducer_search(
+            model, search_type="mb_beam", beam_size=4, nbest=100, score_norm=True
+        )
+    got = normed(enc[0])
+    want = sorted(plain, key=lambda h: h.score / len(h.yseq), reverse=True)
+    assert [(h.yseq, h.score) for h in got] == [(h.yseq, h.score) for h in want]
+    assert [h.yseq for h in want] != [
+        h.yseq for h in plain
+    ]  # the case tells them apart
+    normed.nbest = 2
+    assert [h.yseq for h in normed(enc[0])] == [h.yseq for h in want[:2]]

@@ -397,3 +397,46 @@ def test_default_config_lists_the_plugin_keys():
         assert kwargs[key] == 0.0
     assert kwargs["transducer_reduction"] == "mean"
     assert kwargs["transducer_loss_backend"] == "auto"
+
+
+def test_ctc_cer_treats_big_blanks_as_blank(tmp_path):
+    """With report_cer/report_wer off and ctc_weight > 0, ESPnet reports the CTC CER
+    of the greedy CTC output in validation; every blank (standard and big) must act
+    as the CTC blank: it separates repeats and is dropped (oracle written here)."""
+    import editdistance
+
+    from espnet_multiblank.espnet.model import MultiblankCTCErrorCalculator
+
+    model = build(tmp_path, tiny_config())  # report_* off, ctc_weight 0.3
+    assert isinstance(model.error_calculator, MultiblankCTCErrorCalculator)
+    tok = {t: i for i, t in enumerate(model.token_list)}
+    frames = [
+        ["a", "<blank4>", "a", "b", "<blank>", "<blank2>", "b", "<space>", "c"],
+        ["<blank8>", "b", "b", "<blank2>", "c", "<blank>", "<blank>", "<blank>", "c"],
+        ["a", "a", "<blank4>", "<blank8>", "a", "<blank>", "<blank>", "<blank>", "a"],
+    ]
+    ids = torch.tensor([[tok[t] for t in row] for row in frames])
+    speech, speech_lengths, text, text_lengths = batch(model.token_list)
+
+    def ctc_text(row):
+        blanks = {"<blank>", "<blank2>", "<blank4>", "<blank8>"}
+        out, prev = [], None
+        for t in row:
+            t = "<blank>" if t in blanks else t
+            if t != prev and t not in ("<blank>", "<space>"):
+                out.append(t)
+            prev = t
+        return "".join(out)
+
+    refs = [
+        "".join(model.token_list[i] for i in r if i >= 0 and i != tok["<space>"])
+        for r in text.tolist()
+    ]
+    errors = sum(editdistance.eval(ctc_text(f), r) for f, r in zip(frames, refs))
+    want = errors / sum(len(r) for r in refs)
+    model.ctc.argmax = lambda encoder_out: ids  # the CTC output to score
+    model.eval()
+    with torch.no_grad():
+        _, stats, _ = model(speech, speech_lengths, text, text_lengths)
+    assert stats["cer_ctc"] == pytest.approx(want)
+    assert want > 0  # one utterance is wrong: the case can tell

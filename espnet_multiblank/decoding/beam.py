@@ -199,18 +199,17 @@ class MultiblankBeamSearch(TransducerSearch):
                 label_syms.append(k)
                 label_scores.append(score)
                 continue
-            big = frames > 1
             child = Hypothesis(
                 score=score,
                 yseq=parent.yseq,
                 dec_state=parent.dec_state,
                 dec_proj=parent.dec_proj,
-                frame=t + frames,
-                num_sym_frame=0,
-                big_blank_emissions=parent.big_blank_emissions + int(big),
-                frames_skipped=parent.frames_skipped + (frames - 1 if big else 0),
+                frame=t,
+                big_blank_emissions=parent.big_blank_emissions,
+                frames_skipped=parent.frames_skipped,
             )
-            self._insert(queues[t + frames], child)
+            child.advance(frames)
+            self._insert(queues[child.frame], child)
 
         if not label_parents:
             return []

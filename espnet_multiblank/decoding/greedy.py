@@ -58,17 +58,17 @@ class MultiblankGreedySearch(TransducerSearch):
         length = torch.tensor([T], device=device)
         # up to this frame every big blank fits: no mask needed while labels are allowed
         free_until = T - table.max_frames
-        t, num_sym = 0, 0
-        while t < T:
+        while hyp.frame < T:
+            t = hyp.frame
             logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
-            if t <= free_until and num_sym < self.max_sym_per_frame:
+            if t <= free_until and hyp.num_sym_frame < self.max_sym_per_frame:
                 masked = logp
             else:
                 masked = table.mask(
                     logp,
                     torch.tensor([t], device=device),
                     length,
-                    torch.tensor([num_sym], device=device),
+                    torch.tensor([hyp.num_sym_frame], device=device),
                     self.max_sym_per_frame,
                 )
             k = int(masked[0].argmax())
@@ -76,18 +76,13 @@ class MultiblankGreedySearch(TransducerSearch):
             frames = table.frames_list[k]
             if frames == 0:
                 hyp.yseq.append(k)
-                num_sym += 1
+                hyp.num_sym_frame += 1
                 label = torch.full((1,), k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
             else:
-                t += frames
-                num_sym = 0
-                if frames > 1:
-                    hyp.big_blank_emissions += 1
-                    hyp.frames_skipped += frames - 1
+                hyp.advance(frames)
         hyp.dec_state = state
         hyp.dec_proj = dec_proj[0]
-        hyp.frame = t
         return hyp
 
     @torch.no_grad()

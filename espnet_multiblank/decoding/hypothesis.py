@@ -41,6 +41,18 @@ class Hypothesis:
         """The emitted labels (``yseq`` without the start symbol)."""
         return self.yseq[1:]
 
+    def advance(self, frames: int, is_label: bool = False) -> None:
+        """Count an emission that covers ``frames`` >= 1 frames (in place): the frame
+        moves on, the label count of the new frame starts at 0, and an emission over
+        more than one frame is a big blank (unless ``is_label``) that skips
+        ``frames - 1`` frames."""
+        self.frame += frames
+        self.num_sym_frame = 0
+        if frames > 1:
+            self.frames_skipped += frames - 1
+            if not is_label:
+                self.big_blank_emissions += 1
+
 
 class BatchedHyps:
     """B hypotheses that advance independently, kept as tensors (batched searches).

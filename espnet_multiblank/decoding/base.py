@@ -14,14 +14,16 @@ carries duration logits, and a symbol table built from ``TDTLattice``) plug in t
 
 from abc import ABC, abstractmethod
 from numbers import Integral
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple, Union
 
 import torch
 
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.stepper import Stepper
 from espnet_multiblank.decoding.symbols import SymbolTable
-from espnet_multiblank.lattice import MultiblankLattice
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
+
+Lattice = Union[MultiblankLattice, TDTLattice]
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -43,14 +45,17 @@ class TransducerSearch(ABC):
 
     Attributes:
         batched: True when :meth:`search_batch` decodes the utterances together.
+        lattice_types: The lattice classes the search decodes (the constructor refuses
+            others).
     """
 
     batched = False
+    lattice_types: Tuple[type, ...] = (MultiblankLattice,)
 
     def __init__(
         self,
         stepper: Stepper,
-        lattice: MultiblankLattice,
+        lattice: Lattice,
         max_sym_per_frame: int = 10,
         nbest: int = 1,
     ):
@@ -59,9 +64,12 @@ class TransducerSearch(ABC):
                 f"stepper must be an espnet_multiblank.decoding.Stepper, got "
                 f"{type(stepper).__name__}"
             )
-        if not isinstance(lattice, MultiblankLattice):
+        if not isinstance(lattice, self.lattice_types):
+            names = " or ".join(
+                f"espnet_multiblank.lattice.{c.__name__}" for c in self.lattice_types
+            )
             raise TypeError(
-                f"lattice must be an espnet_multiblank.lattice.MultiblankLattice, got "
+                f"lattice must be a {names} for {type(self).__name__}, got "
                 f"{type(lattice).__name__}"
             )
         lattice.check_vocab_size(stepper.vocab_size, "stepper.vocab_size")

@@ -17,7 +17,7 @@ layout (``<output_dir>/1best_recog/{text,token,token_int,score}``, ``Nbest_recog
 ``--nbest N``) and ``<output_dir>/decoding_stats.json``::
 
     {"num_utterances", "audio_seconds", "decode_seconds", "rtf", "total_frames",
-     "frames_skipped_by_big_blanks", "big_blank_emissions", ...}
+     "frames_skipped", "frames_skipped_by_big_blanks", "big_blank_emissions", ...}
 
 ``decode_seconds`` is the wall time of the decoding loop (data loading, encoder,
 search, writing; model loading excluded); ``rtf = decode_seconds / audio_seconds``;
@@ -251,6 +251,7 @@ def inference(
         "rtf": decode_seconds / audio_seconds if audio_seconds > 0 else None,
         "search_seconds": st.search_seconds,
         "total_frames": st.total_frames,
+        "frames_skipped": st.frames_skipped,
         "frames_skipped_by_big_blanks": st.frames_skipped_by_big_blanks,
         "big_blank_emissions": st.big_blank_emissions,
         "search": type(speech2text.beam_search_transducer).__name__,
@@ -262,11 +263,7 @@ def inference(
     with open(Path(output_dir) / "decoding_stats.json", "w", encoding="utf-8") as f:
         json.dump(stats, f, indent=2)
         f.write("\n")
-    skipped = (
-        100.0 * st.frames_skipped_by_big_blanks / st.total_frames
-        if st.total_frames
-        else 0.0
-    )
+    skipped = 100.0 * st.frames_skipped / st.total_frames if st.total_frames else 0.0
     logger.info(
         "decoding_stats: %d utts, %.2f s audio, %.2f s wall, RTF %.4f, %d frames, "
         "%d big blanks, %d frames skipped (%.1f%%)",
@@ -276,7 +273,7 @@ def inference(
         stats["rtf"] or 0.0,
         st.total_frames,
         st.big_blank_emissions,
-        st.frames_skipped_by_big_blanks,
+        st.frames_skipped,
         skipped,
     )
     return stats

@@ -8,7 +8,9 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
 * :class:`Hypothesis`, :class:`BatchedHyps`: search results and batched bookkeeping.
 * :class:`SymbolTable`: frames per symbol and the allowed-symbol masks of a lattice.
 * :class:`TransducerSearch`: the searches' base class; :class:`MultiblankGreedySearch`
-  (one utterance and batched), :class:`MultiblankBeamSearch`.
+  (one utterance and batched), :class:`MultiblankBeamSearch`; for token-and-duration
+  transducers :class:`TDTGreedySearch` (one utterance and batched),
+  :class:`TDTBeamSearch` and their :class:`TDTSymbolTable`.
 
 See ``docs/decoding.md``.
 """
@@ -19,6 +21,9 @@ from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
 from espnet_multiblank.decoding.symbols import SymbolTable
+from espnet_multiblank.decoding.tdt import TDTGreedySearch
+from espnet_multiblank.decoding.tdt_beam import TDTBeamSearch
+from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 from espnet_multiblank.decoding.threads import single_thread_on_cpu
 
 __all__ = [
@@ -29,6 +34,9 @@ __all__ = [
     "MultiblankGreedySearch",
     "Stepper",
     "SymbolTable",
+    "TDTBeamSearch",
+    "TDTGreedySearch",
+    "TDTSymbolTable",
     "TransducerSearch",
     "single_thread_on_cpu",
 ]

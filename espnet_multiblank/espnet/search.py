@@ -11,19 +11,26 @@
 ``tsd`` ...    ESPnet's other searches (``tsd``, ``alsd``, ``nsc``, ``maes``).
 ``mbg``        ESPnet's multi-blank greedy: served by ``mb_greedy`` (the same
                algorithm on the lattice's blank indices).
+``tdt_greedy`` :class:`~espnet_multiblank.decoding.TDTGreedySearch` (TDT models,
+               batched like ``mb_greedy``).
+``tdt_beam``   :class:`~espnet_multiblank.decoding.TDTBeamSearch`, ``beam_size``.
 =============  =========================================================================
 
 On a multi-blank model ESPnet's searches would emit the big blanks as labels, so
 ``greedy`` / ``mbg`` / ``default`` with beam 1 run as ``mb_greedy`` and ``default``
 with a beam as ``mb_beam`` (a warning says so); ESPnet's other search types are
-refused. Before any search is built ``decoder.blank_id`` is set to the model's
-standard blank (ESPnet leaves it at 0, which is ``<blank8>`` in a multi-blank
-vocabulary). ESPnet's beam searches other than greedy hard-code index 0 as the blank,
+refused. A TDT model (``model.tdt_durations``) decodes with the TDT searches only:
+every greedy type (``greedy``, ``mbg``, ``mb_greedy``, ``default`` with beam 1) runs as
+``tdt_greedy`` and every beam type (``default`` with a beam, ``mb_beam``) as
+``tdt_beam``; ``tdt_greedy`` / ``tdt_beam`` on a model that is not a TDT are refused.
+Before any search is built ``decoder.blank_id`` is set to the model's standard blank
+(ESPnet leaves it at 0, which is ``<blank8>`` in a multi-blank vocabulary). ESPnet's
+beam searches other than greedy hard-code index 0 as the blank,
 so they are refused when the model's blank is elsewhere.
 """
 
 import logging
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Union
 
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from typeguard import typechecked
@@ -32,12 +39,17 @@ from espnet_multiblank.decoding import (
     JointStepper,
     MultiblankBeamSearch,
     MultiblankGreedySearch,
+    TDTBeamSearch,
+    TDTGreedySearch,
 )
-from espnet_multiblank.lattice import MultiblankLattice
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 logger = logging.getLogger(__name__)
 
 MULTIBLANK_SEARCH_TYPES = ("mb_greedy", "mb_beam")
+TDT_SEARCH_TYPES = ("tdt_greedy", "tdt_beam")
+#: search types only the plug-in serves
+PLUGIN_SEARCH_TYPES = MULTIBLANK_SEARCH_TYPES + TDT_SEARCH_TYPES
 ESPNET_SEARCH_TYPES = ("greedy", "default", "tsd", "alsd", "nsc", "maes", "mbg")
 #: transducer_conf keys understood by the plug-in's searches
 MULTIBLANK_KEYS = ("max_sym_per_frame", "score_norm")
@@ -45,13 +57,22 @@ MULTIBLANK_KEYS = ("max_sym_per_frame", "score_norm")
 PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size")
 
 
-def lattice_from_model(model: Any) -> MultiblankLattice:
+def lattice_from_model(model: Any) -> Union[MultiblankLattice, TDTLattice]:
     """The lattice of an ESPnet transducer model.
 
     Reads the plug-in's ``multiblank_espnet`` model (``blank_id``,
-    ``big_blank_durations``), ESPnet's own multi-blank ``ESPnetASRModel``
-    (``transducer_multi_blank_durations``) and standard transducers (neither).
+    ``big_blank_durations``, ``tdt_durations``), ESPnet's own multi-blank
+    ``ESPnetASRModel`` (``transducer_multi_blank_durations``) and standard transducers
+    (none of them).
     """
+    tdt = getattr(model, "tdt_durations", None)
+    if tdt:
+        return TDTLattice.create(
+            model.blank_id,
+            tdt,
+            blank_name="model.blank_id",
+            durations_name="model.tdt_durations",
+        )
     durations = getattr(model, "big_blank_durations", None)
     if durations is None:
         durations = getattr(model, "transducer_multi_blank_durations", None) or ()
@@ -64,11 +85,20 @@ def lattice_from_model(model: Any) -> MultiblankLattice:
 
 
 def vocab_size_of(model: Any) -> int:
-    """V, the joint network's output size: ``decoder.odim`` or the token list's."""
+    """V, the number of tokens: ``decoder.odim`` or the token list's length."""
     return int(getattr(model.decoder, "odim", 0)) or len(model.token_list)
 
 
-def fix_decoder_blank(decoder: Any, lattice: MultiblankLattice) -> None:
+def joint_size_of(model: Any, lattice: Union[MultiblankLattice, TDTLattice]) -> int:
+    """The joint network's output size: V, plus the duration logits of a TDT."""
+    if isinstance(lattice, TDTLattice):
+        return vocab_size_of(model) + lattice.num_durations
+    return vocab_size_of(model)
+
+
+def fix_decoder_blank(
+    decoder: Any, lattice: Union[MultiblankLattice, TDTLattice]
+) -> None:
     """Make ``decoder.blank_id`` the lattice's standard blank (in place).
 
     ESPnet's searches start every hypothesis with ``decoder.blank_id`` (training starts
@@ -85,13 +115,30 @@ def fix_decoder_blank(decoder: Any, lattice: MultiblankLattice) -> None:
         decoder.blank_id = lattice.blank
 
 
-def resolve_search_type(search_type: str, beam_size: int, multiblank: bool) -> str:
-    """The search type that runs for a requested one (see the module docstring)."""
-    if search_type not in MULTIBLANK_SEARCH_TYPES + ESPNET_SEARCH_TYPES:
+def resolve_search_type(
+    search_type: str, beam_size: int, multiblank: bool, tdt: bool = False
+) -> str:
+    """The search type that runs for a requested one (see the module docstring).
+
+    Args:
+        search_type: ``transducer_conf.search_type``.
+        beam_size: The beam size.
+        multiblank: Whether the model has big blanks.
+        tdt: Whether the model is a TDT.
+    """
+    known = PLUGIN_SEARCH_TYPES + ESPNET_SEARCH_TYPES
+    if search_type not in known:
         raise ValueError(
-            f"transducer_conf.search_type must be one of "
-            f"{list(MULTIBLANK_SEARCH_TYPES + ESPNET_SEARCH_TYPES)}, got "
+            f"transducer_conf.search_type must be one of {list(known)}, got "
             f"{search_type!r} (unknown search type)"
+        )
+    if tdt:
+        return _resolve_tdt(search_type, beam_size)
+    if search_type in TDT_SEARCH_TYPES:
+        raise ValueError(
+            f"transducer_conf.search_type {search_type!r} decodes token-and-duration "
+            "transducers (model_conf.transducer_tdt_durations); this model is not "
+            "one: use mb_greedy or mb_beam"
         )
     if search_type == "mbg":
         return "mb_greedy"
@@ -109,6 +156,24 @@ def resolve_search_type(search_type: str, beam_size: int, multiblank: bool) -> s
     logger.warning(
         "multi-blank model: search_type %r runs as %r", search_type, resolved
     )
+    return resolved
+
+
+def _resolve_tdt(search_type: str, beam_size: int) -> str:
+    if search_type in TDT_SEARCH_TYPES:
+        return search_type
+    if search_type in ("greedy", "mbg", "mb_greedy") or (
+        search_type == "default" and beam_size <= 1
+    ):
+        resolved = "tdt_greedy"
+    elif search_type in ("default", "mb_beam"):
+        resolved = "tdt_beam"
+    else:
+        raise ValueError(
+            f"transducer_conf.search_type {search_type!r} does not know TDT "
+            "durations; use tdt_greedy or tdt_beam for a TDT model"
+        )
+    logger.warning("TDT model: search_type %r runs as %r", search_type, resolved)
     return resolved
 
 
@@ -146,9 +211,12 @@ def build_transducer_search(
     """
     lattice = lattice_from_model(model)
     fix_decoder_blank(model.decoder, lattice)
-    resolved = resolve_search_type(search_type, beam_size, lattice.is_multiblank)
+    tdt = isinstance(lattice, TDTLattice)
+    resolved = resolve_search_type(
+        search_type, beam_size, not tdt and lattice.is_multiblank, tdt=tdt
+    )
 
-    if resolved in MULTIBLANK_SEARCH_TYPES:
+    if resolved in PLUGIN_SEARCH_TYPES:
         unknown = sorted(set(conf) - set(MULTIBLANK_KEYS))
         if unknown:
             raise ValueError(
@@ -160,11 +228,18 @@ def build_transducer_search(
                 f"{resolved} does not support LM fusion (ESPnet's searches do, on "
                 "standard models)"
             )
-        stepper = JointStepper(model.decoder, model.joint_network, vocab_size_of(model))
+        stepper = JointStepper(
+            model.decoder, model.joint_network, joint_size_of(model, lattice)
+        )
         max_sym = conf.get("max_sym_per_frame", 10)
-        if resolved == "mb_greedy":
-            return MultiblankGreedySearch(stepper, lattice, max_sym_per_frame=max_sym)
-        return MultiblankBeamSearch(
+        greedy, beam = (
+            (TDTGreedySearch, TDTBeamSearch)
+            if tdt
+            else (MultiblankGreedySearch, MultiblankBeamSearch)
+        )
+        if resolved in ("mb_greedy", "tdt_greedy"):
+            return greedy(stepper, lattice, max_sym_per_frame=max_sym)
+        return beam(
             stepper,
             lattice,
             beam_size=beam_size,

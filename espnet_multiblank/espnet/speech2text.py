@@ -39,8 +39,8 @@ from espnet_multiblank.decoding import (
 )
 from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
 from espnet_multiblank.espnet.search import (
-    MULTIBLANK_SEARCH_TYPES,
     PLUGIN_ONLY_KEYS,
+    PLUGIN_SEARCH_TYPES,
     build_transducer_search,
     lattice_from_model,
 )
@@ -84,7 +84,9 @@ class DecodingStats:
         self.num_utterances = 0
         self.total_frames = 0
         self.big_blank_emissions = 0
-        self.frames_skipped_by_big_blanks = 0
+        # frames whose joint network the 1-best paths never evaluated: d - 1 per
+        # emission covering d > 1 frames (big blanks; TDT blanks and labels)
+        self.frames_skipped = 0
         # wall time inside the transducer search alone (no encoder, no I/O): the part
         # that big blanks shorten
         self.search_seconds = 0.0
@@ -93,7 +95,13 @@ class DecodingStats:
         self.num_utterances += 1
         self.total_frames += int(frames)
         self.big_blank_emissions += int(getattr(hyp, "big_blank_emissions", 0))
-        self.frames_skipped_by_big_blanks += int(getattr(hyp, "frames_skipped", 0))
+        self.frames_skipped += int(getattr(hyp, "frames_skipped", 0))
+
+    @property
+    def frames_skipped_by_big_blanks(self) -> int:
+        """:attr:`frames_skipped` under its first name (multi-blank models: only big
+        blanks skip frames)."""
+        return self.frames_skipped
 
 
 def _config_model_name(asr_train_config: Any) -> Optional[str]:
@@ -121,7 +129,7 @@ def requests_plugin_search(transducer_conf: Optional[Dict]) -> bool:
     """True when a decode config's ``transducer_conf`` names a plug-in search type or
     a key only the plug-in's searches know."""
     conf = transducer_conf or {}
-    return conf.get("search_type") in MULTIBLANK_SEARCH_TYPES or any(
+    return conf.get("search_type") in PLUGIN_SEARCH_TYPES or any(
         key in conf for key in PLUGIN_ONLY_KEYS
     )
 
@@ -194,11 +202,9 @@ class PluginSearchMixin:
         self.plugin_search = True
         self.lattice = lattice_from_model(self.asr_model)
         logger.info(
-            "transducer search: %s (blank %d, big blanks %s at %s)",
+            "transducer search: %s (%s)",
             type(self.beam_search_transducer).__name__,
-            self.lattice.blank,
-            list(self.lattice.big_blank_durations),
-            list(self.lattice.big_blank_ids),
+            self.lattice,
         )
 
     @property

@@ -1,0 +1,129 @@
+"""TDT beam search: the multi-blank beam search with (token, duration) arcs.
+
+The frame-synchronous beam search of :mod:`espnet_multiblank.decoding.beam` (one queue
+``Q[t]`` per frame position, keyed by the label sequence, merging by log-add, per-frame
+top-B cut) with the arcs of a token-and-duration transducer (``docs/decoding.md``,
+"TDT searches"). An expansion of the hypotheses C at frame t scores every allowed arc
+(h, token k, duration e_j) as ``score(h) + tok[k] + dur[j]`` and keeps the B best of all
+of them; then
+
+* blank, duration e          -> insert (y, score) into Q[min(t + e, T)];
+* label k, duration e >= 1   -> y + [k] (one batched prediction-network step for all
+                                kept labels), inserted into Q[min(t + e, T)];
+* label k, duration 0        -> y + [k] stays at frame t and forms the next C, unless
+                                it scores below the B-th best hypothesis already in
+                                Q[t + 1].
+
+Allowed arcs are those of the greedy search: a blank never takes duration 0, and a
+hypothesis whose ``max_sym_per_frame`` labels stayed at frame t takes no duration 0;
+an arc that would overshoot T is clipped at T (it ends the hypothesis). With B = 1
+each expansion keeps the most probable allowed arc, which is the TDT greedy search.
+"""
+
+from typing import List, Optional
+
+import torch
+
+from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
+from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.tdt import TDTSearchMixin
+from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
+
+
+class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
+    """Frame-synchronous TDT beam search (see the module docstring).
+
+    Args: those of :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, with a
+    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D).
+    """
+
+    def _expand(
+        self,
+        current: List[Hypothesis],
+        t: int,
+        enc_proj_t: torch.Tensor,
+        length: torch.Tensor,
+        table: TDTSymbolTable,
+        queues: List[Optional[Queue]],
+    ) -> List[Hypothesis]:
+        """Expand the hypotheses of frame t once; queue the arcs that move, return the
+        label children that stay at t.
+
+        Args:
+            current: A hypotheses at frame t.
+            enc_proj_t: (J,) projected encoder frame t.
+            length: (1,) long, T.
+        """
+        stepper = self.stepper
+        B = self.beam_size
+        A = len(current)
+        T = len(queues) - 1
+        device = enc_proj_t.device
+        dec_proj = torch.stack([h.dec_proj for h in current])  # (A, J)
+        tok, dur = table.log_probs(stepper.joint(enc_proj_t.expand(A, -1), dec_proj))
+        guard = torch.tensor(
+            [h.num_sym_frame >= self.max_sym_per_frame for h in current], device=device
+        )
+        arcs = table.arc_scores(tok, dur, guard)  # (A, V, D)
+        base = torch.tensor([h.score for h in current], dtype=torch.float64)
+        cand = base.to(device).view(A, 1, 1) + arcs.double()
+        D = table.num_durations
+        VD = cand.size(1) * D
+        top_scores, top_idx = cand.view(-1).topk(min(B, A * VD))
+        keep = torch.isfinite(top_scores)
+        top_scores, top_idx = top_scores[keep].tolist(), top_idx[keep].tolist()
+
+        # labels that stay must beat the B-th best hypothesis already queued at t + 1
+        nxt = queues[t + 1] if t + 1 < len(queues) else None
+        floor = float("-inf")
+        if nxt is not None and len(nxt) >= B:
+            floor = sorted((h.score for h in nxt.values()), reverse=True)[B - 1]
+
+        labels = []  # (parent index, token, frames, score)
+        for score, flat in zip(top_scores, top_idx):
+            a, rest = divmod(flat, VD)
+            k, j = divmod(rest, D)
+            parent = current[a]
+            frames = min(table.durations_list[j], T - t)
+            if k != table.blank:
+                if frames > 0 or score >= floor:
+                    labels.append((a, k, frames, score))
+                continue
+            child = Hypothesis(
+                score=score,
+                yseq=parent.yseq,
+                dec_state=parent.dec_state,
+                dec_proj=parent.dec_proj,
+                frame=t,
+                big_blank_emissions=parent.big_blank_emissions,
+                frames_skipped=parent.frames_skipped,
+            )
+            child.advance(frames)
+            self._insert(queues[child.frame], child)
+
+        if not labels:
+            return []
+        states = stepper.cat_states([current[a].dec_state for a, _, _, _ in labels])
+        symbols = torch.tensor([k for _, k, _, _ in labels], device=device)
+        new_proj, new_state = stepper.step(symbols, states)  # (L, J)
+        staying = []
+        for i, (a, k, frames, score) in enumerate(labels):
+            parent = current[a]
+            child = Hypothesis(
+                score=score,
+                yseq=parent.yseq + [k],
+                dec_state=stepper.select_state(
+                    new_state, torch.tensor([i], device=device)
+                ),
+                dec_proj=new_proj[i],
+                frame=t,
+                num_sym_frame=parent.num_sym_frame + 1,
+                big_blank_emissions=parent.big_blank_emissions,
+                frames_skipped=parent.frames_skipped,
+            )
+            if frames == 0:
+                staying.append(child)
+            else:
+                child.advance(frames, is_label=True)
+                self._insert(queues[child.frame], child)
+        return staying

@@ -24,12 +24,23 @@ from espnet2.layers.abs_normalize import AbsNormalize
 from espnet.nets.e2e_asr_common import ErrorCalculator
 from typeguard import typechecked
 
-from espnet_multiblank.decoding import JointStepper, MultiblankGreedySearch
+from espnet_multiblank.decoding import (
+    JointStepper,
+    MultiblankGreedySearch,
+    TDTGreedySearch,
+)
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.exact_encoding import make_batch_exact
-from espnet_multiblank.lattice import MultiblankLattice, check_big_blank_durations
+from espnet_multiblank.lattice import (
+    MultiblankLattice,
+    TDTLattice,
+    check_big_blank_durations,
+    check_tdt_durations,
+    lattice_from_config,
+)
 from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
 from espnet_multiblank.loss.options import REDUCTIONS
+from espnet_multiblank.loss.tdt_api import TDTLoss
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +62,14 @@ def check_model_conf(
     transducer_clamp: Any,
     transducer_reduction: Any,
     transducer_loss_backend: Any,
-) -> Tuple[int, ...]:
-    """Validate the plug-in's ``model_conf`` keys; return the durations as a tuple.
+    transducer_tdt_durations: Any = (),
+    transducer_tdt_omega: Any = 0.0,
+) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """Validate the plug-in's ``model_conf`` keys.
+
+    Returns:
+        The big-blank durations and the TDT durations, as tuples (at most one of
+        them non-empty).
 
     Raises:
         ConfigError: naming the offending ``model_conf.<key>``.
@@ -68,6 +85,35 @@ def check_model_conf(
             f"{key} must be a list of distinct integers >= 2 (e.g. [2, 4, 8]; [] for "
             f"a standard transducer): {e}"
         ) from None
+    tdt_key = _key("transducer_tdt_durations")
+    value = transducer_tdt_durations
+    tdt: Tuple[int, ...] = ()
+    try:
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise TypeError(f"got {type(value).__name__} {value!r}")
+        if value:
+            tdt = check_tdt_durations(value, tdt_key)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{tdt_key} must be a list of distinct integers >= 0 with at least one "
+            f">= 1 (e.g. [0, 1, 2, 3, 4]; [] for no TDT): {e}"
+        ) from None
+    if tdt and durations:
+        try:  # the lattice module owns the rule (any valid blank index will do here)
+            lattice_from_config(len(durations), durations, tdt, key, tdt_key)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    omega = transducer_tdt_omega
+    if (
+        isinstance(omega, bool)
+        or not isinstance(omega, Real)
+        or not math.isfinite(omega)
+        or not 0.0 <= omega <= 1.0
+    ):
+        raise ConfigError(
+            f"{_key('transducer_tdt_omega')} must be a probability in [0, 1] (how "
+            f"often a batch is trained with the plain RNN-T loss), got {omega!r}"
+        )
     for name, value in (
         ("transducer_multi_blank_sigma", transducer_multi_blank_sigma),
         ("transducer_fastemit_lambda", transducer_fastemit_lambda),
@@ -93,12 +139,15 @@ def check_model_conf(
             f"{_key('transducer_loss_backend')} must be one of {list(BACKENDS)}, got "
             f"{transducer_loss_backend!r}"
         )
-    return durations
+    return durations, tdt
 
 
 def _check_token_layout(
-    token_list: Sequence[str], sym_blank: str, durations: Tuple[int, ...]
-) -> MultiblankLattice:
+    token_list: Sequence[str],
+    sym_blank: str,
+    durations: Tuple[int, ...],
+    tdt_durations: Tuple[int, ...] = (),
+) -> Union[MultiblankLattice, TDTLattice]:
     """The model's lattice; checks the token list has the blanks where it says.
 
     Raises:
@@ -110,13 +159,19 @@ def _check_token_layout(
             f"{_key('sym_blank')}={sym_blank!r} is not in token_list: a transducer "
             "needs a blank symbol"
         )
+    blank = list(token_list).index(sym_blank)
+    blank_name = f"the index of {sym_blank!r} in token_list"
     key = _key("transducer_multi_blank_durations")
+    if tdt_durations:  # check_model_conf refused big blanks next to TDT durations
+        return TDTLattice.create(
+            blank,
+            tdt_durations,
+            blank_name=blank_name,
+            durations_name=_key("transducer_tdt_durations"),
+        )
     try:
         lattice = MultiblankLattice.create(
-            list(token_list).index(sym_blank),
-            durations,
-            blank_name=f"the index of {sym_blank!r} in token_list",
-            durations_name=key,
+            blank, durations, blank_name=blank_name, durations_name=key
         )
     except ValueError as e:
         raise ConfigError(f"{key}={list(durations)}: {e}") from None
@@ -137,9 +192,10 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
     ESPnet's calculator decodes with ``BeamSearchTransducer`` (which treats
     ``decoder.blank_id`` as the only blank, so big blanks would be emitted as labels)
     and strips blanks by string replacement. This one decodes the whole batch with the
-    plug-in's batched multi-blank greedy search (big blanks skip their frames) over the
-    valid frames only, and drops every blank id (standard and big) from hypotheses and
-    references before scoring.
+    plug-in's batched greedy search of the model's lattice (multi-blank: big blanks
+    skip their frames; TDT, ``tdt_durations`` set: TDT greedy search over the joint
+    network's V + D outputs) over the valid frames only, and drops every blank id
+    (standard and big) from hypotheses and references before scoring.
     """
 
     def __init__(
@@ -153,6 +209,7 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
         big_blank_durations: Sequence[int] = (),
         report_cer: bool = False,
         report_wer: bool = False,
+        tdt_durations: Sequence[int] = (),
     ):
         super().__init__(
             decoder,
@@ -163,12 +220,22 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
             report_cer=report_cer,
             report_wer=report_wer,
         )
-        lattice = MultiblankLattice.create(blank_id, big_blank_durations)
-        self.beam_search = MultiblankGreedySearch(
-            JointStepper(decoder, joint_network, len(token_list)),
-            lattice,
-            max_sym_per_frame=5,
-        )
+        if tdt_durations:
+            lattice = TDTLattice.create(blank_id, tdt_durations)
+            self.beam_search = TDTGreedySearch(
+                JointStepper(
+                    decoder, joint_network, len(token_list) + lattice.num_durations
+                ),
+                lattice,
+                max_sym_per_frame=5,
+            )
+        else:
+            lattice = MultiblankLattice.create(blank_id, big_blank_durations)
+            self.beam_search = MultiblankGreedySearch(
+                JointStepper(decoder, joint_network, len(token_list)),
+                lattice,
+                max_sym_per_frame=5,
+            )
         self.blank_ids = frozenset(lattice.blank_ids)
 
     def convert_to_char(self, pred, target) -> Tuple[List[str], List[str]]:
@@ -207,6 +274,46 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
         return cer, wer
 
 
+def _add_duration_outputs(
+    joint_network: torch.nn.Module, vocab_size: int, num_durations: int
+) -> None:
+    """Give the joint network's output layer V + D units (in place).
+
+    ESPnet's ``ASRTask`` builds ``JointNetwork(vocab_size, ...)``, whose ``lin_out``
+    has V outputs; a TDT needs D duration logits after them. The layer is rebuilt here
+    in the model's constructor, so that rebuilding a model from its config (ESPnet's
+    ``build_model_from_file``) gives the shapes of the saved state dict. A layer that
+    already has V + D outputs is kept.
+
+    Raises:
+        ConfigError: the joint network has no ``lin_out`` ``torch.nn.Linear`` with V
+            or V + D outputs.
+    """
+    lin_out = getattr(joint_network, "lin_out", None)
+    key = _key("transducer_tdt_durations")
+    if not isinstance(lin_out, torch.nn.Linear):
+        raise ConfigError(
+            f"{key}: a TDT needs a joint network whose output layer is a "
+            f"torch.nn.Linear named lin_out (ESPnet's JointNetwork), got "
+            f"{type(joint_network).__name__}"
+        )
+    if lin_out.out_features == vocab_size + num_durations:
+        return
+    if lin_out.out_features != vocab_size:
+        raise ConfigError(
+            f"{key}: the joint network's lin_out has {lin_out.out_features} outputs; "
+            f"expected the vocabulary size {vocab_size} (or {vocab_size} + "
+            f"{num_durations} duration logits)"
+        )
+    joint_network.lin_out = torch.nn.Linear(
+        lin_out.in_features,
+        vocab_size + num_durations,
+        bias=lin_out.bias is not None,
+        device=lin_out.weight.device,
+        dtype=lin_out.weight.dtype,
+    )
+
+
 class MultiblankCTCErrorCalculator(ErrorCalculator):
     """ESPnet's CTC CER calculator that also treats big blanks as blank."""
 
@@ -232,7 +339,16 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
       ``[]`` = standard RNN-T (no ``warprnnt_pytorch`` needed). ESPnet's
       ``ASRTask.build_model`` reads this key from ``model_conf`` (whatever the model)
       and inserts ``<blank{d}>`` before ``<blank>`` in the token list.
-    * ``transducer_multi_blank_sigma`` (default 0.05): logit under-normalisation.
+    * ``transducer_tdt_durations``: a token-and-duration transducer (TDT) with these
+      durations, e.g. ``[0, 1, 2, 3, 4]`` (distinct ints >= 0, one >= 1 at least; not
+      together with big blanks); ``[]`` (default) = no TDT. The joint network's output
+      layer ``lin_out`` gets V + D units (V token logits, then D duration logits); the
+      token list is not changed. Loss: :class:`~espnet_multiblank.TDTLoss`.
+    * ``transducer_tdt_omega`` (default 0): probability that a training batch uses the
+      plain RNN-T loss on the token logits instead (NeMo's omega; validation always
+      uses the TDT loss).
+    * ``transducer_multi_blank_sigma`` (default 0.05): logit under-normalisation (for a
+      TDT: subtracted from the token log-probabilities, not from the durations).
     * ``transducer_fastemit_lambda`` (default 0): FastEmit weight.
     * ``transducer_clamp`` (default 0 = off): clip the loss gradient to [-c, c].
     * ``transducer_reduction`` (default "mean" = sum / batch, ESPnet's): also "sum",
@@ -245,14 +361,20 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             standard transducer.
         big_blank_ids (Tuple[int, ...]): index of big blank ``i`` =
             ``blank_id - 1 - i``.
+        tdt_durations (Tuple[int, ...]): the TDT's durations; ``()`` for a
+            (multi-blank) RNN-T.
+        lattice (MultiblankLattice | TDTLattice): the model's lattice
+            (``docs/lattice.md``).
         decoder (TransducerDecoder): ESPnet's prediction network; its ``blank_id`` is
             set to ``blank_id`` (ESPnet leaves 0, i.e. the longest big blank) and its
             embedding's ``padding_idx`` is the standard blank (the start symbol has a
             zero, untrained embedding, as in ESPnet's standard transducer).
         joint_network (JointNetwork): ESPnet's joint network; outputs raw logits over
-            the whole vocabulary (all blanks included).
+            the whole vocabulary (all blanks included), followed for a TDT by the
+            duration logits.
         token_list (List[str]): vocabulary, big blanks included.
-        criterion_transducer (MultiblankRNNTLoss): the loss (raw logits in).
+        criterion_transducer (MultiblankRNNTLoss | TDTLoss): the loss (raw logits
+            in).
         transducer_multi_blank_durations (List[int]): same as ``big_blank_durations``
             (ESPnet's attribute name, read by ESPnet's ``Speech2Text``).
         batch_exact_encoding (BatchExactness): whether ``encode`` gives each
@@ -260,8 +382,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             :mod:`espnet_multiblank.espnet.exact_encoding`; in training too).
 
     The CTC branch (if ``ctc_weight > 0``) uses the standard blank as CTC blank, and
-    validation CER/WER decode greedily with big blanks skipping frames and strip every
-    blank symbol.
+    validation CER/WER decode greedily with big blanks (TDT durations) skipping frames
+    and strip every blank symbol. CTC has its own output layer over the V tokens on
+    the encoder output: the TDT's duration logits are the joint network's only.
     """
 
     @typechecked
@@ -290,6 +413,8 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         sym_blank: str = "<blank>",
         transducer_multi_blank_durations: Any = (),
         transducer_multi_blank_sigma: Any = 0.05,
+        transducer_tdt_durations: Any = (),
+        transducer_tdt_omega: Any = 0.0,
         transducer_fastemit_lambda: Any = 0.0,
         transducer_clamp: Any = 0.0,
         transducer_reduction: Any = "mean",
@@ -300,13 +425,15 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         extract_feats_in_collect_stats: bool = True,
         lang_token_id: int = -1,
     ):
-        durations = check_model_conf(
+        durations, tdt_durations = check_model_conf(
             transducer_multi_blank_durations,
             transducer_multi_blank_sigma,
             transducer_fastemit_lambda,
             transducer_clamp,
             transducer_reduction,
             transducer_loss_backend,
+            transducer_tdt_durations,
+            transducer_tdt_omega,
         )
         if joint_network is None or decoder is None:
             raise ConfigError(
@@ -317,8 +444,10 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             raise ConfigError(
                 f"{_key('ctc_weight')} must be in [0, 1], got {ctc_weight}"
             )
-        lattice = _check_token_layout(token_list, sym_blank, durations)
+        lattice = _check_token_layout(token_list, sym_blank, durations, tdt_durations)
         blank_id = lattice.blank
+        if tdt_durations:
+            _add_duration_outputs(joint_network, vocab_size, len(tdt_durations))
         if ctc_weight > 0 and ctc.ctc_type not in _CTC_TYPES_WITH_BLANK and blank_id:
             raise ConfigError(
                 f"ctc_conf.ctc_type={ctc.ctc_type!r} always uses blank 0, but the "
@@ -361,18 +490,36 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         )
         assert self.blank_id == blank_id, (self.blank_id, blank_id)
 
+        self.lattice = lattice
         self.big_blank_durations: Tuple[int, ...] = durations
-        self.big_blank_ids: Tuple[int, ...] = lattice.big_blank_ids
+        self.big_blank_ids: Tuple[int, ...] = tuple(
+            getattr(lattice, "big_blank_ids", ())
+        )
+        self.tdt_durations: Tuple[int, ...] = tdt_durations
         self.transducer_multi_blank_durations = list(durations)
-        self.criterion_transducer = MultiblankRNNTLoss(
+        loss_options = dict(
             blank=blank_id,
-            big_blank_durations=durations,
             reduction=transducer_reduction,
             fastemit_lambda=float(transducer_fastemit_lambda),
             clamp=float(transducer_clamp),
             sigma=float(transducer_multi_blank_sigma),
             backend=transducer_loss_backend,
         )
+        self.criterion_transducer_eval = None
+        if tdt_durations:
+            self.criterion_transducer = TDTLoss(
+                durations=tdt_durations,
+                omega=float(transducer_tdt_omega),
+                **loss_options,
+            )
+            if transducer_tdt_omega > 0:  # a deterministic validation loss
+                self.criterion_transducer_eval = TDTLoss(
+                    durations=tdt_durations, omega=0.0, **loss_options
+                )
+        else:
+            self.criterion_transducer = MultiblankRNNTLoss(
+                big_blank_durations=durations, **loss_options
+            )
 
         # The prediction network starts from, and searches treat as blank, the
         # standard blank (ESPnet leaves decoder.blank_id = embed_pad = 0).
@@ -403,6 +550,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
                 big_blank_durations=durations,
                 report_cer=report_cer,
                 report_wer=report_wer,
+                tdt_durations=tdt_durations,
             )
         elif self.error_calculator is not None:
             self.error_calculator = MultiblankCTCErrorCalculator(
@@ -421,7 +569,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         self, encoder_out: torch.Tensor, decoder_out: torch.Tensor
     ) -> torch.Tensor:
         """Raw joint-network logits (B, T, U, V) for encoder (B, T, D) and decoder
-        (B, U, D) outputs."""
+        (B, U, D) outputs ((B, T, U, V + D) for a TDT: token, then duration logits)."""
         return self.joint_network(encoder_out.unsqueeze(2), decoder_out.unsqueeze(1))
 
     def _calc_transducer_loss(
@@ -453,8 +601,11 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         # The loss computes in float32 whatever autocast chose for the joint network.
         if joint_out.dtype not in (torch.float32, torch.float64):
             joint_out = joint_out.float()
+        criterion = self.criterion_transducer
+        if not self.training and self.criterion_transducer_eval is not None:
+            criterion = self.criterion_transducer_eval
         with torch.autocast(device_type=joint_out.device.type, enabled=False):
-            loss_transducer = self.criterion_transducer(joint_out, target, t_len, u_len)
+            loss_transducer = criterion(joint_out, target, t_len, u_len)
 
         cer_transducer, wer_transducer = None, None
         if not self.training and self.error_calculator_trans is not None:

@@ -49,6 +49,8 @@ def check_args(args: argparse.Namespace) -> None:
         conf.get("transducer_clamp", 0.0),
         conf.get("transducer_reduction", "mean"),
         conf.get("transducer_loss_backend", "auto"),
+        conf.get("transducer_tdt_durations", ()),
+        conf.get("transducer_tdt_omega", 0.0),
     )
     sym_blank = conf.get("sym_blank", "<blank>")
     token_list = args.token_list

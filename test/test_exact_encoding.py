@@ -540,3 +540,36 @@ def test_idempotent_same_state_dict_deepcopy(models, tmp_path, monkeypatch):
     speech, lengths = waveforms(4, 8000, seed=5)
     worst, wrong_lengths = padded_vs_alone(clone, speech, lengths)
     assert wrong_lengths == 0 and worst < ATOL
+
+
+def test_utterance_mvn_padded_batch_equals_alone(tmp_path):
+    """Utterance MVN takes its statistics over each utterance's valid frames."""
+    config = load_config(CONFIGS[-1], tmp_path, normalize="utterance_mvn")
+    config["normalize_conf"] = {"norm_vars": True}
+    model = build_model(config, tmp_path / "m").eval()
+    assert model.batch_exact_encoding.exact
+    worst, wrong_lengths = padded_vs_alone(model, *waveforms(6, 8000, seed=11))
+    assert wrong_lengths == 0 and worst < ATOL
+
+
+@pytest.mark.parametrize("norm_means", [True, False])
+@pytest.mark.parametrize("norm_vars", [True, False])
+def test_exact_utterance_mvn_equals_espnet_alone(norm_means, norm_vars):
+    from espnet2.layers.utterance_mvn import UtteranceMVN
+
+    from espnet_multiblank.espnet.exact_layers import ExactUtteranceMVN
+
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([30, 12, 21])
+    x = torch.randn(3, 30, 5, generator=g) * 2 + 3
+    espnet = UtteranceMVN(norm_means=norm_means, norm_vars=norm_vars)
+    exact = ExactUtteranceMVN(norm_means=norm_means, norm_vars=norm_vars)
+    batched, _ = exact(x.clone(), lengths)
+    espnet_batched, _ = espnet(x.clone(), lengths)
+    differs = False
+    for b, n in enumerate(lengths.tolist()):
+        alone, _ = espnet(x[b : b + 1, :n].clone(), lengths[b : b + 1])
+        torch.testing.assert_close(batched[b, :n], alone[0])
+        differs |= not torch.allclose(espnet_batched[b, :n], alone[0])
+    # ESPnet subtracts the mean from the padded frames too, then counts them
+    assert differs == (norm_means and norm_vars)

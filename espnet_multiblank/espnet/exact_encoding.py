@@ -2,18 +2,19 @@
 
 :func:`make_batch_exact` inspects an ESPnet ASR model's path from the waveform to the
 encoder output (frontend, normalisation, pre-encoder, encoder, post-encoder) and, when
-every module on it is one whose behaviour on padded input is known, replaces the three
+every module on it is one whose behaviour on padded input is known, replaces those
 that mix padding into valid frames by the padding-invariant versions of
 :mod:`espnet_multiblank.espnet.exact_layers`:
 
 * the frontend's ``Stft`` (``center=True``) -> :class:`ExactStft`;
+* ``UtteranceMVN`` -> :class:`ExactUtteranceMVN` (variance over valid frames);
 * ``Conv2dSubsampling*`` -> the output mask from each utterance's own length
   (a forward hook, :func:`subsampling_mask_hook`);
 * the conformer's convolution modules and blocks -> :class:`MaskedConvolutionModule`
   and :class:`MaskedConformerEncoderLayer`.
 
 Everything else on the path is per frame (linear layers, layer norm, activations,
-log-mel, global/utterance MVN given the lengths) or already masked (self-attention
+log-mel, global MVN) or already masked (self-attention
 with absolute or relative (``rel_pos``) positions, whose scores depend on the relative
 offset only). Classes are swapped on the instances, so parameters, state-dict keys and
 an unpadded utterance's output are unchanged, and training sees the same function as
@@ -69,6 +70,7 @@ from espnet.nets.pytorch_backend.transformer.subsampling import (
 
 from espnet_multiblank.espnet.exact_layers import (
     ExactStft,
+    ExactUtteranceMVN,
     MaskedConformerEncoderLayer,
     MaskedConvolutionModule,
     subsampling_mask_hook,
@@ -273,11 +275,11 @@ def _plan(model: torch.nn.Module) -> List[Callable[[], None]]:
             raise _NotExact(f"model.{method} is not ESPnet's ESPnetASRModel.{method}")
     actions: List[Callable[[], None]] = []
     _frontend(model.frontend, "frontend", actions)
-    if model.normalize is not None and type(model.normalize) not in (
-        GlobalMVN,
-        UtteranceMVN,
-    ):
-        raise _unknown("normalize", model.normalize)
+    normalize = model.normalize
+    if type(normalize) in (UtteranceMVN, ExactUtteranceMVN):
+        actions.append(_swap_class(normalize, ExactUtteranceMVN))
+    elif normalize is not None and type(normalize) is not GlobalMVN:
+        raise _unknown("normalize", normalize)
     _preencoder(model.preencoder, "preencoder")
     if model.encoder is not None:
         if type(model.encoder) not in (ConformerEncoder, TransformerEncoder):

@@ -1,7 +1,7 @@
 """Padding-invariant versions of the ESPnet layers that mix padding into valid frames.
 
 In a padded batch, ESPnet's ASR front end and conformer give the frames of a short
-utterance values that differ from those it gets alone, in three places:
+utterance values that differ from those it gets alone, in these places:
 
 * :class:`espnet2.layers.stft.Stft` with ``center=True`` pads the *batch* by
   reflection, so the last frames of a shorter utterance see the zeros after it instead
@@ -10,6 +10,8 @@ utterance values that differ from those it gets alone, in three places:
   its 1/2/6/8 variants) derives the output mask by slicing the input mask, which for a
   padded utterance keeps one frame more than the convolutions compute from its own
   samples; that frame is made of padding and is then attended to;
+* :class:`espnet2.layers.utterance_mvn.UtteranceMVN` with ``norm_vars`` counts the
+  padded frames (minus the mean) in the variance;
 * the conformer's :class:`~espnet.nets.pytorch_backend.conformer.convolution.
   ConvolutionModule` convolves over time without a mask, so the depthwise convolution
   reads the padded frames (the GLU of the bias, not zeros) into the last valid frames,
@@ -25,8 +27,10 @@ from typing import Optional, Tuple
 
 import torch
 from espnet2.layers.stft import Stft
+from espnet2.layers.utterance_mvn import UtteranceMVN
 from espnet.nets.pytorch_backend.conformer.convolution import ConvolutionModule
 from espnet.nets.pytorch_backend.conformer.encoder_layer import EncoderLayer
+from espnet.nets.pytorch_backend.nets_utils import make_pad_mask
 
 
 def reflect_pad_each(
@@ -91,6 +95,32 @@ class ExactStft(Stft):
             return super().forward(padded, ilens + 2 * pad)
         finally:
             self.center = True
+
+
+class ExactUtteranceMVN(UtteranceMVN):
+    """``UtteranceMVN`` whose variance ignores the padded frames.
+
+    With ``norm_means`` and ``norm_vars`` ESPnet's ``utterance_mvn`` subtracts the
+    mean from every frame, padded ones included, and then sums the squares of all
+    frames: a padded utterance's variance counts ``mean ** 2`` once per padded frame.
+    Here the padded frames are zeroed before the squares are summed (padded frames of
+    the output are 0). Without ``norm_vars`` (or without ``ilens``) this is ESPnet's.
+    """
+
+    def forward(
+        self, x: torch.Tensor, ilens: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Args: x (B, T, D) float; ilens (B,) int. Returns ``(x (B, T, D), ilens)``."""
+        if not self.norm_vars or ilens is None:
+            return super().forward(x, ilens)
+        pad = make_pad_mask(ilens, x, 1)  # (B, T, D) bool, True on padded frames
+        count = ilens.to(x.device, x.dtype).view(-1, *([1] * (x.dim() - 1)))
+        x = x.masked_fill(pad, 0.0)
+        mean = x.sum(dim=1, keepdim=True) / count
+        centred = (x - mean).masked_fill(pad, 0.0)
+        var = centred.pow(2).sum(dim=1, keepdim=True) / count
+        std = torch.clamp(var.sqrt(), min=self.eps)
+        return (centred if self.norm_means else x) / std, ilens
 
 
 def masked_batch_norm(

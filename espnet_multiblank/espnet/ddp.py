@@ -36,8 +36,7 @@ DEFAULT_BACKEND = {"cpu": "gloo", "gpu": "nccl"}
 _PEER_FAILURE_MARKS = (
     "gloo",
     "NCCL",
-    "Timed out",
-    "timed out",
+    "Timed out",  # gloo: "Timed out waiting 600000ms for recv operation"
     "Connection closed",
     "Connection reset",
     "Broken pipe",

@@ -1,0 +1,113 @@
+"""run.sh --train_procs N: the training stages' command lines, threads, markers and
+re-runs, with a stand-in for Python (records its arguments, writes the file run.sh
+expects). The DDP training itself is tested in test_espnet_ddp.py."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RUN_SH = Path(__file__).resolve().parents[1] / "egs" / "digits" / "asr1" / "run.sh"
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stand-in for python: record the call, then act like asr_train
+out=""
+prev=""
+for a in "$@"; do
+  [ "$prev" = "--output_dir" ] && out=$a
+  prev=$a
+done
+name=$(basename "${out%.tmp}")
+echo "$name OMP=${OMP_NUM_THREADS:-unset} $*" >> "$FAKE_LOG"
+if [ -n "$out" ]; then
+  touch "$out/from_${FAKE_TAG:-run}"
+  case " ${FAKE_FAIL:-} " in
+    *" $name "*) echo "Traceback: fake failure" >&2; exit 1 ;;
+  esac
+  touch "$out/valid.loss.ave.pth"
+  echo "config" > "$out/config.yaml"
+fi
+"""
+
+
+@pytest.fixture
+def recipe_dir(tmp_path):
+    """A --dir whose stages 1-5 are marked done, and the stand-in python."""
+    done = tmp_path / "work" / "exp" / ".done"
+    done.mkdir(parents=True)
+    for n in range(1, 6):
+        (done / str(n)).write_text("earlier\n")
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    return tmp_path
+
+
+def _run(root, *args, **env):
+    log = root / "calls.log"
+    full_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    full_env.update(FAKE_LOG=str(log), **env)
+    cmd = ["bash", str(RUN_SH), "--dir", str(root / "work"), "--python"]
+    cmd += [str(root / "python"), "--stage", "6", "--stop_stage", "7", *args]
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return proc, {c.split()[0]: c for c in calls}
+
+
+DDP_FLAGS = "--multiprocessing_distributed true --dist_world_size 2 --dist_timeout 600"
+
+
+@pytest.mark.parametrize("jobs, omp", [("2", "OMP=1"), ("1", "OMP=unset")])
+def test_train_procs_passes_ddp_flags_to_both_models(recipe_dir, jobs, omp):
+    proc, calls = _run(recipe_dir, "--train_procs", "2", "--train_jobs", jobs)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert set(calls) == {"asr_standard", "asr_multiblank"}, calls
+    for name, call in calls.items():
+        assert DDP_FLAGS in call, call
+        assert call.split()[1] == omp, call  # 1 thread per process only with 2 jobs
+        exp = recipe_dir / "work" / "exp" / name
+        assert (exp / "train_procs").read_text().strip() == "2"
+    done = recipe_dir / "work" / "exp" / ".done"
+    assert (done / "6").exists() and (done / "7").exists()
+
+
+def test_one_process_by_default(recipe_dir):
+    proc, calls = _run(recipe_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for call in calls.values():
+        assert "--multiprocessing_distributed" not in call
+        assert "--dist_world_size" not in call
+    exp = recipe_dir / "work" / "exp"
+    assert (exp / "asr_multiblank" / "train_procs").read_text().strip() == "1"
+
+
+def test_failed_ddp_training_reruns_cleanly(recipe_dir):
+    proc, _ = _run(
+        recipe_dir, "--train_procs", "2", FAKE_FAIL="asr_multiblank", FAKE_TAG="first"
+    )
+    assert proc.returncode != 0 and "training multiblank failed" in proc.stderr
+    exp = recipe_dir / "work" / "exp"
+    assert (exp / ".done" / "6").exists() and not (exp / ".done" / "7").exists()
+    assert (exp / "asr_multiblank.tmp" / "from_first").exists()
+    proc, calls = _run(recipe_dir, "--train_procs", "2", FAKE_TAG="second")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(calls) == ["asr_multiblank"]  # the standard model was done already
+    assert DDP_FLAGS in calls["asr_multiblank"]
+    assert not (exp / "asr_multiblank.tmp").exists()
+    assert sorted(p.name for p in (exp / "asr_multiblank").iterdir()) == [
+        "config.yaml",
+        "from_second",  # nothing left from the failed attempt
+        "train.log",
+        "train_procs",
+        "train_seconds",
+        "valid.loss.ave.pth",
+    ]
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "-1", ""])
+def test_train_procs_must_be_a_positive_integer(recipe_dir, bad):
+    proc, calls = _run(recipe_dir, "--train_procs", bad)
+    assert proc.returncode == 1 and calls == {}
+    assert f"--train_procs must be a positive integer, got '{bad}'" in proc.stderr

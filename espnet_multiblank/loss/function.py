@@ -1,15 +1,30 @@
 """The autograd Function around the fused (Numba) kernels.
 
-A kernel computes, in one call, the per-utterance costs and (only when autograd needs
-it) the gradient of the *reduced* loss with respect to the logits: every utterance's
-gradient is clamped first (``clamp``) and then multiplied by its reduction weight (1 for
-"none"/"sum", 1/B for "mean", 1/max(L_b,1) / B for "mean_volume"). The gradient is kept
-with ``save_for_backward`` and never modified in place, so ``backward`` may run twice
-(``retain_graph=True``). When the incoming gradient is exactly 1 (the usual
-``loss.backward()``), the saved tensor itself is returned: no second logits-sized
-buffer.
+The gradient of the *reduced* loss with respect to the logits is, per utterance b,
+``factor_b * clip(d cost_b / d acts_b, -clamp, clamp)`` with ``factor_b`` = reduction
+weight (1 for "none"/"sum", 1/B for "mean", 1/max(L_b,1) / B for "mean_volume") times
+the incoming gradient. It costs ONE logits-sized buffer whatever the incoming gradient
+(1 - ctc_weight, 1 / accum_grad, an AMP loss scale...):
+
+* kernels that offer ``kernel.begin`` / ``kernel.finish`` (the CPU kernel, float32 /
+  float64 logits) leave their last pass to ``backward``: the forward pass keeps the
+  buffer of exps and the lattice occupancies, and backward turns the buffer into the
+  gradient in place with the factors folded in (no extra pass over the logits);
+* the others (CUDA, and float16 / bfloat16 logits, computed in float32 chunks) return
+  the finished gradient with the reduction weights; backward multiplies the incoming
+  gradient into that same buffer in place (one extra pass, no extra buffer).
+
+Either way backward returns the saved buffer itself. ``retain_graph=True``: the buffer
+is never modified after it has been returned once, so a gradient handed out earlier
+keeps its values; a later backward with the same incoming gradient returns the buffer
+again, one with a different incoming gradient returns a new tensor (the buffer
+rescaled by the ratio of the two incoming gradients: one more logits-sized buffer, and
+its values may differ from a fresh computation in the last bit). An incoming gradient
+with a zero or non-finite entry is multiplied into a new tensor as well, so that the
+buffer stays rescalable.
 """
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -84,8 +99,12 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
     """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel).
 
     ``kernel(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)``
-    returns ``(costs (B,), grads (B,T,U,V) or None)``; see
-    ``espnet_multiblank.loss.cpu``.
+    returns ``(costs (B,), grads (B,T,U,V) or None)``. A CPU kernel may also offer
+    ``kernel.begin(acts, labels, act_lens, label_lens, opts, need_grad)`` ->
+    ``(costs (B,) numpy array or CPU tensor, pending)`` and
+    ``kernel.finish(pending.tensors(), opts, factors (B,) float64 CPU tensor)`` ->
+    grads (the first of ``pending.tensors()``, finished in place); see
+    ``espnet_multiblank.loss.cpu.driver``.
     """
 
     @staticmethod
@@ -93,6 +112,43 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
         need_grad = ctx.needs_input_grad[0]
         in_dtype = acts.dtype
         compute_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
+        begin = getattr(kernel, "begin", None)
+        ctx.opts = opts
+        ctx.finish = None
+        ctx.applied = None  # (B,) float64 numpy: incoming gradient in the buffer
+        ctx.returned = False  # whether backward has handed the buffer out
+        ctx.reduction = opts.reduction
+        if (
+            begin is not None
+            and in_dtype in (torch.float32, torch.float64)
+            and acts.device.type == "cpu"
+        ):
+            # numpy bookkeeping: a torch op costs microseconds, a small problem's
+            # whole loss well under a millisecond
+            costs, pending = begin(
+                acts.detach().contiguous(),
+                labels,
+                act_lens,
+                label_lens,
+                opts,
+                need_grad,
+            )
+            if isinstance(costs, torch.Tensor):
+                costs = costs.numpy()
+            costs = costs.astype(np.float64, copy=False)
+            if np.isnan(costs).any():
+                _raise_nan(int(np.flatnonzero(np.isnan(costs))[0]))
+            weights = _weights_np(opts, label_lens.numpy())
+            if need_grad:
+                ctx.save_for_backward(*pending.tensors())
+                ctx.finish = kernel.finish
+                ctx.weights = weights
+            del pending
+            if opts.reduction == "none":
+                out = costs
+            else:
+                out = np.asarray(np.dot(costs, weights) if costs.size else 0.0)
+            return torch.from_numpy(out).to(compute_dtype)
         weights = reduction_weights(opts, label_lens, compute_dtype)
         if in_dtype in (torch.float16, torch.bfloat16):
             costs, grads = _half_in_chunks(
@@ -105,31 +161,68 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
             )
             del acts_c
         if bool(torch.isnan(costs).any()):
-            b = int(torch.isnan(costs).nonzero()[0])
-            raise ValueError(
-                f"acts must be finite logits (-inf allowed for masked symbols); "
-                f"utterance {b} contains NaN or +inf"
-            )
+            _raise_nan(int(torch.isnan(costs).nonzero()[0]))
         if need_grad:
             if grads.dtype != in_dtype:
                 grads = grads.to(in_dtype)
             ctx.save_for_backward(grads)
-        ctx.reduction = opts.reduction
+            ctx.applied = np.ones(acts.shape[0])
         with torch.no_grad():
             return reduce_costs(costs, opts, label_lens)
 
     @staticmethod
     @once_differentiable  # the kernels give no second derivative: fail loudly
     def backward(ctx, grad_out):
-        (grads,) = ctx.saved_tensors
-        if ctx.reduction == "none":
-            # d loss / d acts_b = grad_out[b] * grads_b
-            if bool((grad_out == 1).all()):
-                return grads, None, None, None, None, None
-            g = grad_out.to(grads.dtype).view(-1, 1, 1, 1)
+        saved = ctx.saved_tensors
+        grads = saved[0]
+        B = grads.shape[0]
+        # d loss / d acts_b = grad_out (or grad_out[b] for "none") * gradient_b; the
+        # factors go through the host (one sync on CUDA, as any scalar read)
+        if grad_out.numel() == 1:
+            incoming = np.full(B, float(grad_out))
         else:
-            # one scalar read (a host sync on CUDA) spares a logits-sized copy
-            if float(grad_out) == 1.0:
+            incoming = grad_out.detach().to("cpu", torch.float64).reshape(-1).numpy()
+        usable = bool(np.isfinite(incoming).all() and (incoming != 0).all())
+        if ctx.applied is None:  # first backward of a deferred kernel: run pass 3
+            if usable:
+                ctx.finish(saved, ctx.opts, torch.from_numpy(ctx.weights * incoming))
+                ctx.applied = incoming.copy()
+                ctx.returned = True
                 return grads, None, None, None, None, None
-            g = grad_out.to(grads.dtype)
-        return grads * g, None, None, None, None, None
+            ctx.finish(saved, ctx.opts, torch.from_numpy(ctx.weights))
+            ctx.applied = np.ones(B)
+        if np.array_equal(incoming, ctx.applied):
+            ctx.returned = True
+            return grads, None, None, None, None, None
+        ratio = torch.from_numpy(incoming / ctx.applied).to(
+            device=grads.device,
+            dtype=torch.float64 if grads.dtype == torch.float64 else torch.float32,
+        )
+        ratio = ratio.view(-1, *([1] * (grads.dim() - 1)))
+        if usable and not ctx.returned:
+            # nobody holds the buffer yet: scale it in place (.data: the saved tensor's
+            # version counter must not move, or a retain_graph backward would refuse)
+            grads.data.mul_(ratio)
+            ctx.applied = incoming.copy()
+            ctx.returned = True
+            return grads, None, None, None, None, None
+        out = torch.empty_like(grads)
+        torch.mul(grads, ratio, out=out)
+        return out, None, None, None, None, None
+
+
+def _weights_np(opts: LossOptions, label_lens: np.ndarray) -> np.ndarray:
+    """:func:`reduction_weights` as a float64 numpy array."""
+    B = label_lens.shape[0]
+    if opts.reduction == "mean":
+        return np.full(B, 1.0 / max(B, 1))
+    if opts.reduction == "mean_volume":
+        return 1.0 / (np.maximum(label_lens, 1).astype(np.float64) * max(B, 1))
+    return np.ones(B)
+
+
+def _raise_nan(b: int) -> None:
+    raise ValueError(
+        f"acts must be finite logits (-inf allowed for masked symbols); "
+        f"utterance {b} contains NaN or +inf"
+    )

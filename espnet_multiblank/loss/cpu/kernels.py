@@ -1,28 +1,53 @@
 """Numba CPU kernels of the multi-blank RNN-T loss: three passes, fused log-softmax.
 
-Notation (per utterance b; ``x = acts[b, t, u, :]``, T_b frames, U_b = L_b + 1):
-    denom(t,u) = log sum_k exp(x_k)                  (pass 1, kept as (B,T,U) float64)
-    lp(t,u,k)  = x_k - denom(t,u) - sigma            (only k = blank, y_u, big blanks:
-                                                      a (B,T,U,N+2) float64 workspace)
-    alpha(0,0) = 0
-    alpha(t,u) = LSE( alpha(t-1,u)   + lp(t-1,u,blank),
-                      alpha(t,u-1)   + lp(t,u-1,y_{u-1})         [u >= 1],
-                      alpha(t-d_i,u) + lp(t-d_i,u,blank-1-i)     [t >= d_i] )
-    beta(t,u)  = LSE( lp(t,u,blank) + beta(t+1,u),
-                      lp(t,u,y_u)   + beta(t,u+1)                [u < U_b-1],
-                      lp(t,u,blank-1-i) + beta(t+d_i,u) )
-                 with beta(T_b, U_b-1) = 0 (the end) and transitions that overshoot T_b,
-                 or reach T_b with labels left, excluded
-    log P      = beta(0,0) = LSE over the transitions into the end      (pass 2)
-    grad(t,u,k) = w_b * [ (gamma + lambda * W_label) * softmax(x)_k
-                          - sum over transitions e leaving (t,u) with symbol k of
-                            (1 + lambda [e is the label]) * W_e ]        (pass 3)
-                 gamma = exp(alpha + beta - log P), W_e = exp(alpha + lp_e + beta(dest)
-                 - log P); clipped to [-clamp, clamp] before the weight w_b.
+The recursions are those of ``docs/lattice.md`` section 2. Per utterance b (T_b frames,
+U_b = L_b + 1 label positions, K = N + 2 transitions per node: slot 0 the blank, slot 1
+the label y_u, slot 2 + i big blank i):
 
-The logits are read twice (pass 1 and pass 3) and the gradient written once: no
-log-probability tensor is materialised. Rows are (b, t) pairs spread over threads with
-``prange``; alpha/beta run one utterance per thread in float64.
+Pass 1, :func:`rows_forward` (frames (b, t) over threads) reads the logits once. For
+the valid rows of frame t (u < U_b) it finds one shift ``c`` (the largest logit of the
+frame; a row whose exps all fall below 2**-60 with it is redone with its own maximum)
+and writes ``e = exp(x - c)`` into the gradient buffer (or a scratch row when no
+gradient is wanted), keeping per node ``S = sum(e)`` and ``x_k - c`` of the K
+transition symbols. Padding rows of the buffer are zeroed here.
+
+Pass 2, :func:`lattice` (utterances over threads) sweeps the lattice by anti-diagonals
+n = t + u, vectorised over u (a node's predecessors lie on earlier anti-diagonals only),
+in float64 with the polynomial ``exp64`` / ``log64`` of ``row_ops``:
+
+    lp_k(t,u)  = x_k - c - log S - sigma
+    alpha      = LSE over the incoming transitions,  log P = LSE over the final ones
+    W_k(t,u)   = exp(alpha(t,u) + lp_k(t,u) + beta(dest_k) - log P)   (occupancies)
+    gamma(t,u) = sum_k W_k,    beta(t,u) = log(gamma) + log P - alpha(t,u)
+
+Beta is recovered from gamma, so the backward sweep needs K exps and one log per node
+and no maximum; a node whose gamma is below the smallest normal float64 gets
+beta = -inf (every transition into it then has W below that as well). The
+occupancies overwrite the log-probs, and ``(gamma + lambda W_label) / S`` (the softmax
+coefficient) overwrites alpha.
+
+Pass 3, :func:`rows_backward` (frames over threads) turns the buffer into the gradient
+in place: with f_b the utterance's factor (reduction weight times incoming gradient),
+
+    grad(t,u,k) = f_b [ coef e_k - sum_{transitions e with symbol k} (1 + lambda
+                        [e is the label]) W_e ]
+
+clipped to [-clamp |f_b|, clamp |f_b|] (= the clamp applied before the factor). Pass 3
+runs when autograd's backward provides f_b, so an incoming gradient other than 1 costs
+nothing extra. Padding rows and impossible utterances get exactly 0.
+
+Workspaces (float64) are stored by anti-diagonal: ``[b, n, j]`` holds node
+(t = n - u, u = j - 1); columns 0 and U + 1 .. U + COLUMN_PAD - 1 are never valid
+nodes and may hold anything.
+
+Performance rules the code follows (each measured to matter several-fold):
+arrays are indexed flat with np.uint64 offsets (no views: a view costs two atomic
+reference-count updates, contended between threads; unsigned indices need no
+negative-index wraparound, which stops vectorisation); a vectorised loop never writes
+one row of an array while reading another row of the same allocation (LLVM cannot
+prove the symbolic distance safe), hence the separately allocated scratch rows; loops
+over an anti-diagonal run over a multiple of 8 columns (a scalar remainder iteration
+costs ~10 ns per exp64 + log64).
 """
 
 import math
@@ -31,222 +56,444 @@ import numpy as np
 from numba import njit, prange
 
 from espnet_multiblank.loss.cpu.row_ops import (
-    row_clamp,
-    row_exp,
-    row_has_nan_or_posinf,
-    row_max,
-    row_sum_checked,
-    row_sum_fast,
+    clamp_range,
+    exp64,
+    exp_shifted,
+    log64,
+    max_and_check,
+    scale_range,
+    sum_range,
+    zero_range,
 )
 
 _NEG_INF = -np.inf
+_DBL_MIN = 2.2250738585072014e-308
+# a row whose exps (shifted by the frame maximum) sum below this is redone with its own
+# maximum, so that no exp of a row is flushed to 0 while it is above e**-46 of the
+# row's largest one
+_MIN_ROW_SUM = 2.0**-60
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
+_LANES = 8
+#: spare columns of the workspaces: column 0, column U + 1 and the tail of the last
+#: _LANES-wide group of an anti-diagonal
+COLUMN_PAD = _LANES + 2
+# frames are handed to threads in this many chunks per call at most (per-chunk scratch)
+_CHUNKS = 64
 
-
-@njit(parallel=True, cache=True)
-def row_statistics(
-    acts, labels, act_lens, label_lens, blank, big_ids, sigma, lp, denom, bad
-):
-    """Pass 1: per valid row (t < T_b, u < U_b) the log-softmax denominator and the
-    log-probs (minus sigma) of blank (slot 0), label y_u (slot 1), big blanks (2 + i).
-
-    acts: (B,T,U,V) float32/64; labels: (B,L) int64; act_lens, label_lens: (B,) int64;
-    big_ids: (N,) int64; lp: (B,T,U,N+2) float64 out; denom: (B,T,U) float64 out;
-    bad: (B,) uint8 out, set to 1 when a valid row holds NaN or +inf (or only -inf).
-    """
-    B, T, U, V = acts.shape
-    N = big_ids.size
-    for bt in prange(B * T):
-        b = bt // T
-        t = bt - b * T
-        if t >= act_lens[b]:
-            continue
-        Ub = label_lens[b] + 1
-        ibuf = np.empty(V, np.int32)
-        ebuf = np.empty(V, acts.dtype)
-        for u in range(Ub):
-            x = acts[b, t, u]
-            m = row_max(x)
-            if not math.isfinite(row_sum_checked(x)):
-                if row_has_nan_or_posinf(x):
-                    bad[b] = 1
-                    continue
-                m = row_max_finite(x)
-                if m == _NEG_INF:
-                    bad[b] = 1
-                    continue
-            row_exp(x, m, 1.0, ebuf, ibuf)
-            d = np.float64(m) + math.log(np.float64(row_sum_fast(ebuf)))
-            denom[b, t, u] = d
-            lp[b, t, u, 0] = x[blank] - d - sigma
-            if u < Ub - 1:
-                lp[b, t, u, 1] = x[labels[b, u]] - d - sigma
-            for i in range(N):
-                lp[b, t, u, 2 + i] = x[big_ids[i]] - d - sigma
+_OPTS = dict(cache=True, error_model="numpy", fastmath={"nsz", "contract"})
 
 
 @njit(cache=True)
-def row_max_finite(x):
-    """max over the row ignoring -inf entries, -inf if all are -inf (rare path)."""
-    m = _NEG_INF
-    for k in range(x.size):
-        if x[k] > m:
-            m = x[k]
-    return m
+def _chunk(c, nchunks, total):
+    """Frames [lo, hi) of chunk c."""
+    return c * total // nchunks, (c + 1) * total // nchunks
 
 
-@njit(parallel=True, cache=True)
-def alpha_beta(
-    lp, act_lens, label_lens, durations, alpha, beta, log_p, fastemit_lambda, need_grad
-):
-    """Pass 2: alpha, log P and, when need_grad, beta and the gradient coefficients.
-
-    lp: (B,T,U,N+2) float64; durations: (N,) int64; alpha, beta: (B,T,U) float64 out
-    (only cells t < T_b, u < U_b are written); log_p: (B,) float64 out (0 for T_b = 0 =
-    L_b, -inf for an impossible utterance).
-
-    Each log-sum-exp is taken as ``m + log(sum_i exp(v_i - m))``. When need_grad, the
-    backward sweep reuses the ``exp(e_i - m)`` of beta's log-sum-exp to form, with one
-    more exp, the transition occupancies W_e = exp(alpha + lp_e + beta(dest) - log P),
-    written over ``lp[b,t,u,:]`` (no longer needed), and the softmax coefficient
-    ``gamma + lambda * W_label`` written over ``alpha[b,t,u]``: pass 3 then needs no
-    transcendental function per cell.
-    """
-    B, T, U, K = lp.shape
-    N = durations.size
-    for b in prange(B):
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        if Tb == 0:
-            log_p[b] = 0.0 if Ub == 1 else _NEG_INF
-            continue
-        for t in range(Tb):
-            for u in range(Ub):
-                if t == 0 and u == 0:
-                    alpha[b, 0, 0] = 0.0
-                    continue
-                v0 = alpha[b, t - 1, u] + lp[b, t - 1, u, 0] if t > 0 else _NEG_INF
-                v1 = alpha[b, t, u - 1] + lp[b, t, u - 1, 1] if u > 0 else _NEG_INF
-                m = max(v0, v1)
-                for i in range(N):
-                    d = durations[i]
-                    if t >= d:
-                        m = max(m, alpha[b, t - d, u] + lp[b, t - d, u, 2 + i])
-                if m == _NEG_INF:
-                    alpha[b, t, u] = _NEG_INF
-                    continue
-                s = math.exp(v0 - m) + math.exp(v1 - m)
-                for i in range(N):
-                    d = durations[i]
-                    if t >= d:
-                        s += math.exp(alpha[b, t - d, u] + lp[b, t - d, u, 2 + i] - m)
-                alpha[b, t, u] = m + math.log(s)
-        u = Ub - 1
-        m = alpha[b, Tb - 1, u] + lp[b, Tb - 1, u, 0]
-        for i in range(N):
-            d = durations[i]
-            if Tb >= d:
-                m = max(m, alpha[b, Tb - d, u] + lp[b, Tb - d, u, 2 + i])
-        if m == _NEG_INF:
-            log_p[b] = _NEG_INF
-            continue
-        s = math.exp(alpha[b, Tb - 1, u] + lp[b, Tb - 1, u, 0] - m)
-        for i in range(N):
-            d = durations[i]
-            if Tb >= d:
-                s += math.exp(alpha[b, Tb - d, u] + lp[b, Tb - d, u, 2 + i] - m)
-        lP = m + math.log(s)
-        log_p[b] = lP
-        if not need_grad:
-            continue
-        e = np.empty(K, np.float64)
-        for t in range(Tb - 1, -1, -1):
-            for u in range(Ub - 1, -1, -1):
-                last_row = u == Ub - 1
-                # e_k = lp_k + beta(destination of transition k), -inf if not allowed
-                if t + 1 < Tb:
-                    e[0] = lp[b, t, u, 0] + beta[b, t + 1, u]
-                elif last_row:  # t + 1 == Tb: the blank ends the path
-                    e[0] = lp[b, t, u, 0]
-                else:
-                    e[0] = _NEG_INF
-                e[1] = _NEG_INF if last_row else lp[b, t, u, 1] + beta[b, t, u + 1]
-                for i in range(N):
-                    d = durations[i]
-                    if t + d < Tb:
-                        e[2 + i] = lp[b, t, u, 2 + i] + beta[b, t + d, u]
-                    elif t + d == Tb and last_row:
-                        e[2 + i] = lp[b, t, u, 2 + i]
-                    else:
-                        e[2 + i] = _NEG_INF
-                m = e[0]
-                for k in range(1, K):
-                    m = max(m, e[k])
-                if m == _NEG_INF:
-                    beta[b, t, u] = _NEG_INF
-                    for k in range(K):
-                        lp[b, t, u, k] = 0.0
-                    alpha[b, t, u] = 0.0
-                    continue
-                s = 0.0
-                for k in range(K):
-                    e[k] = math.exp(e[k] - m)
-                    s += e[k]
-                beta[b, t, u] = m + math.log(s)
-                c = math.exp(alpha[b, t, u] + m - lP)  # -inf alpha gives c = 0
-                for k in range(K):
-                    lp[b, t, u, k] = c * e[k]
-                alpha[b, t, u] = c * s + fastemit_lambda * lp[b, t, u, 1]
-
-
-@njit(parallel=True, cache=True)
-def gradients(
+@njit(parallel=True, **_OPTS)
+def rows_forward(
     acts,
     labels,
     act_lens,
     label_lens,
     blank,
     big_ids,
-    denom,
-    occupancy,
-    coef,
-    log_p,
-    fastemit_lambda,
-    clamp,
-    weights,
-    grads,
+    sigma,
+    store,
+    exps,
+    LP,
+    IS,
+    bad,
 ):
-    """Pass 3: grads (B,T,U,V) (acts dtype, out) = weighted, clamped d cost_b / d acts.
+    """Pass 1.
 
-    occupancy: (B,T,U,N+2) W of blank, label, big blanks (from alpha_beta);
-    coef: (B,T,U) gamma + lambda * W_label (from alpha_beta).
-    Padding rows (t >= T_b or u >= U_b) and impossible utterances get exactly 0.
-    weights: (B,) float64 > 0, folded into the coefficients (and the clamp threshold).
+    acts: (B, T, U, V) float32/64 C-contiguous; labels: (B, L) int64 (L >= U_b - 1);
+    act_lens, label_lens: (B,) int64; big_ids: (N,) int64.
+    store: write the exps into ``exps`` (B, T, U, V) (acts dtype; the gradient buffer),
+        padding rows zeroed; else ``exps`` is not touched.
+    LP: (B, K, T + U - 1, U + COLUMN_PAD) float64 out: the log-probs (minus sigma) of
+        blank, label (-inf on the last row: no label left), big blanks, by
+        anti-diagonal.
+    IS: (B, T + U - 1, U + COLUMN_PAD) float64 out: 1 / (sum of the row's exps).
+    bad: (B,) uint8 out: 1 when a valid row holds NaN / +inf or only -inf.
     """
     B, T, U, V = acts.shape
+    K = LP.shape[1]
+    ND = LP.shape[2]
+    C = LP.shape[3]
     N = big_ids.size
-    lam1 = 1.0 + fastemit_lambda
-    for bt in prange(B * T):
-        b = bt // T
-        t = bt - b * T
+    xf = acts.reshape(B * T * U * V)
+    ef = exps.reshape(exps.size)
+    LPf = LP.reshape(LP.size)
+    ISf = IS.reshape(IS.size)
+    uV = np.uint64(V)
+    uU = np.uint64(U)
+    uNDC = np.uint64(ND * C)
+    total = B * T
+    nch = min(total, _CHUNKS)
+    for ch in prange(nch):
+        lo, hi = _chunk(ch, nch, total)
+        scratch = np.empty(1 if store else U * V, acts.dtype)
+        sums = np.empty(U)  # per row of the frame: sum of exps, then its log + sigma
+        shifts = np.empty(U)
+        inv = np.empty(U)
+        for bt in range(lo, hi):
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uV  # frame start
+            f1 = f0 + uU * uV
+            if t >= Tb:
+                if store:
+                    zero_range(ef, f0, f1)
+                continue
+            fe = f0 + np.uint64(Ub) * uV
+            if store:
+                zero_range(ef, fe, f1)
+                out = ef
+                o0 = f0
+            else:
+                out = scratch
+                o0 = np.uint64(0)
+            c, isbad = max_and_check(xf, f0, fe)
+            if isbad or c == _NEG_INF:
+                bad[b] = 1
+                continue
+            exp_shifted(xf, f0, fe, c, out, o0)
+            for u in range(Ub):
+                uu = np.uint64(u)
+                r0 = f0 + uu * uV
+                q0 = o0 + uu * uV
+                s = sum_range(out, q0, q0 + uV)
+                shifts[u] = c
+                if s < _MIN_ROW_SUM:
+                    m, _ = max_and_check(xf, r0, r0 + uV)
+                    if m == _NEG_INF:
+                        bad[b] = 1
+                        break
+                    exp_shifted(xf, r0, r0 + uV, m, out, q0)
+                    s = sum_range(out, q0, q0 + uV)
+                    shifts[u] = m
+                sums[u] = s
+            if bad[b]:
+                continue
+            for u in range(Ub):  # vectorised over the rows of the frame
+                s = sums[u]
+                inv[u] = 1.0 / s
+                sums[u] = shifts[u] + log64(s) + sigma
+            lb = np.uint64(b) * np.uint64(K) * uNDC
+            ib = np.uint64(b) * uNDC
+            for u in range(Ub):
+                r0 = f0 + np.uint64(u) * uV
+                cell = np.uint64((t + u) * C + u + 1)
+                ISf[ib + cell] = inv[u]
+                d = sums[u]
+                p = lb + cell
+                LPf[p] = np.float64(xf[r0 + np.uint64(blank)]) - d
+                p += uNDC
+                if u < Ub - 1:
+                    LPf[p] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
+                else:
+                    LPf[p] = _NEG_INF
+                for i in range(N):
+                    p += uNDC
+                    LPf[p] = np.float64(xf[r0 + np.uint64(big_ids[i])]) - d
+
+
+@njit(cache=True)
+def _diag_range(n, Tb, Ub):
+    """(first, last, end) columns j = u + 1 (np.uint64): the valid nodes (t < Tb,
+    u < Ub) of anti-diagonal n are first..last; loops run first..end-1 (a multiple of
+    _LANES columns)."""
+    jlo = max(0, n - Tb + 1) + 1
+    jhi = min(n, Ub - 1) + 1
+    jend = jlo + ((jhi - jlo + _LANES) // _LANES) * _LANES
+    return np.uint64(jlo), np.uint64(jhi), np.uint64(jend)
+
+
+@njit(parallel=True, **_OPTS)
+def lattice(
+    LP, IS, AC, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp
+):
+    """Pass 2: log P per utterance and, when need_grad, the occupancies.
+
+    LP: (B, K, T + U - 1, U + COLUMN_PAD) log-probs from pass 1; when need_grad they
+        become, per transition (indexed by its source node), q = exp(alpha(src) + lp -
+        alpha(dest)) in the forward sweep and W = gamma(dest) q in the backward one.
+    IS: (B, T + U - 1, U + COLUMN_PAD) 1 / (row sum of exps) from pass 1.
+    AC: (B, T + U - 1, U + COLUMN_PAD) out: alpha, then (need_grad) the softmax
+        coefficient (gamma + lambda W_label) / S.
+    durations: (N,) int64. lp: (B,) float64 out: log P (0 for T_b = 0 = L_b, -inf for
+    an impossible utterance).
+
+    q of the transitions into a node sum to 1, so W(arc) = gamma(dest) q(arc) (the
+    probability of reaching dest through that arc) and gamma(node) = sum of its
+    outgoing W: the backward sweep is multiply-adds of numbers in [0, 1].
+    """
+    B, K, ND, C = LP.shape
+    N = K - 2
+    LPf = LP.reshape(LP.size)
+    ISf = IS.reshape(IS.size)
+    ACf = AC.reshape(AC.size)
+    uC = np.uint64(C)
+    uNDC = np.uint64(ND * C)
+    dmax = 1
+    for i in range(N):
+        dmax = max(dmax, durations[i])
+    R = dmax + 1
+    for b in prange(B):
         Tb = act_lens[b]
         Ub = label_lens[b] + 1
-        ok = math.isfinite(log_p[b])
-        ibuf = np.empty(V, np.int32)
-        w = weights[b]
-        for u in range(U):
-            g = grads[b, t, u]
-            if t >= Tb or u >= Ub or not ok:
-                g[:] = 0
-                continue
-            c = coef[b, t, u] * w
-            if c > 0.0:
-                row_exp(acts[b, t, u], denom[b, t, u], c, g, ibuf)
+        if Tb == 0:
+            lp[b] = 0.0 if Ub == 1 else _NEG_INF
+            continue
+        nd = Tb + Ub - 1  # anti-diagonals of valid nodes: 0 .. nd - 1
+        Lb = np.uint64(b) * np.uint64(K) * uNDC
+        Ab = np.uint64(b) * uNDC
+        # scratch rows, each its own allocation
+        v_blank = np.empty(C)
+        v_label = np.empty(C)
+        v_big = np.empty(max(N, 1) * C)
+        mx = np.empty(C)
+        acc = np.empty(C)
+        # alpha: log-sum-exp of the transitions into each node; q of each transition
+        ACf[Ab + _U1] = 0.0
+        for n in range(1, nd):
+            jlo, jhi, jend = _diag_range(n, Tb, Ub)
+            un = np.uint64(n)
+            ra = Ab + (un - _U1) * uC
+            rb = Lb + (un - _U1) * uC
+            rl = rb + uNDC
+            for j in range(jlo, jend):
+                v0 = ACf[ra + j] + LPf[rb + j]  # blank from (t - 1, u): needs t >= 1
+                v0 = v0 if j <= un else _NEG_INF
+                v1 = ACf[ra + j - _U1] + LPf[rl + j - _U1]  # label from (t, u - 1)
+                v1 = v1 if j >= _U2 else _NEG_INF
+                v_blank[j] = v0
+                v_label[j] = v1
+                mx[j] = v0 if v0 > v1 else v1
+            ra = Ab + un * uC
+            if N == 0:
+                # LSE of two terms: max + log(1 + exp(min - max)); q = 1 / (1 + e) for
+                # the larger term, e / (1 + e) for the smaller
+                for j in range(jlo, jend):
+                    v0 = v_blank[j]
+                    v1 = v_label[j]
+                    hi = mx[j]
+                    ok = hi > _NEG_INF
+                    lo = v1 if v0 > v1 else v0
+                    e = exp64(lo - hi) if ok else 0.0
+                    s = 1.0 + e
+                    ACf[ra + j] = hi + log64(s) if ok else _NEG_INF
+                    q_hi = 1.0 / s if ok else 0.0
+                    q_lo = e * q_hi
+                    v_blank[j] = q_hi if v0 > v1 else q_lo
+                    v_label[j] = q_lo if v0 > v1 else q_hi
             else:
-                g[:] = 0
-            g[blank] -= occupancy[b, t, u, 0] * w
-            if u < Ub - 1:
-                g[labels[b, u]] -= lam1 * occupancy[b, t, u, 1] * w
+                for i in range(N):
+                    d = durations[i]
+                    vo = np.uint64(i) * uC
+                    if n < d:
+                        for j in range(jlo, jend):
+                            v_big[vo + j] = _NEG_INF
+                        continue
+                    rs = Ab + np.uint64(n - d) * uC
+                    rg = Lb + np.uint64(2 + i) * uNDC + np.uint64(n - d) * uC
+                    lim = np.uint64(n - d + 1)
+                    for j in range(jlo, jend):
+                        v = ACf[rs + j] + LPf[rg + j]  # big blank from (t - d, u)
+                        v = v if j <= lim else _NEG_INF
+                        v_big[vo + j] = v
+                        mx[j] = v if v > mx[j] else mx[j]
+                for j in range(jlo, jend):
+                    m = mx[j] if mx[j] > _NEG_INF else 0.0
+                    mx[j] = m
+                    e0 = exp64(v_blank[j] - m)
+                    e1 = exp64(v_label[j] - m)
+                    v_blank[j] = e0
+                    v_label[j] = e1
+                    acc[j] = e0 + e1
+                for i in range(N):
+                    vo = np.uint64(i) * uC
+                    for j in range(jlo, jend):
+                        e = exp64(v_big[vo + j] - mx[j])
+                        v_big[vo + j] = e
+                        acc[j] += e
+                for j in range(jlo, jend):
+                    s = acc[j]
+                    ACf[ra + j] = mx[j] + log64(s)  # -inf when s = 0
+                    r = 1.0 / s if s > 0.0 else 0.0
+                    mx[j] = r
+                    v_blank[j] = v_blank[j] * r
+                    v_label[j] = v_label[j] * r
+                for i in range(N):
+                    vo = np.uint64(i) * uC
+                    for j in range(jlo, jend):
+                        v_big[vo + j] = v_big[vo + j] * mx[j]
+            if not need_grad:
+                continue
+            # q of each transition, stored at its source node: one loop per row
+            rb = Lb + (un - _U1) * uC
+            for j in range(jlo, jend):
+                LPf[rb + j] = v_blank[j]
+            rl = rb + uNDC - _U1
+            for j in range(jlo, jend):
+                LPf[rl + j] = v_label[j]
             for i in range(N):
-                g[big_ids[i]] -= occupancy[b, t, u, 2 + i] * w
-            if clamp > 0.0:
-                row_clamp(g, g.dtype.type(clamp * w))
+                d = durations[i]
+                if n < d:
+                    continue
+                vo = np.uint64(i) * uC
+                rg = Lb + np.uint64(2 + i) * uNDC + np.uint64(n - d) * uC
+                for j in range(jlo, jend):
+                    LPf[rg + j] = v_big[vo + j]
+        # log P: the blank from (T_b - 1, L_b) and big blanks landing exactly on T_b
+        jl = np.uint64(Ub)
+        r_end = np.uint64(nd - 1) * uC + jl
+        v_end = ACf[Ab + r_end] + LPf[Lb + r_end]
+        m = v_end
+        for i in range(N):
+            d = durations[i]
+            if Tb >= d:
+                r = np.uint64(nd - d) * uC + jl
+                m = max(m, ACf[Ab + r] + LPf[Lb + np.uint64(2 + i) * uNDC + r])
+        if m == _NEG_INF:
+            lp[b] = _NEG_INF
+            continue
+        s = math.exp(v_end - m)
+        for i in range(N):
+            d = durations[i]
+            if Tb >= d:
+                r = np.uint64(nd - d) * uC + jl
+                s += math.exp(ACf[Ab + r] + LPf[Lb + np.uint64(2 + i) * uNDC + r] - m)
+        lP = m + math.log(s)
+        lp[b] = lP
+        if not need_grad:
+            continue
+        # q of the final transitions (their destination is the end node)
+        LPf[Lb + r_end] = math.exp(v_end - lP)
+        for i in range(N):
+            d = durations[i]
+            if Tb >= d:
+                r = np.uint64(nd - d) * uC + jl
+                p = Lb + np.uint64(2 + i) * uNDC + r
+                LPf[p] = math.exp(ACf[Ab + r] + LPf[p] - lP)
+        # backward: gamma by anti-diagonal in a ring of dmax + 1 rows; beyond the valid
+        # nodes gamma is 0 except at the end node (T_b, L_b), where it is 1. The
+        # selects drop transitions into such nodes (their q may be anything, even a
+        # label's -inf log-prob on the last row).
+        ring = np.zeros(R * C)
+        ring[np.uint64((nd % R) * C + Ub)] = 1.0
+        for n in range(nd - 1, -1, -1):
+            jlo, jhi, jend = _diag_range(n, Tb, Ub)
+            un = np.uint64(n)
+            ra = Ab + un * uC
+            rb = Lb + un * uC
+            rl = rb + uNDC
+            rn = np.uint64(((n + 1) % R) * C)
+            for j in range(jlo, jend):
+                g = ring[rn + j]  # blank -> (t + 1, u)
+                w = g * LPf[rb + j] if g > 0.0 else 0.0
+                LPf[rb + j] = w
+                acc[j] = w
+            for j in range(jlo, jend):
+                g = ring[rn + j + _U1]  # label -> (t, u + 1)
+                w = g * LPf[rl + j] if g > 0.0 else 0.0
+                LPf[rl + j] = w
+                acc[j] += w
+            for i in range(N):
+                rd = np.uint64(((n + durations[i]) % R) * C)
+                rg = Lb + np.uint64(2 + i) * uNDC + un * uC
+                for j in range(jlo, jend):
+                    g = ring[rd + j]  # big blank -> (t + d, u)
+                    w = g * LPf[rg + j] if g > 0.0 else 0.0
+                    LPf[rg + j] = w
+                    acc[j] += w
+            rc = np.uint64((n % R) * C)  # held anti-diagonal n + dmax + 1: done with
+            for j in range(uC):
+                ring[rc + j] = 0.0
+            for j in range(jlo, jend):
+                g = acc[j]
+                ring[rc + j] = g if j <= jhi else 0.0
+                ACf[ra + j] = (g + fastemit_lambda * LPf[rl + j]) * ISf[ra + j]
+
+
+@njit(parallel=True, **_OPTS)
+def rows_backward(
+    labels,
+    act_lens,
+    label_lens,
+    blank,
+    big_ids,
+    LP,
+    AC,
+    lp,
+    fastemit_lambda,
+    clamp,
+    factors,
+    grads,
+):
+    """Pass 3: ``grads`` (B, T, U, V), holding the exps of pass 1, becomes
+    ``factors[b] * clip(d cost_b / d acts_b, -clamp, clamp)`` in place.
+
+    LP, AC: occupancies and softmax coefficients of :func:`lattice`; lp: (B,) log P;
+    factors: (B,) float64 (reduction weight times incoming gradient).
+    """
+    B, T, U, V = grads.shape
+    K = LP.shape[1]
+    ND = LP.shape[2]
+    C = LP.shape[3]
+    N = big_ids.size
+    gf = grads.reshape(B * T * U * V)
+    LPf = LP.reshape(LP.size)
+    ACf = AC.reshape(AC.size)
+    uV = np.uint64(V)
+    uU = np.uint64(U)
+    uNDC = np.uint64(ND * C)
+    lam1 = 1.0 + fastemit_lambda
+    total = B * T
+    nch = min(total, _CHUNKS)
+    for ch in prange(nch):
+        lo, hi = _chunk(ch, nch, total)
+        # the symbols' exps are read before the row is scaled and written after it: a
+        # scalar load right after the vector stores to the same line would stall
+        keep = np.empty(max(N, 1), np.float64)
+        for bt in range(lo, hi):
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            if t >= Tb:
+                continue  # zeroed by pass 1
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uV
+            if not math.isfinite(lp[b]):
+                zero_range(gf, f0, f0 + np.uint64(Ub) * uV)
+                continue
+            f = factors[b]
+            c_clip = clamp * abs(f)
+            lb = np.uint64(b) * np.uint64(K) * uNDC
+            ab = np.uint64(b) * uNDC
+            for u in range(Ub):
+                r0 = f0 + np.uint64(u) * uV
+                cell = np.uint64((t + u) * C + u + 1)
+                c = ACf[ab + cell] * f
+                p = lb + cell
+                kb = r0 + np.uint64(blank)
+                g_blank = gf[kb] * c - LPf[p] * f
+                has_label = u < Ub - 1
+                kl = r0 + np.uint64(labels[b, u]) if has_label else kb
+                g_label = gf[kl] * c - lam1 * LPf[p + uNDC] * f
+                for i in range(N):
+                    keep[i] = (
+                        gf[r0 + np.uint64(big_ids[i])] * c
+                        - LPf[p + np.uint64(2 + i) * uNDC] * f
+                    )
+                scale_range(gf, r0, r0 + uV, c)
+                gf[kb] = g_blank
+                if has_label:
+                    gf[kl] = g_label
+                for i in range(N):
+                    gf[r0 + np.uint64(big_ids[i])] = keep[i]
+                if clamp > 0.0:
+                    clamp_range(gf, r0, r0 + uV, c_clip)

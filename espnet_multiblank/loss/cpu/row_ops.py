@@ -116,3 +116,246 @@ def row_clamp(g, c):
         v = g[k]
         v = v if v < c else c
         g[k] = v if v > -c else -c
+
+
+# --------------------------------------------------------------------------------------
+# Scalar exp / log that LLVM vectorises (inlined into the callers' loops).
+#
+# Bit casts between floats and integers are LLVM ``bitcast`` instructions (Numba has no
+# scalar bit cast), so ``2**n`` and the exponent of a float cost one integer operation
+# and the loops around these functions vectorise. The round-to-integer steps use the
+# "add 1.5 * 2**mantissa_bits" trick, which needs the default rounding mode and callers
+# compiled WITHOUT fastmath "reassoc" (it would fold ``(a + S) - S`` into ``a``).
+# --------------------------------------------------------------------------------------
+from llvmlite import ir as _ir  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+
+def _bitcast(name, src, dst, dst_ir):
+    def typer(typingctx, x):
+        if x != src:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], dst_ir)
+
+        return dst(src), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+f32_bits = _bitcast("f32_bits", types.float32, types.int32, _ir.IntType(32))
+bits_f32 = _bitcast("bits_f32", types.int32, types.float32, _ir.FloatType())
+f64_bits = _bitcast("f64_bits", types.float64, types.int64, _ir.IntType(64))
+bits_f64 = _bitcast("bits_f64", types.int64, types.float64, _ir.DoubleType())
+
+_F32_SHIFT = np.float32(12582912.0)  # 1.5 * 2**23
+_F64_SHIFT = 6755399441055744.0  # 1.5 * 2**52
+_LOG2E64 = 1.4426950408889634
+_LN2_HI64 = 6.93147180369123816490e-01  # 21 trailing zero bits: n * hi is exact
+_LN2_LO64 = 1.90821492927058770002e-10
+_EXP64_LO = -708.3964185322641  # exp(_EXP64_LO) = smallest normal float64
+_DBL_MIN = 2.2250738585072014e-308
+
+
+@njit(fastmath={"nsz", "contract"}, error_model="numpy", cache=True)
+def exp32(z):
+    """exp(z) for float32 ``z <= 0`` (Cephes ``expf`` polynomial, < 3e-7 relative);
+    exactly 0 for ``z < -87`` (-inf included)."""
+    zc = z if z > _EXP_LO else _EXP_LO
+    kd = zc * _LOG2E + _F32_SHIFT
+    fn = kd - _F32_SHIFT
+    r = zc - fn * _LN2_HI - fn * _LN2_LO
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    # low bits of kd hold n = round(z / ln 2); 2**n built from its IEEE bits
+    two_n = bits_f32(np.int32((f32_bits(kd) + np.int32(127)) << np.int32(23)))
+    return p * two_n if z > _EXP_LO else np.float32(0.0)
+
+
+@njit(fastmath={"nsz", "contract"}, error_model="numpy", cache=True)
+def exp64(z):
+    """exp(z) for float64 ``z <= 709`` (degree-13 Taylor polynomial after a Cody-Waite
+    reduction to |r| <= ln(2)/2: about 1 ulp); exactly 0 for ``z < -708.39`` (-inf
+    included), i.e. results below the smallest normal float64 are flushed."""
+    zc = z if z > _EXP64_LO else _EXP64_LO
+    kd = zc * _LOG2E64 + _F64_SHIFT
+    fn = kd - _F64_SHIFT
+    r = zc - fn * _LN2_HI64 - fn * _LN2_LO64
+    p = 1.0 / 6227020800.0
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    two_n = bits_f64((f64_bits(kd) + np.int64(1023)) << np.int64(52))
+    return p * two_n if z > _EXP64_LO else 0.0
+
+
+_LG1 = 6.666666666666735130e-01
+_LG2 = 3.999999999940941908e-01
+_LG3 = 2.857142874366239149e-01
+_LG4 = 2.222219843214978396e-01
+_LG5 = 1.818357216161805012e-01
+_LG6 = 1.531383769920937332e-01
+_LG7 = 1.479819860511658591e-01
+_EXP_BIAS = 4503599627371519.0  # 2**52 + 1023
+
+
+@njit(fastmath={"nsz", "contract"}, error_model="numpy", cache=True)
+def log64(x):
+    """log(x) for float64 ``x >= 0`` (fdlibm's ``log`` without its special cases: below
+    1 ulp); -inf for ``x`` below the smallest normal float64 (0 and subnormals)."""
+    # move the mantissa into [sqrt(2)/2, sqrt(2)) and the exponent into k
+    hx = f64_bits(x) + np.int64(0x0009_5F62_0000_0000)  # 0x3ff00000 - 0x3fe6a09e
+    kd = bits_f64((hx >> np.int64(52)) | np.int64(0x4330_0000_0000_0000)) - _EXP_BIAS
+    m = bits_f64(
+        (hx & np.int64(0x000F_FFFF_FFFF_FFFF)) + np.int64(0x3FE6_A09E_0000_0000)
+    )
+    f = m - 1.0
+    hfsq = 0.5 * f * f
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
+    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
+    r = s * (hfsq + t2 + t1) + kd * _LN2_LO64 - hfsq + f + kd * _LN2_HI64
+    return r if x >= _DBL_MIN else -np.inf
+
+
+# --------------------------------------------------------------------------------------
+# Range primitives of the fused kernels. They take a flat (1-D) array and an index range
+# [lo, hi) as np.uint64: unsigned indices need no negative-index wraparound (which
+# stops LLVM's vectoriser), and working on ranges of one flat array creates no array
+# views (each view is an atomic reference-count increment and decrement: a large cost
+# per row, and contended between threads).
+# --------------------------------------------------------------------------------------
+_EXP_FLAGS = {"nsz", "contract"}  # no "reassoc" (rounding trick), no "ninf"
+_U0 = np.uint64(0)
+_U1 = np.uint64(1)
+
+
+def max_and_check(x, lo, hi):  # pragma: no cover - replaced by overload
+    """(max(x[lo:hi]), bad): ``bad`` is True when the range holds NaN or +inf (then the
+    max is meaningless); -inf entries are legal. Integer operations on the IEEE bits
+    only: LLVM vectorises integer max reductions, but no float ones without
+    function-level fast-math attributes."""
+    raise NotImplementedError
+
+
+@overload(max_and_check, jit_options={"error_model": "numpy"})
+def _max_and_check_overload(x, lo, hi):
+    if x.dtype == types.float32:
+        i32 = np.int32
+        sign_off = i32(0x7FFFFFFF)
+        pinf = i32(0x7F800000)
+
+        def impl32(x, lo, hi):
+            # key(b) orders like the float b; every op cast back to int32 (Numba
+            # widens int32 arithmetic to int64, which halves the lanes)
+            mkey = i32(-0x7FFFFFFF - 1)
+            amax = i32(0)
+            for k in range(lo, hi):
+                b = f32_bits(x[k])
+                key = i32(b ^ i32(i32(b >> i32(31)) & sign_off))
+                mkey = key if key > mkey else mkey
+                a = i32(b & sign_off)
+                amax = a if a > amax else amax
+            bad = amax > pinf or mkey == pinf  # NaN of either sign, or +inf
+            mb = i32(mkey ^ i32(i32(mkey >> i32(31)) & sign_off))
+            return bits_f32(mb), bad
+
+        return impl32
+
+    i64 = np.int64
+    sign_off64 = i64(0x7FFF_FFFF_FFFF_FFFF)
+    pinf64 = i64(0x7FF0_0000_0000_0000)
+
+    def impl64(x, lo, hi):
+        mkey = i64(-0x7FFF_FFFF_FFFF_FFFF - 1)
+        amax = i64(0)
+        for k in range(lo, hi):
+            b = f64_bits(x[k])
+            key = b ^ ((b >> i64(63)) & sign_off64)
+            mkey = key if key > mkey else mkey
+            a = b & sign_off64
+            amax = a if a > amax else amax
+        bad = amax > pinf64 or mkey == pinf64
+        mb = mkey ^ ((mkey >> i64(63)) & sign_off64)
+        return bits_f64(mb), bad
+
+    return impl64
+
+
+def exp_shifted(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overload
+    """out[olo + k] = exp(x[lo + k] - shift) for k < hi - lo (1-D arrays, uint64
+    indices); 0 where x - shift < -87 (float32: ``exp32``) or is -inf (float64:
+    ``math.exp``, exact)."""
+    raise NotImplementedError
+
+
+@overload(exp_shifted, jit_options={"fastmath": _EXP_FLAGS, "error_model": "numpy"})
+def _exp_shifted_overload(x, lo, hi, shift, out, olo):
+    if x.dtype == types.float32:
+
+        def impl32(x, lo, hi, shift, out, olo):
+            sh = np.float32(shift)
+            for k in range(hi - lo):
+                out[olo + k] = exp32(x[lo + k] - sh)
+
+        return impl32
+
+    def impl64(x, lo, hi, shift, out, olo):
+        for k in range(hi - lo):
+            out[olo + k] = math.exp(x[lo + k] - shift)
+
+    return impl64
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def sum_range(x, lo, hi):
+    """sum(x[lo:hi]) in x's dtype, vectorised (the values must be finite)."""
+    s = x.dtype.type(0.0)
+    for k in range(lo, hi):
+        s += x[k]
+    return s
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def scale_range(g, lo, hi, c):
+    """g[lo:hi] *= c (c rounded to g's dtype first)."""
+    s = g.dtype.type(c)
+    for k in range(lo, hi):
+        g[k] = g[k] * s
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def zero_range(g, lo, hi):
+    """g[lo:hi] = 0."""
+    z = g.dtype.type(0.0)
+    for k in range(lo, hi):
+        g[k] = z
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def clamp_range(g, lo, hi, c):
+    """g[lo:hi] = clip(g[lo:hi], -c, c) (c rounded to g's dtype first)."""
+    cc = g.dtype.type(c)
+    for k in range(lo, hi):
+        v = g[k]
+        v = v if v < cc else cc
+        g[k] = v if v > -cc else -cc

@@ -76,6 +76,23 @@ class Stepper(ABC):
     def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
         """Write ``rows`` (A rows) into ``state`` at ``idx`` ((A,) long), in place."""
 
+    def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
+        """Row ``a`` of ``new`` where ``mask[a]``, else of ``old`` (a new state).
+
+        The label-looping search keeps a fixed batch and merges with a mask so that it
+        never waits for the device; this default goes through row indices (a host
+        sync), steppers whose state is made of tensors override it with
+        ``torch.where``.
+
+        Args:
+            mask: (A,) bool.
+            new, old: States of the same A rows.
+        """
+        idx = mask.nonzero().squeeze(1)
+        out = self.select_state(old, torch.arange(mask.numel(), device=mask.device))
+        self.scatter_state(out, idx, self.select_state(new, idx))
+        return out
+
 
 class JointStepper(Stepper):
     """Stepper for an RNN prediction network and a joint network (ESPnet's layout).
@@ -175,6 +192,12 @@ class JointStepper(Stepper):
         state[0][:, idx] = rows[0]
         if state[1] is not None:
             state[1][:, idx] = rows[1]
+
+    def where_state(self, mask: torch.Tensor, new: RNNState, old: RNNState) -> RNNState:
+        keep = mask.view(1, -1, 1)  # (1, A, 1) against (N, A, H)
+        h = torch.where(keep, new[0], old[0])
+        c = None if old[1] is None else torch.where(keep, new[1], old[1])
+        return h, c
 
 
 def rnn_cells(decoder: Any) -> Optional[List[Tuple[torch.Tensor, ...]]]:

@@ -92,10 +92,13 @@ def test_batched_greedy_equals_one_at_a_time(durations, seed):
         assert search(enc[b, :T])[0].yseq == one.yseq
 
 
-def test_greedy_uses_big_blanks_and_labels():
+@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
+def test_greedy_uses_big_blanks_and_labels(blank_decision):
     """The fixture model really exercises labels, big blanks and standard blanks."""
-    model = make_model(0)
-    search = build_transducer_search(model, search_type="mb_greedy")
+    model = make_model(0, blank_bias=0.5)
+    search = build_transducer_search(
+        model, search_type="mb_greedy", blank_decision=blank_decision
+    )
     enc, lens = enc_batch(0, [40] * 4)
     hyps = search.search_batch(enc, lens)
     assert sum(len(h.yseq) - 1 for h in hyps) > 0
@@ -104,13 +107,82 @@ def test_greedy_uses_big_blanks_and_labels():
         assert all(k > BLANK for k in h.yseq[1:])  # never a blank in the output
 
 
+def reference_greedy(model, enc, blank_decision, max_sym):
+    """Greedy search of docs/decoding.md written again for one utterance, with the
+    decoder and joint network called directly. Returns (labels, score, big blanks)."""
+    blank, durations = model.blank_id, model.big_blank_durations
+    dec, joint = model.decoder, model.joint_network
+    frames = {blank: 1}
+    frames.update({blank - 1 - i: d for i, d in enumerate(durations)})
+    T, V = enc.size(0), dec.odim
+
+    def pred(k, state):
+        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
+        return out[0, 0], state
+
+    out, state = pred(blank, dec.init_state(1))
+    t, n, labels, score, big = 0, 0, [], 0.0, 0
+    with torch.no_grad():
+        while t < T:
+            logp = torch.log_softmax(joint(enc[t], out), -1).double().tolist()
+            blanks = [k for k, f in frames.items() if t + f <= T]
+            allowed = blanks + (
+                [k for k in range(V) if k not in frames] * (n < max_sym)
+            )
+            k = max(allowed, key=lambda k: logp[k])
+            step = logp[k]
+            if blank_decision == "total":
+                total = math.log(sum(math.exp(logp[b]) for b in blanks))
+                if k not in frames and logp[k] <= total:
+                    k = max(blanks, key=lambda b: logp[b])
+                if k in frames:
+                    step = total
+            score += step
+            if k in frames:
+                t, n, big = t + frames[k], 0, big + (frames[k] > 1)
+            else:
+                labels.append(k)
+                n += 1
+                out, state = pred(k, state)
+    return labels, score, big
+
+
+@pytest.mark.parametrize("blank_bias", [0.0, 1.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_blank_decisions_against_reference(seed, blank_bias):
+    """Both blank decisions, one utterance and batched, against the reference; on
+    these models the two decisions give different results."""
+    model = make_model(seed, blank_bias=blank_bias)
+    lens = [19, 33, 7]
+    enc, enc_lens = enc_batch(seed + 60, lens)
+    outputs = {}
+    for decision in ("total", "symbol"):
+        search = build_transducer_search(
+            model, search_type="mb_greedy", max_sym_per_frame=3, blank_decision=decision
+        )
+        batch = search.search_batch(enc, enc_lens)
+        for b, T in enumerate(lens):
+            labels, score, big = reference_greedy(model, enc[b, :T], decision, 3)
+            for h in (search.search_one(enc[b, :T]), batch[b]):
+                assert h.labels == labels
+                assert h.big_blank_emissions == big
+                assert h.score == pytest.approx(score, rel=1e-5, abs=1e-5)
+            outputs[decision, b] = labels
+    assert any(outputs["total", b] != outputs["symbol", b] for b in range(len(lens)))
+
+
+@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
 @pytest.mark.parametrize("durations", [DURS, (3,), ()])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_size_one_equals_greedy(durations, seed):
+def test_beam_size_one_equals_greedy(durations, seed, blank_decision):
     blank_id = 3 if durations else 1
-    model = make_model(seed, blank_id=blank_id, durations=durations)
-    greedy = build_transducer_search(model, search_type="mb_greedy")
-    beam1 = build_transducer_search(model, search_type="mb_beam", beam_size=1)
+    model = make_model(seed, blank_id=blank_id, durations=durations, blank_bias=0.5)
+    greedy = build_transducer_search(
+        model, search_type="mb_greedy", blank_decision=blank_decision
+    )
+    beam1 = build_transducer_search(
+        model, search_type="mb_beam", beam_size=1, blank_decision=blank_decision
+    )
     assert isinstance(beam1, MultiblankBeamSearch)
     enc, lens = enc_batch(seed + 10, [31, 5, 18])
     for b, T in enumerate(lens.tolist()):
@@ -153,8 +225,9 @@ def always_big_blank_model(d_index, durations=DURS):
     return model
 
 
+@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
 @pytest.mark.parametrize("T", [1, 7, 8, 16, 21])
-def test_big_blank_advances_by_its_duration(T):
+def test_big_blank_advances_by_its_duration(T, blank_decision):
     model = always_big_blank_model(1)  # prefers <blank4>, then <blank2>, then <blank>
     enc, lens = enc_batch(3, [T])
     # expected path: as many 4s as fit, then a 2 if it fits, then 1s
@@ -168,8 +241,12 @@ def test_big_blank_advances_by_its_duration(T):
             exp_skip += d - 1
     assert exp_skip == T - len(steps)
     for search in (
-        build_transducer_search(model, search_type="mb_greedy"),
-        build_transducer_search(model, search_type="mb_beam", beam_size=4),
+        build_transducer_search(
+            model, search_type="mb_greedy", blank_decision=blank_decision
+        ),
+        build_transducer_search(
+            model, search_type="mb_beam", beam_size=4, blank_decision=blank_decision
+        ),
     ):
         if isinstance(search, MultiblankGreedySearch):
             (h,) = search.search_batch(enc, lens)
@@ -179,10 +256,18 @@ def test_big_blank_advances_by_its_duration(T):
         assert h.frame == T
         assert h.big_blank_emissions == exp_big
         assert h.frames_skipped == exp_skip
-        # score = sum of the chosen blanks' log-probs along that path
+        # score = sum of the chosen blanks' log-probs along that path ("symbol"), or
+        # of the total log-probability of the blanks that fit at each step ("total")
         logp = torch.log_softmax(model.joint_network.lin_out.bias.detach(), dim=-1)
-        sym = {1: BLANK, 2: BLANK - 1, 4: BLANK - 2}
-        expected = sum(float(logp[sym[d]]) for d in steps)
+        sym = {1: BLANK, 2: BLANK - 1, 4: BLANK - 2, 8: BLANK - 3}
+        t, expected = 0, 0.0
+        for d in steps:
+            fits = [sym[e] for e in (1, 2, 4, 8) if t + e <= T]
+            step = float(logp[sym[d]])
+            if blank_decision == "total":
+                step = float(torch.logsumexp(logp[fits], 0))
+            expected += step
+            t += d
         if isinstance(search, MultiblankGreedySearch):
             assert math.isclose(h.score, expected, rel_tol=1e-5)
         else:  # beam merges alignments of the same (empty) label sequence
@@ -197,13 +282,22 @@ def test_big_blank_never_overshoots():
         assert h.frame == T
 
 
+@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
 @pytest.mark.parametrize("blank_bias", [2.0, 0.5])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("beam_size", [2, 4, 8])
-def test_beam_score_not_below_greedy(seed, beam_size, blank_bias):
+def test_beam_score_not_below_greedy(seed, beam_size, blank_bias, blank_decision):
+    """Same blank decision (the scores mean the same then)."""
     model = make_model(seed, blank_bias=blank_bias)  # 0.5: greedy emits labels
-    greedy = build_transducer_search(model, search_type="mb_greedy")
-    beam = build_transducer_search(model, search_type="mb_beam", beam_size=beam_size)
+    greedy = build_transducer_search(
+        model, search_type="mb_greedy", blank_decision=blank_decision
+    )
+    beam = build_transducer_search(
+        model,
+        search_type="mb_beam",
+        beam_size=beam_size,
+        blank_decision=blank_decision,
+    )
     enc, lens = enc_batch(100 + seed, [25, 12])
     for b, T in enumerate(lens.tolist()):
         g = greedy.search_one(enc[b, :T])
@@ -221,7 +315,7 @@ def test_beam_merges_alignments_exactly():
         model.joint_network.lin_out.weight.zero_()  # context-free probabilities
     T = 6
     enc, _ = enc_batch(0, [T])
-    search = core_beam(model, beam_size=50, nbest=50)
+    search = core_beam(model, beam_size=50, nbest=50, blank_decision="symbol")
     hyps = search(enc[0])
     empty = [h for h in hyps if h.yseq == [2]][0]
     logp = torch.log_softmax(model.joint_network.lin_out.bias.detach().double(), -1)
@@ -283,7 +377,13 @@ def test_wide_beam_equals_exhaustive_search(seed, max_sym):
     model = make_model(seed, blank_id=1, durations=durations, vocab=4, blank_bias=0.0)
     enc, _ = enc_batch(seed, [5 if max_sym == 1 else 3])  # keeps enumeration fast
     exact = brute_force_sequences(model, enc[0], max_sym)
-    wide = core_beam(model, beam_size=100000, nbest=100000, max_sym_per_frame=max_sym)
+    wide = core_beam(
+        model,
+        beam_size=100000,
+        nbest=100000,
+        max_sym_per_frame=max_sym,
+        blank_decision="symbol",
+    )
     got = {tuple(h.yseq[1:]): h.score for h in wide(enc[0])}
     assert set(got) == set(exact)
     for y, score in exact.items():
@@ -297,6 +397,7 @@ def test_wide_beam_equals_exhaustive_search(seed, max_sym):
             beam_size=beam_size,
             nbest=8,
             max_sym_per_frame=max_sym,
+            blank_decision="symbol",
         )
         for h in narrow(enc[0]):
             assert h.score <= exact[tuple(h.yseq[1:])] + 1e-5
@@ -489,7 +590,7 @@ class CountingStepper(JointStepper):
         return super().log_probs(enc_proj, dec_proj)
 
 
-def reference_beam(model, enc, beam, max_sym):
+def reference_beam(model, enc, beam, max_sym, blank_decision):
     """The beam search of docs/decoding.md, written again one hypothesis at a time
     with the decoder and joint network called directly (no search code).
 
@@ -529,11 +630,19 @@ def reference_beam(model, enc, beam, max_sym):
                 cands = []
                 for a, h in enumerate(current):
                     logp = torch.log_softmax(joint(enc[t], h["out"]), -1).double()
+                    blanks = []
                     for k in range(V):
                         f = frames.get(k, 0)
                         if (f == 0 and h["n"] >= max_sym) or t + f > T:
                             continue
-                        cands.append((h["s"] + float(logp[k]), a, k))
+                        if f and blank_decision == "total":
+                            blanks.append(k)
+                        else:
+                            cands.append((h["s"] + float(logp[k]), a, k))
+                    if blanks:  # one candidate: the blanks' total, the best blank
+                        total = float(torch.logsumexp(logp[blanks], 0))
+                        best = max(blanks, key=lambda b: float(logp[b]))
+                        cands.append((h["s"] + total, a, best))
                 cands = sorted(cands, key=lambda c: -c[0])[:beam]
                 ahead = sorted((h["s"] for h in queues[t + 1].values()), reverse=True)
                 floor = ahead[beam - 1] if len(ahead) >= beam else float("-inf")
@@ -555,10 +664,13 @@ def reference_beam(model, enc, beam, max_sym):
     return final, expansions
 
 
+@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
 @pytest.mark.parametrize("durations", [(2, 4), (3,), ()])
 @pytest.mark.parametrize("beam_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_small_beams_follow_the_documented_rule(durations, beam_size, seed):
+def test_small_beams_follow_the_documented_rule(
+    durations, beam_size, seed, blank_decision
+):
     """Exact n-best (labels, scores, big blanks) and the number of hypotheses expanded
     at every step, against an independent implementation of the documented rule
     (per-frame top-B cut, B best candidates per expansion, labels below the B-th best
@@ -568,7 +680,7 @@ def test_small_beams_follow_the_documented_rule(durations, beam_size, seed):
     with torch.no_grad():  # labels and blanks compete: wide n-best lists
         model.joint_network.lin_out.bias[blank_id - len(durations) :] -= 1.5
     enc, _ = enc_batch(seed + 40, [11])
-    want, want_expansions = reference_beam(model, enc[0], beam_size, max_sym=2)
+    want, want_expansions = reference_beam(model, enc[0], beam_size, 2, blank_decision)
     stepper = CountingStepper(model.decoder, model.joint_network)
     search = MultiblankBeamSearch(
         stepper,
@@ -576,6 +688,7 @@ def test_small_beams_follow_the_documented_rule(durations, beam_size, seed):
         beam_size=beam_size,
         nbest=1000,
         max_sym_per_frame=2,
+        blank_decision=blank_decision,
     )
     got = search(enc[0])
     assert stepper.rows == want_expansions

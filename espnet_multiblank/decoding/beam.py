@@ -16,7 +16,10 @@ Algorithm (B = beam size)::
         C = the B best hypotheses of Q[t]           # per-frame pruning
         while C is not empty:                       # expansions within frame t
             one batched joint call: log p(k | enc[t], y) for every h in C, every k
-            candidates = {(h, k)} for all allowed k, scored score(h) + log p(k)
+            candidates = {(h, k)} for all allowed labels k, scored score(h) + log p(k),
+                and the blanks of h (blank_decision "total": one, the most probable
+                allowed blank, scored score(h) + log of the allowed blanks' total;
+                "symbol": every allowed blank k, scored score(h) + log p(k))
                 # labels: only while h emitted < max_sym_per_frame labels at t
                 # big blank i: only if t + d_i <= T (paths end exactly at T)
             keep the B best candidates over all of them (labels and blanks alike)
@@ -37,9 +40,10 @@ speed-up of multi-blank models comes from in beam search too.
 Properties. Pooling labels and blanks of the same expansion and keeping the B best
 means a hypothesis is only compared with its siblings (same frame, same parent set)
 before it is queued; queued hypotheses compete only with hypotheses at the same frame
-position. With B = 1 each expansion keeps exactly the arg-max symbol, so the search is
-the multi-blank greedy search (tested). Decoding uses the plain log-softmax (the
-training-time sigma is not applied). Beam search is not guaranteed to find a
+position. With B = 1 each expansion keeps exactly the symbol the greedy search emits
+(same ``blank_decision``), so the search is the multi-blank greedy search (tested).
+Decoding uses the plain log-softmax (the training-time sigma is not applied). Beam
+search is not guaranteed to find a
 better-scoring path than greedy search, but in practice (and in the tests) its 1-best
 scores at least as well.
 """
@@ -51,7 +55,7 @@ import torch
 
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import SymbolTable
+from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
@@ -65,6 +69,15 @@ class MultiblankBeamSearch(TransducerSearch):
         beam_size: B.
         score_norm: Rank the final hypotheses by ``score / len(yseq)`` instead of
             ``score``.
+        blank_decision: ``"symbol"`` (default): one candidate per allowed blank,
+            scored with its own log-probability (scores are log-probabilities of the
+            lattice's paths, summed over the alignments merged; a beam that prunes
+            nothing returns the exact probability of every label sequence);
+            ``"total"``: each hypothesis has one blank candidate, scored with the
+            total log-probability of its allowed blanks and parked where the most
+            probable of them lands (beam 1 is then the greedy search's default
+            rule). See :mod:`~espnet_multiblank.decoding.symbols` and
+            ``docs/decoding.md``.
     """
 
     def __init__(
@@ -75,6 +88,7 @@ class MultiblankBeamSearch(TransducerSearch):
         nbest: int = 1,
         max_sym_per_frame: int = 10,
         score_norm: bool = False,
+        blank_decision: str = "symbol",
     ):
         super().__init__(
             stepper, lattice, max_sym_per_frame=max_sym_per_frame, nbest=nbest
@@ -87,6 +101,7 @@ class MultiblankBeamSearch(TransducerSearch):
             raise TypeError(f"score_norm must be a bool, got {score_norm!r}")
         self.beam_size = beam_size
         self.score_norm = score_norm
+        self.blank_decision = check_blank_decision(blank_decision)
 
     def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
         """Final ranking, best first: by score, or by score / len(yseq)."""
@@ -176,6 +191,11 @@ class MultiblankBeamSearch(TransducerSearch):
         )
         base = torch.tensor([h.score for h in current], dtype=torch.float64)
         cand = base.to(device).unsqueeze(1) + masked.double()  # (A, V)
+        if self.blank_decision == "total":  # one blank candidate per hypothesis
+            total, best_blank = table.blank_total(masked)
+            cand[:, table.blank_index] = float("-inf")
+            rows = torch.arange(A, device=device)
+            cand[rows, best_blank] = base.to(device) + total.double()
         V = cand.size(1)
         top_scores, top_idx = cand.view(-1).topk(min(B, A * V))
         keep = torch.isfinite(top_scores)

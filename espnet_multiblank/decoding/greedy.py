@@ -1,8 +1,11 @@
 """Multi-blank greedy search (frame-looping), one utterance and batched.
 
 Algorithm (Xu et al. 2023, "multi-blank greedy"; ``docs/decoding.md``): a hypothesis
-sits at frame t with label history y and emits the arg-max allowed symbol k of
-``log_softmax(joint(enc[t], pred(y)))``:
+sits at frame t with label history y and emits one allowed symbol k of
+``log_softmax(joint(enc[t], pred(y)))``, decided by ``blank_decision``
+(:mod:`~espnet_multiblank.decoding.symbols`; default ``"total"``: a blank when the
+allowed blanks together are at least as probable as the best label, then the most
+probable blank; ``"symbol"``: the arg-max symbol):
 
 * a label: y <- y + [k], the prediction network advances, t stays (at most
   ``max_sym_per_frame`` labels per frame; after that only blanks are allowed);
@@ -23,20 +26,29 @@ import torch
 
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
+from espnet_multiblank.decoding.symbols import check_blank_decision, log_sum_exp
 
 
 class MultiblankGreedySearch(TransducerSearch):
     """Multi-blank greedy search (standard greedy search without big blanks).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch`
-    (``nbest`` is 1).
+    (``nbest`` is 1), and ``blank_decision`` (``"total"`` or ``"symbol"``, see
+    :mod:`~espnet_multiblank.decoding.symbols`).
     """
 
     batched = True
 
-    def __init__(self, stepper, lattice, max_sym_per_frame: int = 10):
+    def __init__(
+        self,
+        stepper,
+        lattice,
+        max_sym_per_frame: int = 10,
+        blank_decision: str = "total",
+    ):
         super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
         self.beam_size = 1
+        self.blank_decision = check_blank_decision(blank_decision)
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         return [self.search_one(enc_out)]
@@ -58,6 +70,8 @@ class MultiblankGreedySearch(TransducerSearch):
         length = torch.tensor([T], device=device)
         # up to this frame every big blank fits: no mask needed while labels are allowed
         free_until = T - table.max_frames
+        total = self.blank_decision == "total"
+        lo, hi = table.blank_range
         while hyp.frame < T:
             t = hyp.frame
             logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
@@ -72,8 +86,16 @@ class MultiblankGreedySearch(TransducerSearch):
                     self.max_sym_per_frame,
                 )
             k = int(masked[0].argmax())
-            hyp.score += float(logp[0, k])
             frames = table.frames_list[k]
+            if total:
+                blanks = masked[0, lo:hi].tolist()
+                blank_lp = log_sum_exp(blanks)
+                if frames == 0 and float(logp[0, k]) <= blank_lp:
+                    k = lo + blanks.index(max(blanks))
+                    frames = table.frames_list[k]
+                hyp.score += blank_lp if frames else float(logp[0, k])
+            else:
+                hyp.score += float(logp[0, k])
             if frames == 0:
                 hyp.yseq.append(k)
                 hyp.num_sym_frame += 1
@@ -114,12 +136,10 @@ class MultiblankGreedySearch(TransducerSearch):
             masked = table.mask(
                 logp, t, lens[active], hyps.num_sym[active], self.max_sym_per_frame
             )
-            k = masked.argmax(dim=-1)  # (A,)
+            k, score = table.decide(logp, masked, self.blank_decision)  # (A,), (A,)
             frames = table.frames[k]  # (A,)
             is_label = frames == 0
-            hyps.record(
-                active, k, frames, logp.gather(1, k.unsqueeze(1)).squeeze(1), is_label
-            )
+            hyps.record(active, k, frames, score, is_label)
             if bool(is_label.any()):
                 rows = active[is_label]
                 new_proj, new_state = stepper.step(

@@ -1,15 +1,48 @@
-"""Per-vocabulary tensors of a multi-blank lattice, and which symbols a search allows.
+"""Per-vocabulary tensors of a multi-blank lattice, which symbols a search allows, and
+how it decides between a blank and a label.
 
 Built from :class:`espnet_multiblank.lattice.MultiblankLattice` (the owner of the
 symbol rules): the standard blank covers 1 frame, big blank ``i`` (index
 ``blank - 1 - i``) covers ``d_i`` frames, every other symbol is a label (0 frames).
+
+Blank decisions (``docs/decoding.md``, "Blank or label"):
+
+* ``"total"``: a step is a blank when the allowed blanks together are at least as
+  probable as the best label, and then the most probable allowed blank; its score is
+  the blanks' total log-probability. A multi-blank model spreads the blank mass over
+  several durations, so a label can beat every single blank while the blanks
+  together beat the label; the arg-max over symbols then emits that label (most often
+  a repeated or extra last word).
+* ``"symbol"``: the arg-max over all allowed symbols, scored with that symbol's
+  log-probability (the paper's and ESPnet's greedy rule): scores are lattice path
+  log-probabilities.
 """
 
-from typing import List
+import math
+from typing import List, Tuple
 
 import torch
 
 from espnet_multiblank.lattice import MultiblankLattice
+
+#: ``blank_decision`` values (module docstring)
+BLANK_DECISIONS = ("total", "symbol")
+
+
+def check_blank_decision(value) -> str:
+    if value not in BLANK_DECISIONS:
+        raise ValueError(
+            f"blank_decision must be one of {list(BLANK_DECISIONS)}, got {value!r}"
+        )
+    return value
+
+
+def log_sum_exp(values: List[float]) -> float:
+    """log(sum(exp(values))) of a short Python list (-inf when all are -inf)."""
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum([math.exp(v - top) for v in values]))
 
 
 class SymbolTable:
@@ -24,6 +57,9 @@ class SymbolTable:
         frames: (V,) long, frames covered by each symbol (0 for labels);
             ``frames_list`` is the same as a Python list.
         is_label: (V,) bool.
+        blank_index: (N + 1,) long, every blank: the standard blank, then big blank
+            0, 1, ...; ``blank_index_list`` as a Python list.
+        blank_range: ``(lo, hi)``: the blanks are the indices ``lo .. hi - 1``.
         big_ids: (N,) long, index of big blank i.
         durations: (N,) long, d_i.
         max_frames: The most frames one symbol covers.
@@ -47,6 +83,12 @@ class SymbolTable:
         self.is_label = self.frames == 0
         self.frames_list: List[int] = self.frames.tolist()
         self.max_frames = lattice.max_frames
+        self.blank_index = torch.tensor(
+            lattice.blank_ids, dtype=torch.long, device=device
+        )
+        self.blank_index_list: List[int] = list(lattice.blank_ids)
+        # the blanks are the contiguous indices blank - N .. blank
+        self.blank_range = (lattice.blank - lattice.num_big_blanks, lattice.blank + 1)
 
     def mask(
         self,
@@ -82,3 +124,37 @@ class SymbolTable:
             )
             out[:, self.big_ids] = torch.where(over, neg, out[:, self.big_ids])
         return out
+
+    def blank_total(self, masked: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Total log-probability of the allowed blanks and the most probable one.
+
+        Args:
+            masked: (A, V) log-probabilities, disallowed symbols at -inf.
+
+        Returns:
+            (A,) log-sum-exp over the blanks, (A,) long index of the best blank.
+        """
+        blanks = masked[:, self.blank_index]  # (A, N + 1)
+        return torch.logsumexp(blanks, -1), self.blank_index[blanks.argmax(-1)]
+
+    def decide(
+        self, logp: torch.Tensor, masked: torch.Tensor, blank_decision: str
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The symbol each row emits, and its score (module docstring).
+
+        Args:
+            logp: (A, V) log-probabilities.
+            masked: (A, V) the same with disallowed symbols at -inf.
+            blank_decision: ``"total"`` or ``"symbol"``.
+
+        Returns:
+            (A,) long symbols, (A,) their scores (``logp``'s dtype).
+        """
+        k = masked.argmax(dim=-1)
+        if blank_decision == "symbol":
+            return k, logp.gather(1, k.unsqueeze(1)).squeeze(1)
+        total, best_blank = self.blank_total(masked)
+        label_lp = logp.gather(1, k.unsqueeze(1)).squeeze(1)
+        is_label = self.is_label[k] & (label_lp > total)
+        k = torch.where(is_label, k, best_blank)
+        return k, torch.where(is_label, label_lp, total)

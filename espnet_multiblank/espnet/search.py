@@ -52,9 +52,10 @@ TDT_SEARCH_TYPES = ("tdt_greedy", "tdt_beam")
 PLUGIN_SEARCH_TYPES = MULTIBLANK_SEARCH_TYPES + TDT_SEARCH_TYPES
 ESPNET_SEARCH_TYPES = ("greedy", "default", "tsd", "alsd", "nsc", "maes", "mbg")
 #: transducer_conf keys understood by the plug-in's searches
-MULTIBLANK_KEYS = ("max_sym_per_frame", "score_norm")
+TDT_KEYS = ("max_sym_per_frame", "score_norm")
+MULTIBLANK_KEYS = TDT_KEYS + ("blank_decision",)
 #: transducer_conf keys that ESPnet's searches do not know
-PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size")
+PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size", "blank_decision")
 
 
 def lattice_from_model(model: Any) -> Union[MultiblankLattice, TDTLattice]:
@@ -201,7 +202,8 @@ def build_transducer_search(
             plug-in's searches).
         token_list: For ESPnet's debug logging.
         **conf: Other ``transducer_conf`` keys: ``max_sym_per_frame`` and
-            ``score_norm`` for the plug-in's searches; ESPnet's keys (``score_norm``,
+            ``score_norm`` for the plug-in's searches, ``blank_decision`` for the
+            multi-blank ones; ESPnet's keys (``score_norm``,
             ``score_norm_during``, ``max_sym_exp``, ``u_max``, ...) for ESPnet's.
 
     Returns:
@@ -217,11 +219,12 @@ def build_transducer_search(
     )
 
     if resolved in PLUGIN_SEARCH_TYPES:
-        unknown = sorted(set(conf) - set(MULTIBLANK_KEYS))
+        keys = TDT_KEYS if resolved in TDT_SEARCH_TYPES else MULTIBLANK_KEYS
+        unknown = sorted(set(conf) - set(keys))
         if unknown:
             raise ValueError(
                 f"transducer_conf keys not used by {resolved}: {unknown} (it takes "
-                f"{list(MULTIBLANK_KEYS)})"
+                f"{list(keys)})"
             )
         if lm is not None:
             raise NotImplementedError(
@@ -237,8 +240,10 @@ def build_transducer_search(
             if tdt
             else (MultiblankGreedySearch, MultiblankBeamSearch)
         )
+        # multi-blank searches: blank_decision (default theirs, "total")
+        extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
         if resolved in ("mb_greedy", "tdt_greedy"):
-            return greedy(stepper, lattice, max_sym_per_frame=max_sym)
+            return greedy(stepper, lattice, max_sym_per_frame=max_sym, **extra)
         return beam(
             stepper,
             lattice,
@@ -246,6 +251,7 @@ def build_transducer_search(
             nbest=nbest,
             max_sym_per_frame=max_sym,
             score_norm=conf.get("score_norm", False),
+            **extra,
         )
 
     # ESPnet's own searches (standard transducer)

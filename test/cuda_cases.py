@@ -14,6 +14,7 @@ cases of ``tdt_cuda_cases.py``) in the simulator and prints one JSON line per ca
 leaks into other tests.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -54,8 +55,14 @@ class Case:
         weights: grad_weights (None = reduction_weights of the options).
         need_grad: passed to compute.
         special: "nan", "posinf", "neginf" put such logits in, "" none.
-        via_function: also run FusedMultiblankRNNTFunction + backward.
+        via_function: also run FusedMultiblankRNNTFunction + backward (incoming
+            gradient 0.7, then a retain_graph backward with 1.3).
         seed: torch seed.
+        tol: {"cost": .., "grad": ..} bounds of |got - want| / (1 + |want|).
+        row_cfg: (team, block, unroll) forced on the row kernels (None: the
+            launch layer's choice, tiny in the simulator).
+        gpu_layout: force the layout a GPU would use for this V (also in the
+            simulator: its team of up to 512 threads and 8 loads per chunk).
     """
 
     name: str
@@ -79,7 +86,14 @@ class Case:
     via_function: bool = False
     seed: int = 0
     tol: dict = field(default_factory=dict)
+    row_cfg: Optional[Tuple[int, int, int]] = None
+    gpu_layout: bool = False
 
+
+F32_TOL = dict(cost=1e-5, grad=1e-5)
+# half-precision logits: the costs are float32 sums, the gradient is stored in half
+F16_TOL = dict(cost=1e-5, grad=1e-3)
+BF16_TOL = dict(cost=1e-5, grad=5e-3)
 
 CASES = [
     Case("rnnt_n0_full", B=2, T=5, U=3, V=5, blank=0),
@@ -259,6 +273,160 @@ CASES = [
         reduction="sum",
         via_function=True,
     ),
+    # row layouts: a team of 64 threads (its shared-memory tree crosses warps),
+    # three chunks per thread with a partial last one
+    Case(
+        "xwarp_team64_3chunks",
+        B=2,
+        T=3,
+        U=3,
+        V=300,
+        blank=7,
+        durations=(2, 4),
+        sigma=0.05,
+        act_lens=[3, 2],
+        label_lens=[2, 1],
+        row_cfg=(64, 64, 2),
+        seed=11,
+    ),
+    # two 64-thread teams per block, float32
+    Case(
+        "xwarp_2rows_per_block_f32",
+        B=2,
+        T=3,
+        U=2,
+        V=200,
+        blank=0,
+        clamp=0.05,
+        row_cfg=(64, 128, 2),
+        dtype=torch.float32,
+        tol=F32_TOL,
+        seed=12,
+    ),
+    # the layouts a GPU uses: V = 64 (teams of 8, 16 rows per block), V = 1000
+    # (one 128-thread team, one chunk of 8 loads), V = 3000 (512 threads)
+    Case(
+        "gpu_layout_V64_f32",
+        B=3,
+        T=4,
+        U=3,
+        V=64,
+        blank=3,
+        durations=(2,),
+        act_lens=[4, 3, 2],
+        label_lens=[2, 1, 2],
+        dtype=torch.float32,
+        tol=F32_TOL,
+        gpu_layout=True,
+        seed=13,
+    ),
+    Case(
+        "gpu_layout_V1000_f32",
+        B=1,
+        T=2,
+        U=2,
+        V=1000,
+        blank=500,
+        durations=(2, 4, 8),
+        sigma=0.05,
+        dtype=torch.float32,
+        tol=F32_TOL,
+        gpu_layout=True,
+        seed=14,
+    ),
+    Case(
+        "gpu_layout_V3000_bf16",
+        B=1,
+        T=2,
+        U=2,
+        V=3000,
+        blank=3,
+        durations=(2,),
+        dtype=torch.bfloat16,
+        tol=BF16_TOL,
+        gpu_layout=True,
+        seed=15,
+    ),
+    # half-precision logits read directly (bfloat16 as int16 bits)
+    Case(
+        "float16",
+        B=2,
+        T=5,
+        U=3,
+        V=7,
+        blank=3,
+        durations=(2,),
+        sigma=0.05,
+        act_lens=[5, 4],
+        label_lens=[2, 1],
+        dtype=torch.float16,
+        tol=F16_TOL,
+        seed=16,
+    ),
+    Case(
+        "bfloat16_clamp_fastemit_weights",
+        B=2,
+        T=5,
+        U=3,
+        V=6,
+        blank=2,
+        durations=(2,),
+        clamp=0.1,
+        fastemit_lambda=0.3,
+        weights=[0.5, 2.0],
+        dtype=torch.bfloat16,
+        tol=BF16_TOL,
+        seed=17,
+    ),
+    Case(
+        "function_float16",
+        B=3,
+        T=5,
+        U=3,
+        V=6,
+        blank=3,
+        durations=(2, 4),
+        reduction="mean",
+        act_lens=[5, 3, 4],
+        label_lens=[2, 1, 0],
+        dtype=torch.float16,
+        tol=F16_TOL,
+        via_function=True,
+        seed=18,
+    ),
+    Case(
+        "function_bfloat16",
+        B=2,
+        T=5,
+        U=3,
+        V=6,
+        blank=3,
+        durations=(2,),
+        reduction="sum",
+        sigma=0.05,
+        dtype=torch.bfloat16,
+        tol=BF16_TOL,
+        via_function=True,
+        seed=19,
+    ),
+    # a long utterance in float32 against the float64 reference: the row sums are
+    # float32, alpha/beta float64 (one thread per row: few simulated barriers)
+    Case(
+        "long_T1200_float32",
+        B=2,
+        T=1200,
+        U=3,
+        V=6,
+        blank=5,
+        durations=(2, 4, 8),
+        sigma=0.05,
+        act_lens=[1200, 900],
+        label_lens=[2, 1],
+        dtype=torch.float32,
+        tol=dict(cost=1e-6, grad=1e-6),
+        row_cfg=(1, 128, 4),
+        seed=20,
+    ),
 ]
 
 
@@ -358,6 +526,81 @@ def _close(name, got, want, tol):
         )
 
 
+@contextlib.contextmanager
+def row_layout(case, V: int):
+    """Force ``case.row_cfg`` (or the GPU layout for V) on the launch layer."""
+    if case.row_cfg is None and not case.gpu_layout:
+        yield
+        return
+    from espnet_multiblank.loss.cuda import launch
+
+    prev = launch.ROW_CONFIG_OVERRIDE
+    launch.ROW_CONFIG_OVERRIDE = (
+        launch.gpu_row_config(V) if case.gpu_layout else tuple(case.row_cfg)
+    )
+    try:
+        yield
+    finally:
+        launch.ROW_CONFIG_OVERRIDE = prev
+
+
+def cost_dtype(dtype):
+    """The kernels' costs: float64 for float64 logits, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_function(case, acts, labels, act_lens, label_lens, opts, compute, ref):
+    """FusedMultiblankRNNTFunction around ``compute``: loss, then backward with an
+    incoming gradient of 0.7 (folded into the kernel), then a ``retain_graph``
+    backward with 1.3 (a rescaled copy); ``ref`` = (reference loss, reference
+    d loss / d acts for an incoming gradient of 1)."""
+    want_loss, ref_g = ref
+    tol_c = case.tol.get("cost", 1e-10)
+    tol_g = case.tol.get("grad", 1e-10)
+    x = acts.detach().clone().requires_grad_(True)
+    loss = FusedMultiblankRNNTFunction.apply(
+        x, labels, act_lens, label_lens, opts, compute
+    )
+    _close("function loss", loss, want_loss, tol_c)
+    if loss.device != acts.device:
+        raise AssertionError(f"loss on {loss.device}, acts on {acts.device}")
+    (loss * 0.7).sum().backward(retain_graph=True)
+    if x.grad.dtype != acts.dtype:
+        raise AssertionError(f"grad dtype {x.grad.dtype} != {acts.dtype}")
+    _close("function grad x 0.7", x.grad, ref_g * 0.7, tol_g)
+    first = x.grad
+    x.grad = None
+    (loss * 1.3).sum().backward()
+    _close("function grad x 1.3 (retain_graph)", x.grad, ref_g * 1.3, tol_g)
+    _close("first gradient kept", first, ref_g * 0.7, tol_g)
+
+
+def check_half_rounding(name, got, want, dtype):
+    """A half-precision gradient must be the exact one rounded to nearest: equal to
+    the float64 reference rounded to ``dtype`` except where the kernel's float32
+    arithmetic lands on the other side of a rounding boundary (rare: at most 2 %
+    of the non-zero elements, and never more than one unit in the last place).
+    Truncation, or rounding twice, would miss about half of them."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return
+    got = got.detach().cpu()
+    want_r = want.detach().cpu().to(dtype)
+    nz = want_r != 0
+    if not bool(nz.any()):
+        return
+    miss = int((got[nz] != want_r[nz]).sum())
+    allowed = max(1, int(0.02 * int(nz.sum())))
+    if miss > allowed:
+        raise AssertionError(
+            f"{name}: {miss} of {int(nz.sum())} elements differ from the reference "
+            f"rounded to {dtype} (at most {allowed} allowed)"
+        )
+    step = torch.finfo(dtype).eps * want_r.float().abs()  # one ulp (normal range)
+    diff = (got.float() - want_r.float()).abs()
+    if bool((diff > step + torch.finfo(dtype).tiny).any()):
+        raise AssertionError(f"{name}: more than one ulp from the rounded reference")
+
+
 def run_case(
     case: Case,
     device="cpu",
@@ -377,19 +620,21 @@ def run_case(
         from espnet_multiblank.loss.cuda import compute
     acts, labels, act_lens, label_lens, opts = make_inputs(case, device)
     B, T, U, V = acts.shape
+    wdtype = cost_dtype(acts.dtype)
     if case.weights is not None:
-        weights = torch.tensor(case.weights, dtype=acts.dtype, device=device)
+        weights = torch.tensor(case.weights, dtype=wdtype, device=device)
     else:
-        weights = reduction_weights(opts, label_lens, acts.dtype)
+        weights = reduction_weights(opts, label_lens, wdtype)
     tol_c = case.tol.get("cost", 1e-10)
     tol_g = case.tol.get("grad", 1e-10)
 
-    costs, grads = compute(
-        acts, labels, act_lens, label_lens, opts, weights, case.need_grad
-    )
+    with row_layout(case, V):
+        costs, grads = compute(
+            acts, labels, act_lens, label_lens, opts, weights, case.need_grad
+        )
     if keep is not None:
         keep["costs"], keep["grads"] = costs, grads
-    if costs.shape != (B,) or costs.dtype != acts.dtype or costs.device != acts.device:
+    if costs.shape != (B,) or costs.dtype != wdtype or costs.device != acts.device:
         raise AssertionError(f"costs: {costs.shape} {costs.dtype} {costs.device}")
 
     if case.special in ("nan", "posinf"):
@@ -416,6 +661,7 @@ def run_case(
     if grads.shape != acts.shape or grads.dtype != acts.dtype:
         raise AssertionError(f"grads: {grads.shape} {grads.dtype}")
     _close("grads", grads, ref_g, tol_g)
+    check_half_rounding("grads", grads, ref_g, acts.dtype)
     if check_padding and T > 0:
         t = torch.arange(T, device=device)[None, :, None]
         u = torch.arange(U, device=device)[None, None, :]
@@ -425,23 +671,30 @@ def run_case(
             raise AssertionError("non-zero gradient at padding / impossible utterance")
 
     if case.via_function:
-        x = acts.detach().clone().requires_grad_(True)
-        loss = FusedMultiblankRNNTFunction.apply(
-            x, labels, act_lens, label_lens, opts, compute
-        )
-        scale = 0.7
-        (loss * scale).sum().backward()
         from espnet_multiblank.loss.function import reduce_costs
 
-        want_loss = reduce_costs(ref_c, opts, label_lens.cpu())
-        _close("function loss", loss, want_loss, tol_c)
-        _close("function grad", x.grad, ref_g * scale, tol_g)
+        # d loss / d acts for an incoming gradient of 1: the reduction's weights
+        w = reduction_weights(opts, label_lens.cpu(), torch.float64)
+        ref_fn = reference(acts, labels, act_lens, label_lens, opts, w, ref_device)[1]
+        with row_layout(case, V):
+            check_function(
+                case,
+                acts,
+                labels,
+                act_lens,
+                label_lens,
+                opts,
+                compute,
+                (reduce_costs(ref_c, opts, label_lens.cpu()), ref_fn),
+            )
     return f"costs {[round(float(c), 6) for c in costs]}"
 
 
 def compare_with_cpu_kernel(case: Case, costs, grads, cpu_compute):
     """Check the CUDA backend's (costs, grads) against the CPU Numba kernel's."""
     acts, labels, act_lens, label_lens, opts = make_inputs(case, "cpu")
+    if acts.dtype in (torch.float16, torch.bfloat16):
+        acts = acts.float()  # the same values; the CPU kernel computes in float32
     if case.weights is not None:
         weights = torch.tensor(case.weights, dtype=acts.dtype)
     else:
@@ -461,6 +714,9 @@ def compare_with_cpu_kernel(case: Case, costs, grads, cpu_compute):
 
 
 def _main(argv):
+    # the simulator's block manager polls its threads: a short switch interval makes
+    # each simulated syncthreads ~50x cheaper
+    sys.setswitchinterval(1e-4)
     from tdt_cuda_cases import TDT_CASES, compare_tdt_with_cpu_kernel, run_tdt_case
 
     only = None

@@ -13,13 +13,18 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
 import torch
-from cuda_cases import _close
-
-from espnet_multiblank.loss.function import (
-    FusedMultiblankRNNTFunction,
-    reduce_costs,
-    reduction_weights,
+from cuda_cases import (
+    BF16_TOL,
+    F16_TOL,
+    F32_TOL,
+    _close,
+    check_function,
+    check_half_rounding,
+    cost_dtype,
+    row_layout,
 )
+
+from espnet_multiblank.loss.function import reduce_costs, reduction_weights
 from espnet_multiblank.loss.tdt_options import TDTOptions, make_tdt_options
 from espnet_multiblank.loss.tdt_reference import tdt_reference_costs
 
@@ -30,7 +35,8 @@ class TDTCase:
 
     ``special``: "nan_token", "nan_duration", "posinf" (utterance 0's cost must be
     NaN), "nan_dead_end" (a NaN duration logit in a row none of whose steps can reach
-    the end: still NaN), "neginf" (a masked token), "" none.
+    the end: still NaN), "neginf" (a masked token), "" none. ``row_cfg`` and
+    ``gpu_layout`` as in ``cuda_cases.Case`` (the GPU layout is that of V tokens).
     """
 
     name: str
@@ -54,6 +60,8 @@ class TDTCase:
     via_function: bool = False
     seed: int = 0
     tol: dict = field(default_factory=dict)
+    row_cfg: Optional[Tuple[int, int, int]] = None
+    gpu_layout: bool = False
 
 
 TDT_CASES = [
@@ -154,6 +162,97 @@ TDT_CASES = [
         via_function=True,
         seed=10,
     ),
+    # a 64-thread team (shared-memory tree across warps), three chunks per thread
+    TDTCase(
+        "tdt_xwarp_team64_3chunks",
+        B=2,
+        T=4,
+        U=3,
+        V=300,
+        blank=7,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        act_lens=[4, 3],
+        label_lens=[2, 1],
+        row_cfg=(64, 64, 2),
+        seed=11,
+    ),
+    # the layouts a GPU uses for V = 64 and V = 1000
+    TDTCase(
+        "tdt_gpu_layout_V64_f32",
+        B=3,
+        T=4,
+        U=3,
+        V=64,
+        blank=0,
+        durations=(0, 1, 2, 3, 4),
+        act_lens=[4, 3, 2],
+        label_lens=[2, 1, 2],
+        dtype=torch.float32,
+        tol=F32_TOL,
+        gpu_layout=True,
+        seed=12,
+    ),
+    TDTCase(
+        "tdt_gpu_layout_V1000_f32",
+        B=1,
+        T=3,
+        U=2,
+        V=1000,
+        blank=999,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        dtype=torch.float32,
+        tol=F32_TOL,
+        gpu_layout=True,
+        seed=13,
+    ),
+    # half-precision logits read directly
+    TDTCase(
+        "tdt_float16_clamp",
+        blank=1,
+        durations=(0, 2, 1),
+        clamp=0.1,
+        act_lens=[5, 4],
+        label_lens=[2, 1],
+        dtype=torch.float16,
+        tol=F16_TOL,
+        seed=14,
+    ),
+    TDTCase(
+        "tdt_function_bfloat16",
+        B=3,
+        T=5,
+        U=3,
+        blank=4,
+        durations=(1, 2, 0),
+        sigma=0.05,
+        fastemit_lambda=0.1,
+        reduction="mean",
+        act_lens=[5, 4, 2],
+        label_lens=[2, 1, 1],
+        dtype=torch.bfloat16,
+        tol=BF16_TOL,
+        via_function=True,
+        seed=15,
+    ),
+    # a long utterance in float32 against the float64 reference
+    TDTCase(
+        "tdt_long_T1000_float32",
+        B=2,
+        T=1000,
+        U=3,
+        V=5,
+        blank=2,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        act_lens=[1000, 700],
+        label_lens=[2, 1],
+        dtype=torch.float32,
+        tol=dict(cost=1e-6, grad=1e-6),
+        row_cfg=(1, 128, 4),
+        seed=16,
+    ),
 ]
 
 
@@ -235,15 +334,17 @@ def run_tdt_case(case: TDTCase, device="cpu", compute=None, keep=None):
         from espnet_multiblank.loss.cuda import tdt_compute as compute
     acts, labels, act_lens, label_lens, opts = make_tdt_inputs(case, device)
     B, T, U, VD = acts.shape
-    weights = _weights(case, opts, label_lens, acts.dtype, device)
+    wdtype = cost_dtype(acts.dtype)
+    weights = _weights(case, opts, label_lens, wdtype, device)
     tol_c = case.tol.get("cost", 1e-10)
     tol_g = case.tol.get("grad", 1e-10)
-    costs, grads = compute(
-        acts, labels, act_lens, label_lens, opts, weights, case.need_grad
-    )
+    with row_layout(case, case.V):
+        costs, grads = compute(
+            acts, labels, act_lens, label_lens, opts, weights, case.need_grad
+        )
     if keep is not None:
         keep["costs"], keep["grads"] = costs, grads
-    if costs.shape != (B,) or costs.dtype != acts.dtype or costs.device != acts.device:
+    if costs.shape != (B,) or costs.dtype != wdtype or costs.device != acts.device:
         raise AssertionError(f"costs: {costs.shape} {costs.dtype} {costs.device}")
     if case.special.startswith("nan") or case.special == "posinf":
         if not bool(torch.isnan(costs[0])):
@@ -264,6 +365,7 @@ def run_tdt_case(case: TDTCase, device="cpu", compute=None, keep=None):
     if grads.shape != acts.shape or grads.dtype != acts.dtype:
         raise AssertionError(f"grads: {grads.shape} {grads.dtype}")
     _close("grads", grads, ref_g, tol_g)
+    check_half_rounding("grads", grads, ref_g, acts.dtype)
     if T > 0:
         t = torch.arange(T, device=device)[None, :, None]
         u = torch.arange(U, device=device)[None, None, :]
@@ -272,20 +374,27 @@ def run_tdt_case(case: TDTCase, device="cpu", compute=None, keep=None):
         if bool((grads[pad] != 0).any()):
             raise AssertionError("non-zero gradient at padding / impossible utterance")
     if case.via_function:
-        x = acts.detach().clone().requires_grad_(True)
-        loss = FusedMultiblankRNNTFunction.apply(
-            x, labels, act_lens, label_lens, opts, compute
-        )
-        (loss * 0.7).sum().backward()
-        want = reduce_costs(ref_c, opts, label_lens.cpu())
-        _close("function loss", loss, want, tol_c)
-        _close("function grad", x.grad, ref_g * 0.7, tol_g)
+        w = reduction_weights(opts, label_lens.cpu(), torch.float64)
+        ref_fn = tdt_reference(acts, labels, act_lens, label_lens, opts, w)[1]
+        with row_layout(case, case.V):
+            check_function(
+                case,
+                acts,
+                labels,
+                act_lens,
+                label_lens,
+                opts,
+                compute,
+                (reduce_costs(ref_c, opts, label_lens.cpu()), ref_fn),
+            )
     return f"costs {[round(float(c), 6) for c in costs]}"
 
 
 def compare_tdt_with_cpu_kernel(case: TDTCase, costs, grads, cpu_compute):
     """The CUDA backend's (costs, grads) against the CPU Numba TDT kernel's."""
     acts, labels, act_lens, label_lens, opts = make_tdt_inputs(case, "cpu")
+    if acts.dtype in (torch.float16, torch.bfloat16):
+        acts = acts.float()  # the same values; the CPU kernel computes in float32
     weights = _weights(case, opts, label_lens, acts.dtype, "cpu")
     c2, g2 = cpu_compute(
         acts, labels, act_lens, label_lens, opts, weights, case.need_grad

@@ -7,10 +7,11 @@ the incoming gradient. It costs ONE logits-sized buffer whatever the incoming gr
 (1 - ctc_weight, 1 / accum_grad, an AMP loss scale...):
 
 * kernels that offer ``kernel.begin`` / ``kernel.finish`` (the CPU kernel, float32 /
-  float64 logits) leave their last pass to ``backward``: the forward pass keeps the
-  buffer of exps and the lattice occupancies, and backward turns the buffer into the
-  gradient in place with the factors folded in (no extra pass over the logits);
-* the others (CUDA, and float16 / bfloat16 logits, computed in float32 chunks) return
+  float64 logits; the CUDA kernels, any float dtype) leave their last pass to
+  ``backward``: the forward pass keeps the buffer of exps (CPU) or the logits (CUDA)
+  and the lattice occupancies, and backward writes the gradient into the buffer with
+  the factors folded in (no extra pass over it);
+* the others (float16 / bfloat16 logits on CPU, computed in float32 chunks) return
   the finished gradient with the reduction weights; backward multiplies the incoming
   gradient into that same buffer in place (one extra pass, no extra buffer).
 
@@ -118,11 +119,10 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
         ctx.applied = None  # (B,) float64 numpy: incoming gradient in the buffer
         ctx.returned = False  # whether backward has handed the buffer out
         ctx.reduction = opts.reduction
-        if (
-            begin is not None
-            and in_dtype in (torch.float32, torch.float64)
-            and acts.device.type == "cpu"
-        ):
+        # kernel.begin_dtypes: the dtypes its begin reads directly (the CUDA kernels:
+        # float16 / bfloat16 too); the CPU kernel's float32 / float64
+        begin_dtypes = getattr(kernel, "begin_dtypes", (torch.float32, torch.float64))
+        if begin is not None and in_dtype in begin_dtypes:
             # numpy bookkeeping: a torch op costs microseconds, a small problem's
             # whole loss well under a millisecond
             costs, pending = begin(
@@ -138,7 +138,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
             costs = costs.astype(np.float64, copy=False)
             if np.isnan(costs).any():
                 _raise_nan(int(np.flatnonzero(np.isnan(costs))[0]))
-            weights = _weights_np(opts, label_lens.numpy())
+            weights = _weights_np(opts, label_lens.cpu().numpy())
             if need_grad:
                 ctx.save_for_backward(*pending.tensors())
                 ctx.finish = kernel.finish
@@ -148,7 +148,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
                 out = costs
             else:
                 out = np.asarray(np.dot(costs, weights) if costs.size else 0.0)
-            return torch.from_numpy(out).to(compute_dtype)
+            return torch.from_numpy(out).to(device=acts.device, dtype=compute_dtype)
         weights = reduction_weights(opts, label_lens, compute_dtype)
         if in_dtype in (torch.float16, torch.bfloat16):
             costs, grads = _half_in_chunks(

@@ -3,24 +3,38 @@
 On a GPU, every tensor (inputs, outputs and the float64 workspaces, all allocated with
 torch's caching allocator) is handed to Numba in place through
 ``__cuda_array_interface__`` (``numba.cuda.as_cuda_array(t, sync=False)``: torch
-exports no stream, so nothing is synchronised), and the kernels (two for the costs,
-four with the gradient) are queued on
-torch's current stream of the logits' device (``numba.cuda.external_stream``). Nothing
-here waits for the GPU: the host synchronisations of a loss call are the validation's
-and the caller's NaN check only.
+exports no stream, so nothing is synchronised; bfloat16 tensors as their int16 view),
+and the kernels are queued on torch's current stream of the logits' device
+(``numba.cuda.external_stream``). Under ``NUMBA_ENABLE_CUDASIM=1`` the same code
+takes CPU tensors and passes numpy views of them to the simulated kernels.
 
-Under ``NUMBA_ENABLE_CUDASIM=1`` the same code takes CPU tensors and passes numpy
-views of them to the simulated kernels (no stream).
+Two contracts (see ``espnet_multiblank.loss.function``):
 
-Memory: besides the logits and the gradient (each (B, T, U, V)), the workspaces are
-``denom``, ``alphas``, ``betas`` (B, T, U) and ``lpw`` (B, T, U, N + 2), all float64,
-i.e. 8 * (N + 5) bytes per (b, t, u) row, plus O(B).
+* :func:`compute` ``-> (costs, grads)``: the four kernels in a row, no host
+  synchronisation;
+* :func:`begin` (kernels 1-3: costs, and the transition weights when the gradient
+  is needed; one host synchronisation, to hand the costs over as numpy) and
+  :func:`finish` (kernel 4, in the autograd backward, with the per-utterance factors
+  = reduction weight x incoming gradient folded in), so that any incoming gradient
+  costs no more than the one logits-sized gradient buffer.
+
+Memory (per (b, t, u) row; the logits themselves are the caller's): the gradient
+buffer, the size and dtype of the logits, allocated by ``begin`` / ``compute`` when the
+gradient is needed; float64 workspaces ``denom`` (8 bytes) and ``lpw`` (8 (N + 2)),
+kept until the gradient is finished, and ``alphas``, ``betas`` (8 each), freed when
+``begin`` returns: 8 (N + 5) bytes per row at the peak, 8 (N + 3) held between
+forward and backward, plus O(B). With 4-byte logits that is (N + 5) / (V / 2) of
+the gradient (0.6 % for V = 1024, N = 3; 25 % for V = 64), with 2-byte logits twice
+that. ``begin`` keeps a reference to the logits for ``finish`` (the autograd graph
+holds them anyway when they come from a layer that is being trained).
 """
 
 import warnings
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
+import numpy as np
 import torch
-from numba import config as _numba_config
 from numba import cuda
 from numba.core.errors import NumbaPerformanceWarning
 
@@ -29,15 +43,38 @@ try:  # numba-cuda has its own warning classes
 except ImportError:  # pragma: no cover - older numba-cuda / numba's built-in cuda
     _CudaPerfWarning = NumbaPerformanceWarning
 
+from espnet_multiblank.loss.cuda.device_ops import SIMULATOR
 from espnet_multiblank.loss.cuda.kernels import get_kernels
 from espnet_multiblank.loss.options import LossOptions
 
-SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+#: logits dtypes the kernels read directly
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_STORAGE = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
 
-# Block sizes in the simulator: tiny, so that the strided loops and the shared-memory
-# reductions run with several elements per thread and several cells per diagonal.
-SIM_ROW_THREADS = 4
+# Row kernels on a GPU: UNROLL loads in flight per thread; the team (threads per row)
+# is the power of two that covers V in one chunk, 4..MAX_TEAM; blocks of at least
+# MIN_BLOCK threads (several rows per block for small V). A block of 512 threads
+# leaves 128 registers per thread.
+UNROLL = 8
+MAX_TEAM = 512
+MIN_BLOCK = 128
+
+# In the simulator: tiny teams and chunks, so that every path (several chunks per
+# thread, a partial last chunk, several rows per block, the shared-memory tree) runs
+# on small V; tests may override it (:data:`ROW_CONFIG_OVERRIDE`).
+SIM_ROW_CONFIG = (2, 4, 2)
 SIM_DIAG_THREADS = 2
+
+#: threads per block of the one-thread-per-cell weights kernels
+CELL_BLOCK = 4 if SIMULATOR else 128
+
+#: (team, block, unroll) forced for every launch (tests only), or None
+ROW_CONFIG_OVERRIDE: Optional[Tuple[int, int, int]] = None
 
 
 def _pow2_at_least(x: int) -> int:
@@ -47,28 +84,270 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
-def block_sizes(T: int, U: int, V: int):
-    """(row_threads, diag_threads) for a (B, T, U, V) problem.
+def gpu_row_config(V: int) -> Tuple[int, int, int]:
+    """(team, block, unroll) used on a GPU for rows of V logits."""
+    team = min(MAX_TEAM, max(4, _pow2_at_least(-(-V // UNROLL))))
+    return team, max(team, MIN_BLOCK), UNROLL
 
-    row kernels: about 8 logits per thread, 32..256 threads (a power of two, as the
-    shared-memory reduction needs); alpha/beta: one thread per cell of the longest
-    anti-diagonal (min(T, U) cells), 32..512 threads, looping in strides beyond.
-    The caps keep 65536 / threads >= 128 registers per thread available, so that a
-    launch never fails with "too many resources requested" whatever the compiler
-    allocates for the float64 code.
-    """
+
+def row_config(V: int) -> Tuple[int, int, int]:
+    """(team, block, unroll) of the row kernels for rows of V logits (the override,
+    the simulator's tiny layout, or :func:`gpu_row_config`)."""
+    if ROW_CONFIG_OVERRIDE is not None:
+        return ROW_CONFIG_OVERRIDE
     if SIMULATOR:
-        return SIM_ROW_THREADS, SIM_DIAG_THREADS
-    row = min(256, max(32, _pow2_at_least((V + 7) // 8)))
-    diag = min(512, max(32, _pow2_at_least(min(T, U))))
-    return row, diag
+        return SIM_ROW_CONFIG
+    return gpu_row_config(V)
 
 
-def _as_kernel_array(x: torch.Tensor):
-    """A view of ``x`` for the kernels: numpy (simulator) or a Numba device array."""
+def diag_threads(T: int, U: int) -> int:
+    """Threads of the alpha/beta blocks: one per cell of the longest anti-diagonal
+    (min(T, U) cells), 32..512, striding beyond (512 threads leave 128 registers
+    each, so a launch never fails for lack of registers)."""
+    if SIMULATOR:
+        return SIM_DIAG_THREADS
+    return min(512, max(32, _pow2_at_least(min(T, U))))
+
+
+def row_grid(rows: int, cfg) -> int:
+    team, block, _ = cfg
+    per_block = block // team
+    return max(1, -(-rows // per_block))
+
+
+def storage_of(dtype: torch.dtype) -> str:
+    return _STORAGE[dtype]
+
+
+def kernel_array(x: torch.Tensor):
+    """A view of ``x`` for the kernels: numpy (simulator) or a Numba device array;
+    bfloat16 as its int16 bits."""
+    if x.dtype == torch.bfloat16:
+        x = x.view(torch.int16)
     if SIMULATOR:
         return x.numpy()
     return cuda.as_cuda_array(x, sync=False)
+
+
+def check_device(acts: torch.Tensor) -> None:
+    if acts.dtype not in DTYPES:
+        raise TypeError(
+            f"the CUDA kernels take float64/float32/float16/bfloat16 acts, "
+            f"got {acts.dtype}"
+        )
+    if SIMULATOR:
+        if acts.is_cuda:
+            raise ValueError(
+                "NUMBA_ENABLE_CUDASIM=1: the CUDA simulator takes CPU tensors, got "
+                f"acts on {acts.device}"
+            )
+    elif not acts.is_cuda:
+        raise ValueError(
+            f"the CUDA backend takes CUDA tensors, got acts on {acts.device}"
+        )
+
+
+def cost_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Costs are float64 for float64 logits, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def prepare_ints(labels, act_lens, label_lens, B: int, dev):
+    """int64 contiguous copies; an empty label matrix gets a dummy column (a
+    non-empty array for the kernels; never read)."""
+    if labels.shape[1] == 0:
+        labels = torch.zeros((B, 1), dtype=torch.int64, device=dev)
+    return (
+        labels.to(torch.int64).contiguous(),
+        act_lens.to(torch.int64).contiguous(),
+        label_lens.to(torch.int64).contiguous(),
+    )
+
+
+def run_on_stream(dev: torch.device, body) -> None:
+    """Call ``body(cfg)`` where ``cfg(kernel, grid, block)`` configures a launch on
+    torch's current stream of ``dev`` (no stream in the simulator)."""
+    if SIMULATOR:
+        body(lambda kernel, grid, block: kernel[grid, block])
+        return
+    with cuda.gpus[dev.index], warnings.catch_warnings():
+        # small grids (the (B, 2) alpha/beta one) are by design: no occupancy warning
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        warnings.simplefilter("ignore", _CudaPerfWarning)
+        stream = cuda.external_stream(torch.cuda.current_stream(dev).cuda_stream)
+        body(lambda kernel, grid, block: kernel[grid, block, stream])
+
+
+@dataclass
+class PendingCudaGradient:
+    """What the gradient kernel needs, kept from ``begin`` to ``finish``.
+
+    Attributes:
+        buffer: (B, T, U, V) logits dtype, uninitialised; ``finish`` writes the
+            gradient into it.
+        acts: the logits (B, T, U, V), C-contiguous.
+        labels: (B, max(L, 1)) int64; act_lens, label_lens: (B,) int64.
+        denom: (B, T, U) float64 row log-sum-exp.
+        wts: (B, T, U, N + 2) float64 transition weights.
+        logp: (B,) float64.
+    """
+
+    buffer: torch.Tensor
+    acts: torch.Tensor
+    labels: torch.Tensor
+    act_lens: torch.Tensor
+    label_lens: torch.Tensor
+    denom: torch.Tensor
+    wts: torch.Tensor
+    logp: torch.Tensor
+
+    def tensors(self) -> Tuple[torch.Tensor, ...]:
+        return (
+            self.buffer,
+            self.acts,
+            self.labels,
+            self.act_lens,
+            self.label_lens,
+            self.denom,
+            self.wts,
+            self.logp,
+        )
+
+
+def forward(
+    acts: torch.Tensor,
+    labels: torch.Tensor,
+    act_lens: torch.Tensor,
+    label_lens: torch.Tensor,
+    opts: LossOptions,
+    need_grad: bool,
+):
+    """Kernels 1-3 (3 only when need_grad): ``(costs, pending or None)``, queued on
+    the current stream, no host synchronisation. costs: (B,) float64 for float64
+    logits, float32 otherwise."""
+    check_device(acts)
+    acts = acts.detach().contiguous()
+    B, T, U, V = acts.shape
+    dev = acts.device
+    costs = torch.empty((B,), dtype=cost_dtype(acts.dtype), device=dev)
+    N = opts.num_big_blanks
+    labels, act_lens, label_lens = prepare_ints(labels, act_lens, label_lens, B, dev)
+    ws = dict(dtype=torch.float64, device=dev)
+    denom = torch.empty((B, T, U), **ws)
+    lpw = torch.empty((B, T, U, N + 2), **ws)
+    logp = torch.empty((B,), **ws)
+    pending = None
+    if need_grad:
+        pending = PendingCudaGradient(
+            torch.empty_like(acts), acts, labels, act_lens, label_lens, denom, lpw, logp
+        )
+    if B == 0:
+        return costs, pending
+    if T == 0:  # every T_b = 0: the empty path (cost 0) or impossible (+inf)
+        lp0 = torch.where(label_lens == 0, 0.0, float("-inf")).to(**ws)
+        logp.copy_(lp0)
+        costs.copy_(-(1.0 + opts.fastemit_lambda) * lp0 + 0.0)
+        return costs, pending
+
+    rows = B * T * U
+    alphas = torch.empty((B, T, U), **ws)
+    betas = torch.empty((B, T, U) if need_grad else (1, 1, 1), **ws)
+    cfg_row = row_config(V)
+    lattice = opts.lattice
+    row_stats, alpha_beta, weights_k, _ = get_kernels(
+        storage_of(acts.dtype), lattice, cfg_row
+    )
+    k = kernel_array
+    blank = int(lattice.blank)
+    do_beta = 1 if need_grad else 0
+
+    def body(cfg):
+        a_lens, a_llens, a_lpw = k(act_lens), k(label_lens), k(lpw)
+        a_alphas, a_betas, a_logp = k(alphas), k(betas), k(logp)
+        cfg(row_stats, row_grid(rows, cfg_row), cfg_row[1])(
+            k(acts),
+            k(labels),
+            a_lens,
+            a_llens,
+            blank,
+            float(opts.sigma),
+            k(denom),
+            a_lpw,
+        )
+        cfg(alpha_beta, (B, 1 + do_beta), diag_threads(T, U))(
+            a_lpw,
+            a_lens,
+            a_llens,
+            float(opts.fastemit_lambda),
+            do_beta,
+            a_alphas,
+            a_betas,
+            a_logp,
+            k(costs),
+        )
+        if need_grad:
+            cfg(weights_k, -(-rows // CELL_BLOCK), CELL_BLOCK)(
+                a_lpw, a_lens, a_llens, a_alphas, a_betas, a_logp
+            )
+
+    run_on_stream(dev, body)
+    return costs, pending
+
+
+def gradient(
+    tensors: Tuple[torch.Tensor, ...], opts: LossOptions, factors: torch.Tensor
+) -> torch.Tensor:
+    """Kernel 4 into the pending buffer (returned): ``factors`` (B,) float64 tensor on
+    the logits' device."""
+    buffer, acts, labels, act_lens, label_lens, denom, wts, logp = tensors
+    B, T, U, V = acts.shape
+    rows = B * T * U
+    if rows == 0 or V == 0:
+        return buffer
+    cfg_row = row_config(V)
+    lattice = opts.lattice
+    *_, grad_k = get_kernels(storage_of(acts.dtype), lattice, cfg_row)
+    k = kernel_array
+
+    def body(cfg):
+        cfg(grad_k, row_grid(rows, cfg_row), cfg_row[1])(
+            k(acts),
+            k(labels),
+            k(act_lens),
+            k(label_lens),
+            int(lattice.blank),
+            float(opts.fastemit_lambda),
+            float(opts.clamp),
+            k(factors),
+            k(denom),
+            k(wts),
+            k(logp),
+            k(buffer),
+        )
+
+    run_on_stream(acts.device, body)
+    return buffer
+
+
+def factors_tensor(values, device) -> torch.Tensor:
+    """(B,) float64 contiguous factors on ``device`` from a tensor or numpy array."""
+    if isinstance(values, np.ndarray):
+        values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
+    return values.detach().to(device=device, dtype=torch.float64).contiguous()
+
+
+def begin(acts, labels, act_lens, label_lens, opts: LossOptions, need_grad: bool):
+    """Kernels 1-3: ``(costs (B,) float64 numpy, pending or None)`` (one host sync).
+
+    ``pending.tensors()`` is what :func:`finish` takes (autograd saves them)."""
+    costs, pending = forward(acts, labels, act_lens, label_lens, opts, need_grad)
+    return costs.to("cpu", torch.float64).numpy(), pending
+
+
+def finish(tensors, opts: LossOptions, factors: np.ndarray) -> torch.Tensor:
+    """Kernel 4: the gradient (the pending buffer itself, ``tensors[0]``), utterance
+    b's clamped gradient times ``factors[b]`` ((B,) float64 numpy)."""
+    return gradient(tensors, opts, factors_tensor(factors, tensors[0].device))
 
 
 def compute(
@@ -81,106 +360,10 @@ def compute(
     need_grad: bool,
 ):
     """See :func:`espnet_multiblank.loss.cuda.compute` (same contract)."""
-    if acts.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"the CUDA kernels take float32/float64 acts, got {acts.dtype}")
-    if SIMULATOR:
-        if acts.is_cuda:
-            raise ValueError(
-                "NUMBA_ENABLE_CUDASIM=1: the CUDA simulator takes CPU tensors, got "
-                f"acts on {acts.device}"
-            )
-    elif not acts.is_cuda:
-        raise ValueError(
-            f"the CUDA backend takes CUDA tensors, got acts on {acts.device}"
-        )
-    acts = acts.detach().contiguous()
-    B, T, U, V = acts.shape
-    dev = acts.device
-    dtype = acts.dtype
-    costs = torch.empty((B,), dtype=dtype, device=dev)
-    grads = torch.empty_like(acts) if need_grad else None
-    if B == 0:
-        return costs, grads
-    if T == 0:  # every T_b = 0: the empty path (cost 0) or impossible (+inf)
-        costs.copy_(
-            torch.where(label_lens == 0, 0.0, float("inf")).to(dtype=dtype, device=dev)
-        )
-        return costs, grads
-
-    if labels.shape[1] == 0:  # no labels at all: a dummy column keeps a non-empty array
-        labels = torch.zeros((B, 1), dtype=torch.int64, device=dev)
-    labels = labels.to(torch.int64).contiguous()
-    act_lens = act_lens.to(torch.int64).contiguous()
-    label_lens = label_lens.to(torch.int64).contiguous()
-    grad_weights = grad_weights.detach().to(dtype).contiguous()
-
-    N = opts.num_big_blanks
-    rows = B * T * U
-    ws = dict(dtype=torch.float64, device=dev)
-    denom = torch.empty((B, T, U), **ws)
-    lpw = torch.empty((B, T, U, N + 2), **ws)
-    alphas = torch.empty((B, T, U), **ws)
-    betas = torch.empty((B, T, U) if need_grad else (1, 1, 1), **ws)
-    logp = torch.empty((B,), **ws)
-
-    row_threads, diag_threads = block_sizes(T, U, V)
-    dtype_name = "float64" if dtype == torch.float64 else "float32"
-    lattice = opts.lattice
-    row_stats, alpha_beta, weights_k, grad_k = get_kernels(
-        dtype_name, lattice, row_threads
+    costs, pending = forward(acts, labels, act_lens, label_lens, opts, need_grad)
+    if not need_grad:
+        return costs, None
+    grads = gradient(
+        pending.tensors(), opts, factors_tensor(grad_weights, pending.acts.device)
     )
-    blank = int(lattice.blank)
-    sigma = float(opts.sigma)
-    lam = float(opts.fastemit_lambda)
-    clamp = float(opts.clamp)
-
-    def launch(stream):
-        k = _as_kernel_array
-        a_acts, a_labels = k(acts), k(labels)
-        a_tl, a_ll = k(act_lens), k(label_lens)
-        a_denom, a_lpw, a_alphas = k(denom), k(lpw), k(alphas)
-        a_betas, a_logp, a_costs = k(betas), k(logp), k(costs)
-
-        def cfg(kernel, grid, block):
-            return (
-                kernel[grid, block] if stream is None else kernel[grid, block, stream]
-            )
-
-        if rows > 0:
-            cfg(row_stats, rows, row_threads)(
-                a_acts, a_labels, a_tl, a_ll, blank, sigma, a_denom, a_lpw
-            )
-        do_beta = 1 if (need_grad and rows > 0) else 0
-        cfg(alpha_beta, (B, 1 + do_beta), diag_threads)(
-            a_lpw, a_tl, a_ll, lam, do_beta, a_alphas, a_betas, a_logp, a_costs
-        )
-        if need_grad and rows > 0:
-            cells_per_block = row_threads
-            cfg(
-                weights_k, (rows + cells_per_block - 1) // cells_per_block, row_threads
-            )(a_lpw, a_tl, a_ll, a_alphas, a_betas, a_logp)
-            cfg(grad_k, rows, row_threads)(
-                a_acts,
-                a_labels,
-                a_tl,
-                a_ll,
-                blank,
-                lam,
-                clamp,
-                k(grad_weights),
-                a_denom,
-                a_lpw,
-                a_logp,
-                k(grads),
-            )
-
-    if SIMULATOR:
-        launch(None)
-    else:
-        with cuda.gpus[dev.index], warnings.catch_warnings():
-            # the (B, 2) alpha/beta grid is small by design: no occupancy warning
-            warnings.simplefilter("ignore", NumbaPerformanceWarning)
-            warnings.simplefilter("ignore", _CudaPerfWarning)
-            stream = cuda.external_stream(torch.cuda.current_stream(dev).cuda_stream)
-            launch(stream)
     return costs, grads

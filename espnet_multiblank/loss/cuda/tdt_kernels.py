@@ -6,14 +6,18 @@ does). Under ``NUMBA_ENABLE_CUDASIM=1`` the kernels run in Numba's CUDA simulato
 Notation: acts (B, T, U, V + D), V token logits (the blank at ``blank``) then D
 duration logits; duration j covers ``e_j`` frames (the lattice's ``durations``,
 compile-time constants, any order); T_b = act_lens[b], U_b = label_lens[b] + 1,
-y_u = labels[b, u]. ``FT`` is the logits' dtype; every workspace is float64.
+y_u = labels[b, u]. Precision and row layout as in
+:mod:`espnet_multiblank.loss.cuda.kernels`: logits read in their own dtype (bfloat16
+as int16 bits), float32 arithmetic over the rows for 32- and 16-bit logits, float64
+for everything per row or per cell, a team of threads per row with chunks of loads
+in flight.
 
 Four launches on one stream:
 
-1. :func:`tdt_row_stats_kernel` (one block per valid row (b, t, u)): both
-   log-softmax denominators, ``denom[b,t,u,0] = LSE(x[:V])`` (strided online
-   log-sum-exp reduced in shared memory) and ``denom[b,t,u,1] = LSE(x[V:])`` (thread 0),
-   and the step log-probs::
+1. :func:`tdt_row_stats_kernel` (valid rows): both log-softmax denominators,
+   ``denom[b,t,u,0] = LSE(x[:V])`` (the team's online reduction) and
+   ``denom[b,t,u,1] = LSE(x[V:])`` (lane 0, whose D duration logits and the two token
+   logits the lattice needs are loaded before the row loop), and the step log-probs::
 
        lpw[b,t,u,0]     = tok(blank) = x[blank] - denom0 - sigma
        lpw[b,t,u,1]     = tok(y_u)   = x[y_u] - denom0 - sigma   (-inf for u = U_b - 1)
@@ -22,9 +26,10 @@ Four launches on one stream:
    A row with NaN / +inf (or a part of only -inf) sets ``bad[b] = 1``.
 
 2. :func:`tdt_alpha_beta_kernel` (grid (B, 2): alpha and beta blocks run
-   concurrently), one anti-diagonal n = t + u at a time: every step moves to a later
-   diagonal (a label with duration e to n + e + 1, a blank with duration e >= 1 to
-   n + e), so the cells of a diagonal are independent (one ``syncthreads`` each)::
+   concurrently, float64), one anti-diagonal n = t + u at a time: every step moves
+   to a later diagonal (a label with duration e to n + e + 1, a blank with duration
+   e >= 1 to n + e), so the cells of a diagonal are independent (one ``syncthreads``
+   each)::
 
        alpha(t,u) = LSE_j( alpha(t-e_j,u) + tok(t-e_j,u,blank) + dur(t-e_j,u,j)
                                                             [e_j >= 1, t >= e_j],
@@ -39,20 +44,22 @@ Four launches on one stream:
    The alpha block writes ``logp[b]`` and ``costs[b] = -(1 + lambda) log P`` (+inf
    when impossible, 0 for T_b = 0 = L_b, NaN when ``bad[b]``).
 
-3. :func:`tdt_weights_kernel` (one thread per cell): the step occupancies
+3. :func:`tdt_weights_kernel` (one thread per cell, float64): the step occupancies
    ``W = exp(alpha(t,u) + step log-prob + beta(dest) - log P)``, summed per token and
    per duration and written over the cell's own ``lpw`` entries: [W_blank, W_label,
    W_dur(0), ..., W_dur(D-1)].
 
-4. :func:`tdt_grad_kernel` (one block per row, padding included), with
-   gamma = W_blank + W_label::
+4. :func:`tdt_grad_kernel` (every row, padding included; may run in the autograd
+   backward with the incoming gradient in ``factors``), with gamma = W_blank +
+   W_label::
 
        g[k]     = (gamma + lambda W_label) exp(x_k - denom0) - W_blank [k = blank]
                   - (1 + lambda) W_label [k = y_u]                        (k < V)
        g[V + j] = gamma exp(x_{V+j} - denom1) - W_dur(j)
 
-   clipped to [-clamp, clamp] (clamp > 0), times ``grad_weights[b]``; exactly 0 at
-   padding rows and for utterances whose log P is not finite.
+   clipped to [-clamp, clamp] (clamp > 0), times ``factors[b]``, stored in the
+   logits' dtype; exactly 0 at padding rows and for utterances whose log P is not
+   finite. Each chunk's loads are issued before its stores.
 """
 
 import math
@@ -61,134 +68,228 @@ import numba
 from numba import cuda
 
 from espnet_multiblank.lattice import TDTLattice
-from espnet_multiblank.loss.cuda.kernels import log_sum_exp
-
-NEG_INF = -math.inf
-POS_INF = math.inf
+from espnet_multiblank.loss.cuda.device_ops import (
+    NEG_INF,
+    POS_INF,
+    compute_type,
+    log_sum_exp,
+    make_io,
+    make_row_lse,
+    nan_max,
+    row_denominator,
+    split_hi_lo,
+)
 
 _KERNEL_CACHE = {}
 
 
-def get_tdt_kernels(dtype_name: str, lattice: TDTLattice, row_threads: int):
-    """The four TDT kernels specialised (and cached) for one dtype and lattice.
+def get_tdt_kernels(storage: str, lattice: TDTLattice, row_cfg):
+    """The four TDT kernels specialised (and cached) for one storage kind and lattice.
 
     Args:
-        dtype_name: "float32" or "float64", the dtype of acts / costs / grads.
+        storage: "float64", "float32", "float16" or "bfloat16" (int16 bits).
         lattice: its durations become compile-time constants (the blank stays a
             launch argument).
-        row_threads: threads per block of the row kernels (a power of two).
+        row_cfg: ``(team, block, unroll)`` of the row kernels (see
+            :func:`espnet_multiblank.loss.cuda.kernels.get_kernels`).
 
     Returns:
         (row_stats, alpha_beta, weights, grad) kernels (module docstring).
     """
-    key = (dtype_name, lattice.durations, row_threads)
+    team, block, unroll = (int(x) for x in row_cfg)
+    key = (storage, lattice.durations, team, block, unroll)
     if key not in _KERNEL_CACHE:
-        _KERNEL_CACHE[key] = _make_kernels(*key)
+        row_stats, grad = _make_row_kernels(*key)
+        dp_key = ("dp", lattice.durations)
+        if dp_key not in _KERNEL_CACHE:
+            _KERNEL_CACHE[dp_key] = _make_dp_kernels(lattice.durations)
+        alpha_beta, weights = _KERNEL_CACHE[dp_key]
+        _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
     return _KERNEL_CACHE[key]
 
 
-def _make_kernels(dtype_name, durations, row_threads):
-    FT = getattr(numba, dtype_name)
+def _make_row_kernels(storage, durations, team, block, unroll):
+    if team < 1 or team & (team - 1) or block % team:
+        raise ValueError(f"bad row layout team={team} block={block}")
+    CT = compute_type(storage)
+    load, store = make_io(storage)
+    row_lse = make_row_lse(load, CT, team, unroll)
     D = len(durations)
-    DUR = tuple(int(e) for e in durations)
-    NT = 2 * D  # terms of one log-sum-exp: a blank and a label step per duration
-    RT = row_threads
+    TS = team
+    NB = block
+    RPB = block // team
+    UN = unroll
+    STEP = team * unroll
+    F64 = CT is numba.float64
 
     @cuda.jit
     def tdt_row_stats_kernel(
         acts, labels, act_lens, label_lens, blank, V, sigma, denom, lpw, bad
     ):
-        """Fused log-softmax statistics of one row per block.
+        """Fused log-softmax statistics of both parts, one team per row.
 
         Args:
-            acts: (B, T, U, V + D) FT raw logits, C-contiguous.
+            acts: (B, T, U, V + D) logits (storage dtype), C-contiguous.
             labels: (B, L) int64 (L >= 1); act_lens, label_lens: (B,) int64.
             blank, V: ints.  sigma: float.
             denom: (B, T, U, 2) float64 out: LSE of the token / duration part.
             lpw: (B, T, U, 2 + D) float64 out: tok(blank), tok(y_u), dur(0..D-1).
             bad: (B,) int32, set to 1 for a row with NaN / +inf or a part of only
                 -inf (zero-initialised by the caller).
-        Grid: B*T*U blocks of RT threads; rows outside (T_b, U_b) return at once.
+        Grid: ceil(B*T*U / (block / TS)) blocks of ``block`` threads.
         """
-        sm_m = cuda.shared.array(RT, FT)
-        sm_s = cuda.shared.array(RT, numba.float64)
-        row = cuda.blockIdx.x
+        sm_m = cuda.shared.array(NB, CT)
+        sm_s = cuda.shared.array(NB, CT)
         tid = cuda.threadIdx.x
+        lane = tid % TS
         T = acts.shape[1]
         U = acts.shape[2]
-        u = row % U
-        bt = row // U
-        t = bt % T
-        b = bt // T
-        Ub = label_lens[b] + 1
-        if t >= act_lens[b] or u >= Ub:
-            return  # uniform over the block
-        m = FT(NEG_INF)
-        s = 0.0
-        k = tid
-        while k < V:
-            v = acts[b, t, u, k]
-            if v > m:
-                s = s * math.exp(m - v) + 1.0
-                m = v
-            elif v != FT(NEG_INF):
-                s += math.exp(v - m)  # NaN stays NaN
-            k += RT
-        sm_m[tid] = m
-        sm_s[tid] = s
-        cuda.syncthreads()
-        stride = RT // 2
-        while stride > 0:
-            if tid < stride:
-                m1 = sm_m[tid]
-                s1 = sm_s[tid]
-                m2 = sm_m[tid + stride]
-                s2 = sm_s[tid + stride]
-                if m1 < m2:
-                    m1, m2 = m2, m1
-                    s1, s2 = s2, s1
-                if m1 == FT(NEG_INF):
-                    s1 = s1 + s2
-                else:
-                    s1 = s1 + s2 * math.exp(m2 - m1)
-                sm_m[tid] = m1
-                sm_s[tid] = s1
-            cuda.syncthreads()
-            stride //= 2
-        if tid == 0:
-            mx = sm_m[0]
-            sm = sm_s[0]
-            if mx == POS_INF or not (sm > 0.0):
-                d_tok = math.nan
-            else:
-                d_tok = mx + math.log(sm)
-            # the duration part is short: one thread, two passes
-            md = NEG_INF
-            nan_seen = False
+        row = cuda.blockIdx.x * RPB + tid // TS
+        b = 0
+        t = 0
+        u = 0
+        Ub = 1
+        active = False
+        if row < acts.shape[0] * T * U:
+            u = row % U
+            bt = row // U
+            t = bt % T
+            b = bt // T
+            Ub = label_lens[b] + 1
+            active = t < act_lens[b] and u < Ub
+        lead = active and lane == 0
+        x_blank = CT(0.0)
+        x_label = CT(NEG_INF)
+        xd = cuda.local.array(D, CT)
+        if lead:  # in flight during the row loop
+            x_blank = load(acts[b, t, u, blank])
+            if u < Ub - 1:
+                x_label = load(acts[b, t, u, labels[b, u]])
             for j in range(D):
-                v = numba.float64(acts[b, t, u, V + j])
-                if v != v or v == POS_INF:
-                    nan_seen = True
-                elif v > md:
-                    md = v
-            d_dur = math.nan
-            if not nan_seen and md != NEG_INF:
-                sd = 0.0
+                xd[j] = load(acts[b, t, u, V + j])
+        m, s = row_lse(acts, b, t, u, V, lane, active, sm_m, sm_s, tid)
+        if lead:
+            d_tok = row_denominator(m, s)
+            # the duration part is short: lane 0, from registers
+            md = xd[0]
+            for j in range(1, D):
+                md = nan_max(md, xd[j])
+            sd = CT(0.0)
+            if md != CT(NEG_INF):
                 for j in range(D):
-                    sd += math.exp(acts[b, t, u, V + j] - md)
-                d_dur = md + math.log(sd)
+                    sd += math.exp(xd[j] - md)
+            d_dur = row_denominator(md, sd)
             if d_tok != d_tok or d_dur != d_dur:
                 bad[b] = 1
             denom[b, t, u, 0] = d_tok
             denom[b, t, u, 1] = d_dur
             off = d_tok + sigma
-            lpw[b, t, u, 0] = acts[b, t, u, blank] - off
-            if u < Ub - 1:
-                lpw[b, t, u, 1] = acts[b, t, u, labels[b, u]] - off
-            else:
-                lpw[b, t, u, 1] = NEG_INF
+            lpw[b, t, u, 0] = numba.float64(x_blank) - off
+            lpw[b, t, u, 1] = numba.float64(x_label) - off
             for j in range(D):
-                lpw[b, t, u, 2 + j] = acts[b, t, u, V + j] - d_dur
+                lpw[b, t, u, 2 + j] = numba.float64(xd[j]) - d_dur
+
+    @cuda.jit
+    def tdt_grad_kernel(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        blank,
+        V,
+        fastemit_lambda,
+        clamp,
+        factors,
+        denom,
+        wts,
+        logp,
+        grads,
+    ):
+        """d cost_b / d acts (clamped, times factors[b]), one team per row.
+
+        Args:
+            acts: (B, T, U, V + D) logits (storage dtype).  labels: (B, L) int64.
+            act_lens, label_lens: (B,) int64.  blank, V: ints.
+            fastemit_lambda, clamp: floats (clamp 0 = off).
+            factors: (B,) float64.  denom: (B, T, U, 2) float64.
+            wts: (B, T, U, 2 + D) float64 from the weights kernel.  logp: (B,).
+            grads: (B, T, U, V + D) out (storage dtype), every element written.
+        Grid: as the row kernel (streaming; no shared memory).
+        """
+        tid = cuda.threadIdx.x
+        lane = tid % TS
+        T = acts.shape[1]
+        U = acts.shape[2]
+        VD = acts.shape[3]
+        row = cuda.blockIdx.x * RPB + tid // TS
+        if row >= acts.shape[0] * T * U:
+            return
+        u = row % U
+        bt = row // U
+        t = bt % T
+        b = bt // T
+        Tb = act_lens[b]
+        Ub = label_lens[b] + 1
+        if t >= Tb or u >= Ub or not (abs(logp[b]) < POS_INF):
+            zero = store(CT(0.0))
+            k = lane
+            while k < VD:
+                grads[b, t, u, k] = zero
+                k += TS
+            return
+        w_blank = wts[b, t, u, 0]
+        w_label = wts[b, t, u, 1]
+        gamma = w_blank + w_label
+        c_tok = CT(gamma + fastemit_lambda * w_label)
+        c_dur = CT(gamma)
+        c_blank = CT(w_blank)
+        c_label = CT((1.0 + fastemit_lambda) * w_label)
+        wdur = cuda.local.array(D, CT)  # registers: indexed by constants below
+        for j in range(D):
+            wdur[j] = CT(wts[b, t, u, 2 + j])
+        if F64:
+            t_hi = CT(denom[b, t, u, 0])
+            t_lo = CT(0.0)
+            e_hi = CT(denom[b, t, u, 1])
+            e_lo = CT(0.0)
+        else:
+            t_hi, t_lo = split_hi_lo(denom[b, t, u, 0])
+            e_hi, e_lo = split_hi_lo(denom[b, t, u, 1])
+        gw = CT(factors[b])
+        cl = CT(clamp)
+        lab = labels[b, u] if u < Ub - 1 else -1
+        xs = cuda.local.array(UN, CT)
+        k0 = lane
+        while k0 < VD:
+            for j in range(UN):  # all the chunk's loads first
+                k = k0 + j * TS
+                xs[j] = load(acts[b, t, u, k]) if k < VD else CT(0.0)
+            for j in range(UN):
+                k = k0 + j * TS
+                if k < VD:
+                    if k < V:
+                        g = c_tok * math.exp((xs[j] - t_hi) - t_lo)
+                        if k == blank:
+                            g -= c_blank
+                        elif k == lab:
+                            g -= c_label
+                    else:
+                        g = c_dur * math.exp((xs[j] - e_hi) - e_lo)
+                        for i in range(D):
+                            if k == V + i:
+                                g -= wdur[i]
+                    if cl > 0:
+                        g = min(max(g, -cl), cl)
+                    grads[b, t, u, k] = store(g * gw)
+            k0 += STEP
+
+    return tdt_row_stats_kernel, tdt_grad_kernel
+
+
+def _make_dp_kernels(durations):
+    D = len(durations)
+    DUR = tuple(int(e) for e in durations)
+    NT = 2 * D  # terms of one log-sum-exp: a blank and a label step per duration
 
     @cuda.jit
     def tdt_alpha_beta_kernel(
@@ -210,7 +311,7 @@ def _make_kernels(dtype_name, durations, row_threads):
             act_lens, label_lens: (B,) int64.  bad: (B,) int32.
             fastemit_lambda: float.  do_beta: int (0: costs only, grid (B, 1)).
             alphas, betas: (B, T, U) float64 out (valid cells only).
-            logp: (B,) float64 out.  costs: (B,) FT out.
+            logp: (B,) float64 out.  costs: (B,) float32 or float64 out.
         Grid: (B, 1 + do_beta) blocks of any number of threads (they stride).
         """
         b = cuda.blockIdx.x
@@ -350,81 +451,4 @@ def _make_kernels(dtype_name, durations, row_threads):
         lpw[b, t, u, 0] = w_blank
         lpw[b, t, u, 1] = w_label
 
-    @cuda.jit
-    def tdt_grad_kernel(
-        acts,
-        labels,
-        act_lens,
-        label_lens,
-        blank,
-        V,
-        fastemit_lambda,
-        clamp,
-        grad_weights,
-        denom,
-        wts,
-        logp,
-        grads,
-    ):
-        """d cost_b / d acts (clamped, times grad_weights[b]) for one row per block.
-
-        Args:
-            acts: (B, T, U, V + D) FT.  labels: (B, L) int64.
-            act_lens, label_lens: (B,) int64.  blank, V: ints.
-            fastemit_lambda, clamp: floats (clamp 0 = off).
-            grad_weights: (B,) FT.  denom: (B, T, U, 2) float64.
-            wts: (B, T, U, 2 + D) float64 from the weights kernel.  logp: (B,).
-            grads: (B, T, U, V + D) FT out, every element written.
-        Grid: B*T*U blocks of RT threads (streaming; no shared memory).
-        """
-        row = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        T = acts.shape[1]
-        U = acts.shape[2]
-        VD = acts.shape[3]
-        u = row % U
-        bt = row // U
-        t = bt % T
-        b = bt // T
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        if t >= Tb or u >= Ub or not (abs(logp[b]) < POS_INF):
-            k = tid
-            while k < VD:
-                grads[b, t, u, k] = 0
-                k += RT
-            return
-        w_blank = wts[b, t, u, 0]
-        w_label = wts[b, t, u, 1]
-        gamma = w_blank + w_label
-        c_tok = FT(gamma + fastemit_lambda * w_label)
-        c_dur = FT(gamma)
-        c_blank = FT(w_blank)
-        c_label = FT((1.0 + fastemit_lambda) * w_label)
-        d_tok = FT(denom[b, t, u, 0])
-        d_dur = FT(denom[b, t, u, 1])
-        gw = FT(grad_weights[b])
-        cl = FT(clamp)
-        lab = labels[b, u] if u < Ub - 1 else -1
-        k = tid
-        while k < VD:
-            if k < V:
-                g = c_tok * math.exp(acts[b, t, u, k] - d_tok)
-                if k == blank:
-                    g -= c_blank
-                elif k == lab:
-                    g -= c_label
-            else:
-                g = c_dur * math.exp(acts[b, t, u, k] - d_dur)
-                g -= FT(wts[b, t, u, 2 + k - V])
-            if cl > 0:
-                g = min(max(g, -cl), cl)
-            grads[b, t, u, k] = g * gw
-            k += RT
-
-    return (
-        tdt_row_stats_kernel,
-        tdt_alpha_beta_kernel,
-        tdt_weights_kernel,
-        tdt_grad_kernel,
-    )
+    return tdt_alpha_beta_kernel, tdt_weights_kernel

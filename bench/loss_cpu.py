@@ -1,34 +1,48 @@
 """CPU benchmark of the multi-blank RNN-T loss: forward + backward w.r.t. the logits.
 
-All contenders run side by side in ONE invocation (absolute times move by tens of
-percent between runs on shared machines; compare within a run only):
+All contenders run side by side in ONE invocation, in interleaved rounds (one run of
+each contender per round), for each torch thread count asked for (default 1 and 2):
+absolute times move by tens of percent on shared machines, ratios measured together
+much less. The ratio columns divide by ``log_softmax`` at the same thread count.
 
 * ``log_softmax``: one ``torch.log_softmax`` over the same logits, output allocated by
-  torch (the yardstick: one read + one write of the logits; an exact loss cannot be much
-  faster than ~1.5x this);
-* ``ours-numba``: ``multiblank_rnnt_loss(..., backend="numba")`` (the fused CPU kernel);
+  torch (the yardstick: one read + one write of the logits);
+* ``log_softmax(out=)``: the same into a preallocated output: no allocation. torch's
+  allocations of more than a few MB are fresh pages on every call here (page faults
+  cost about 1 ns per byte on the virtual machines measured), so at large shapes the
+  yardstick above is mostly page faults; this row shows the pure compute + traffic;
+* ``ours-numba``: ``multiblank_rnnt_loss(..., backend="numba")``, ``loss.backward()``;
+* ``ours-numba x0.7``: the same with a gradient of 0.7 flowing in
+  (``(0.7 * loss).backward()``: what ``1 - ctc_weight``, ``1 / accum_grad`` or an AMP
+  loss scale do in training);
 * ``ours-torch``: ``backend="torch"`` (pure PyTorch; slow: only on the --quick shapes);
 * ``espnet``: ESPnet's CPU ``RNNTLossNumba`` (standard loss only; very slow: only with
   ``--espnet`` and on the --quick shapes);
 * ``torchaudio``: ``torchaudio.functional.rnnt_loss(fused_log_softmax=True)`` (standard
   loss only), ``optimized_transducer`` and ``fast_rnnt`` (standard loss only), each if
-  importable; skipped with the reason otherwise.
+  importable (``bash bench/anchor_venv.sh`` builds a side venv with
+  optimized_transducer; run this script with its python); skipped with the reason
+  otherwise.
 
 Inputs: float32 logits ~ N(0, 1), full lengths, reduction "mean". Standard loss:
 blank 0, labels uniform in [1, V). Multi-blank (durations [2, 4, 8]): blank = V - 1,
 labels uniform in [0, V - 4) (never a blank id).
 
-Time: median of ``--runs`` runs after ``--warmup`` runs, in this process, with
-``torch.set_num_threads(--threads)`` (default 1; our Numba kernel uses as many threads
-as torch). Slow contenders use ``--slow-runs`` runs.
+Time: median (``--stat min``: minimum) of ``--runs`` rounds after ``--warmup`` rounds,
+wall clock, in this process, with ``torch.set_num_threads(n)`` (our Numba kernel uses
+as many threads as torch). Slow contenders use ``--slow-runs`` runs. The machine's load
+average is printed before and after: on a loaded machine a call of a few ms is often
+preempted, which inflates medians of the slower contenders (``--stat min`` is then the
+better estimate of the undisturbed ratio).
 
-Memory: for each (shape, contender), a fresh subprocess loads the contender (one tiny
-call, so that imports and kernel loading are not counted), allocates the inputs, resets
-the kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``), runs forward +
-backward once and reports ``VmHWM`` (peak RSS) minus the RSS just before the call, i.e.
-the peak memory above the inputs, in MB. Where clear_refs is not writable it falls back
-to ``ru_maxrss`` (peak RSS since the process started) minus the RSS before the call,
-which is only right when the call sets a new peak (true for large inputs).
+Memory: for each (shape, contender), a fresh subprocess (first thread count) loads the
+contender (one tiny call, so that imports and kernel loading are not counted),
+allocates the inputs, resets the kernel's peak-RSS counter (``echo 5 >
+/proc/self/clear_refs``), runs forward + backward once and reports ``VmHWM`` (peak RSS)
+minus the RSS just before the call, i.e. the peak memory above the inputs, in MB. Where
+clear_refs is not writable it falls back to ``ru_maxrss`` (peak RSS since the process
+started) minus the RSS before the call, which is only right when the call sets a new
+peak (true for large inputs).
 
 Also reported: the first-call cost of our kernel in a fresh subprocess with a warm Numba
 cache (import of the CPU backend, first float32 call standard and multi-blank, second
@@ -36,10 +50,11 @@ call).
 
 Usage::
 
-    python bench/loss_cpu.py --quick          # first and last shape, ~1 minute
+    python bench/loss_cpu.py --quick          # shapes 1 and 4, 1 and 2 threads
     python bench/loss_cpu.py                  # all shapes
     python bench/loss_cpu.py --quick --espnet # + ESPnet's (very slow) CPU loss
-    python bench/loss_cpu.py --threads 2 --runs 9 --no-memory
+    python bench/loss_cpu.py --threads 1 --runs 9 --no-memory --stat min
+    .anchors/bin/python bench/loss_cpu.py     # with optimized_transducer
 """
 
 import argparse
@@ -50,16 +65,24 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-SHAPES = [(4, 150, 40, 128), (8, 200, 60, 256), (2, 500, 100, 1024), (16, 100, 20, 64)]
-QUICK_SHAPES = [SHAPES[0], SHAPES[-1]]
+SHAPES = [
+    (4, 150, 40, 128),
+    (8, 200, 60, 256),
+    (2, 500, 100, 1024),
+    (16, 100, 20, 64),
+    (32, 100, 30, 500),
+]
+QUICK_SHAPES = [SHAPES[0], SHAPES[3]]
 DURATION_SETS = [(), (2, 4, 8)]
 CONTENDERS = [
     "log_softmax",
+    "log_softmax(out=)",
     "ours-numba",
+    "ours-numba x0.7",
     "ours-torch",
     "espnet",
     "torchaudio",
@@ -89,13 +112,16 @@ def make_inputs(shape: Shape, durations: Sequence[int], seed: int = 0):
     return logits, labels, act_lens, label_lens, blank
 
 
-def _fwd_bwd(loss_fn: Callable, logits: torch.Tensor) -> Callable[[], float]:
-    """A run(): fresh leaf, loss, backward; returns the loss value."""
+def _fwd_bwd(
+    loss_fn: Callable, logits: torch.Tensor, incoming: float = 1.0
+) -> Callable[[], float]:
+    """A run(): fresh leaf, loss, backward (with ``incoming`` flowing in unless 1);
+    returns the loss value."""
 
     def run():
         x = logits.detach().requires_grad_(True)
         loss = loss_fn(x)
-        loss.backward()
+        (loss if incoming == 1.0 else incoming * loss).backward()
         value = float(loss.detach().reshape(-1)[0])
         del x, loss
         return value
@@ -117,10 +143,18 @@ def make_contender(
             return float("nan")
 
         return run
-    if name in ("ours-numba", "ours-torch"):
+    if name == "log_softmax(out=)":
+        out = torch.empty_like(logits)
+
+        def run_out():
+            torch.log_softmax(logits, dim=-1, out=out)
+            return float("nan")
+
+        return run_out
+    if name in ("ours-numba", "ours-numba x0.7", "ours-torch"):
         from espnet_multiblank import multiblank_rnnt_loss
 
-        backend = name.split("-")[1]
+        backend = name.split("-")[1].split()[0]
         return _fwd_bwd(
             lambda x: multiblank_rnnt_loss(
                 x,
@@ -133,6 +167,7 @@ def make_contender(
                 backend=backend,
             ),
             logits,
+            0.7 if name.endswith("x0.7") else 1.0,
         )
     if name == "espnet":
         from espnet2.asr.transducer.rnnt_multi_blank.rnnt_multi_blank import (
@@ -209,15 +244,43 @@ def probe(name: str, durations) -> Optional[str]:
 
 
 # ----------------------------------------------------------------------------- timing
-def time_runs(run: Callable[[], float], warmup: int, runs: int):
-    for _ in range(warmup):
-        run()
-    times, value = [], float("nan")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        value = run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), value
+def time_interleaved(
+    runs_by_name: Dict[str, Callable[[], float]],
+    counts: Dict[str, Tuple[int, int]],
+    stat: str,
+) -> Dict[str, Tuple[float, float, int]]:
+    """Time the contenders in interleaved rounds: round r runs every contender that
+    still has runs left once, in order. ``counts[name] = (warmup, runs)``.
+
+    Returns ``{name: (statistic of the times, last loss value, runs)}``; a contender
+    that raises is left out (its error printed).
+    """
+    value = {name: float("nan") for name in runs_by_name}
+    times: Dict[str, List[float]] = {name: [] for name in runs_by_name}
+    failed = set()
+    rounds = max(w + r for w, r in counts.values())
+    for rnd in range(rounds):
+        for name, run in runs_by_name.items():
+            warmup, runs = counts[name]
+            if name in failed or rnd >= warmup + runs:
+                continue
+            try:
+                t0 = time.perf_counter()
+                v = run()
+                dt = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - report and drop the contender
+                print(f"  {name}: failed: {type(e).__name__}: {e}", flush=True)
+                failed.add(name)
+                continue
+            value[name] = v
+            if rnd >= warmup:
+                times[name].append(dt)
+    reduce = min if stat == "min" else statistics.median
+    return {
+        name: (reduce(ts), value[name], len(ts))
+        for name, ts in times.items()
+        if ts and name not in failed
+    }
 
 
 # ----------------------------------------------------------------------------- memory
@@ -282,6 +345,15 @@ def measure_memory(name: str, shape: Shape, durations, threads: int):
         return {"peak_mb": float("nan"), "method": f"failed ({type(e).__name__})"}
 
 
+def _numba_version() -> str:
+    try:
+        import numba
+
+        return numba.__version__
+    except ImportError:
+        return "not installed"
+
+
 # ---------------------------------------------------------------------------- load time
 def load_child() -> dict:
     """Fresh process: import of the CPU backend and first calls of our kernel."""
@@ -322,7 +394,17 @@ def measure_load_time() -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="first and last shape only")
-    p.add_argument("--threads", type=int, default=1, help="torch (and Numba) threads")
+    p.add_argument(
+        "--threads",
+        default="1,2",
+        help="torch (and Numba) thread counts, comma-separated (default 1,2)",
+    )
+    p.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="statistic of the timed runs (default median)",
+    )
     p.add_argument("--runs", type=int, default=5, help="timed runs (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     p.add_argument("--slow-runs", type=int, default=1, help="runs for slow contenders")
@@ -347,7 +429,7 @@ def main(argv=None):
             args.memory_child,
             _parse_ints(args.shape),
             _parse_ints(args.durations),
-            args.threads,
+            int(args.threads),
         )
         print(json.dumps(res))
         return
@@ -355,15 +437,17 @@ def main(argv=None):
         print(json.dumps(load_child()))
         return
 
-    torch.set_num_threads(args.threads)
+    threads = list(_parse_ints(args.threads)) or [1]
+    torch.set_num_threads(threads[0])
     shapes = (
         [_parse_ints(args.shape)]
         if args.shape
         else (QUICK_SHAPES if args.quick else SHAPES)
     )
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s), float32, full lengths, "
-        f"reduction='mean', median of {args.runs} runs after {args.warmup} warm-up "
+        f"torch {torch.__version__}, numba {_numba_version()}, threads {threads}, "
+        f"float32, full lengths, reduction='mean', {args.stat} of {args.runs} "
+        f"interleaved rounds after {args.warmup} warm-up "
         f"(slow contenders: {args.slow_runs} run(s))"
     )
     if not args.no_load_time:
@@ -391,19 +475,18 @@ def main(argv=None):
             else:
                 available[name, durations] = probe(name, durations)
 
-    header = (
-        f"{'shape (B,T,U,V)':<20} {'durations':<10} {'contender':<21} "
-        f"{'median s':>10} {'runs':>4} {'x log_softmax':>13} "
-        f"{'peak MB':>9} {'loss':>12}"
-    )
-    rows: List[str] = []
-    print("\n" + header + "\n" + "-" * len(header))
+    head = f"{'shape (B,T,U,V)':<20} {'durations':<10} {'contender':<21}"
+    for n in threads:
+        head += f" {f's ({n}t)':>9} {f'x ls ({n}t)':>10}"
+    head += f" {'runs':>4} {'peak MB':>8} {'loss':>12}"
+    print(f"\nload average before: {_load()}")
+    print("\n" + head + "\n" + "-" * len(head), flush=True)
     skipped = set()
     for shape in shapes:
         logits_mb = shape[0] * shape[1] * shape[2] * shape[3] * 4 / 2**20
         for durations in DURATION_SETS:
             inputs = make_inputs(shape, durations)
-            yard = None
+            names = []
             for name in CONTENDERS:
                 reason = available[name, durations]
                 if reason is None and name in SLOW and shape not in QUICK_SHAPES:
@@ -411,29 +494,44 @@ def main(argv=None):
                 if reason is not None:
                     skipped.add(f"{name} {list(durations)}: {reason}")
                     continue
-                run = make_contender(name, *inputs, durations)
-                runs = args.slow_runs if name in SLOW else args.runs
-                warmup = min(args.warmup, 1) if name in SLOW else args.warmup
-                try:
-                    med, value = time_runs(run, warmup, runs)
-                except Exception as e:  # noqa: BLE001
-                    skipped.add(f"{name} {shape} {list(durations)}: failed: {e}")
+                names.append(name)
+            runs_by_name = {n: make_contender(n, *inputs, durations) for n in names}
+            counts = {
+                n: (
+                    (min(args.warmup, 1), args.slow_runs)
+                    if n in SLOW
+                    else (args.warmup, args.runs)
+                )
+                for n in names
+            }
+            results = {}
+            for n_threads in threads:
+                torch.set_num_threads(n_threads)
+                results[n_threads] = time_interleaved(runs_by_name, counts, args.stat)
+            for name in names:
+                if not any(name in results[n] for n in threads):
                     continue
-                if name == "log_softmax":
-                    yard = med
+                row = f"{str(shape):<20} {str(list(durations)):<10} {name:<21}"
+                value, runs = float("nan"), 0
+                for n in threads:
+                    res = results[n].get(name)
+                    yard = results[n].get("log_softmax")
+                    if res is None:
+                        row += f" {'-':>9} {'-':>10}"
+                        continue
+                    t, value, runs = res
+                    ratio = t / yard[0] if yard else float("nan")
+                    row += f" {t:>9.4f} {ratio:>10.2f}"
                 mem = (
                     float("nan")
                     if args.no_memory
-                    else measure_memory(name, shape, durations, args.threads)["peak_mb"]
+                    else measure_memory(name, shape, durations, threads[0])["peak_mb"]
                 )
-                ratio = med / yard if yard else float("nan")
-                row = (
-                    f"{str(shape):<20} {str(list(durations)):<10} {name:<21} "
-                    f"{med:>10.4f} {runs:>4} {ratio:>13.2f} {mem:>9.0f} {value:>12.4f}"
-                )
-                rows.append(row)
+                row += f" {runs:>4} {mem:>8.0f} {value:>12.4f}"
                 print(row, flush=True)
-        print(f"{'':<20} (logits: {logits_mb:.0f} MB)")
+            del runs_by_name, inputs
+        print(f"{'':<20} (logits: {logits_mb:.0f} MB)", flush=True)
+    print(f"\nload average after: {_load()}")
     if skipped:
         print("\nnot run:")
         for s in sorted(skipped):
@@ -441,9 +539,18 @@ def main(argv=None):
     if not args.no_memory:
         print(
             "\npeak MB: peak RSS of one forward+backward above the RSS after the "
-            "inputs were allocated, fresh subprocess per cell (VmHWM after clear_refs; "
-            "ru_maxrss fallback)"
+            "inputs were allocated, fresh subprocess per cell, "
+            f"{threads[0]} thread(s) (VmHWM after clear_refs; ru_maxrss fallback)"
         )
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg()) + (
+            f" (1, 5, 15 min; {os.cpu_count()} CPUs)"
+        )
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

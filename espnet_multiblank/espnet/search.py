@@ -240,7 +240,7 @@ def build_transducer_search(
             if tdt
             else (MultiblankGreedySearch, MultiblankBeamSearch)
         )
-        # multi-blank searches: blank_decision (default theirs, "total")
+        # multi-blank searches: blank_decision (each search has its own default)
         extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
         if resolved in ("mb_greedy", "tdt_greedy"):
             return greedy(stepper, lattice, max_sym_per_frame=max_sym, **extra)

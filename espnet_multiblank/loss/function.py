@@ -6,14 +6,14 @@ weight (1 for "none"/"sum", 1/B for "mean", 1/max(L_b,1) / B for "mean_volume") 
 the incoming gradient. It costs ONE logits-sized buffer whatever the incoming gradient
 (1 - ctc_weight, 1 / accum_grad, an AMP loss scale...):
 
-* kernels that offer ``kernel.begin`` / ``kernel.finish`` (the CPU kernel, float32 /
-  float64 logits; the CUDA kernels, any float dtype) leave their last pass to
-  ``backward``: the forward pass keeps the buffer of exps (CPU) or the logits (CUDA)
-  and the lattice occupancies, and backward writes the gradient into the buffer with
-  the factors folded in (no extra pass over it);
-* the others (float16 / bfloat16 logits on CPU, computed in float32 chunks) return
-  the finished gradient with the reduction weights; backward multiplies the incoming
-  gradient into that same buffer in place (one extra pass, no extra buffer).
+* kernels that offer ``kernel.begin`` / ``kernel.finish`` (the CPU kernel for float32
+  and float64 logits; see :class:`FusedMultiblankRNNTFunction` for the contract) leave
+  their last pass to ``backward``: the forward pass keeps the buffer of exps and the
+  lattice occupancies, and backward turns the buffer into the gradient in place with
+  the factors folded in (no extra pass over the logits);
+* the others (and float16 / bfloat16 logits on the CPU, computed in float32 chunks)
+  return the finished gradient with the reduction weights; backward multiplies the
+  incoming gradient into that same buffer in place (one extra pass, no extra buffer).
 
 Either way backward returns the saved buffer itself. ``retain_graph=True``: the buffer
 is never modified after it has been returned once, so a gradient handed out earlier
@@ -100,12 +100,19 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
     """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel).
 
     ``kernel(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)``
-    returns ``(costs (B,), grads (B,T,U,V) or None)``. A CPU kernel may also offer
-    ``kernel.begin(acts, labels, act_lens, label_lens, opts, need_grad)`` ->
-    ``(costs (B,) numpy array or CPU tensor, pending)`` and
-    ``kernel.finish(pending.tensors(), opts, factors (B,) float64 CPU tensor)`` ->
-    grads (the first of ``pending.tensors()``, finished in place); see
-    ``espnet_multiblank.loss.cpu.driver``.
+    returns ``(costs (B,), grads (B,T,U,V) or None)``. A kernel may also offer the
+    deferred contract, used for the logits dtypes in ``kernel.begin_dtypes`` (default
+    float32 and float64):
+
+    * ``kernel.begin(acts, labels, act_lens, label_lens, opts, need_grad)`` ->
+      ``(costs, pending)``: costs (B,) as a numpy array or a tensor, pending None or
+      the tensors to save for backward (a tuple, or an object whose ``tensors()``
+      returns it), the gradient buffer first;
+    * ``kernel.finish(saved_tensors, opts, factors)`` -> the gradient: the buffer,
+      finished in place with ``factors`` ((B,) float64 CPU tensor: reduction weight
+      times incoming gradient) folded in.
+
+    See ``espnet_multiblank.loss.cpu.driver``.
     """
 
     @staticmethod
@@ -119,12 +126,11 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
         ctx.applied = None  # (B,) float64 numpy: incoming gradient in the buffer
         ctx.returned = False  # whether backward has handed the buffer out
         ctx.reduction = opts.reduction
-        # kernel.begin_dtypes: the dtypes its begin reads directly (the CUDA kernels:
-        # float16 / bfloat16 too); the CPU kernel's float32 / float64
-        begin_dtypes = getattr(kernel, "begin_dtypes", (torch.float32, torch.float64))
-        if begin is not None and in_dtype in begin_dtypes:
-            # numpy bookkeeping: a torch op costs microseconds, a small problem's
-            # whole loss well under a millisecond
+        if begin is not None and in_dtype in getattr(
+            kernel, "begin_dtypes", (torch.float32, torch.float64)
+        ):
+            # host bookkeeping in numpy: a torch op costs microseconds, a small
+            # problem's whole loss well under a millisecond
             costs, pending = begin(
                 acts.detach().contiguous(),
                 labels,
@@ -134,13 +140,14 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
                 need_grad,
             )
             if isinstance(costs, torch.Tensor):
-                costs = costs.numpy()
+                costs = costs.detach().cpu().numpy()
             costs = costs.astype(np.float64, copy=False)
             if np.isnan(costs).any():
                 _raise_nan(int(np.flatnonzero(np.isnan(costs))[0]))
             weights = _weights_np(opts, label_lens.cpu().numpy())
             if need_grad:
-                ctx.save_for_backward(*pending.tensors())
+                tensors = getattr(pending, "tensors", None)
+                ctx.save_for_backward(*(tensors() if tensors else pending))
                 ctx.finish = kernel.finish
                 ctx.weights = weights
             del pending

@@ -3,9 +3,9 @@
 Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses them):
 
 * :func:`begin` runs passes 1 and 2 (costs; the gradient buffer holds the exps) and
-  returns a :class:`PendingGradient`; :meth:`PendingGradient.finish` runs pass 3 in
-  place with the per-utterance factors known only in backward (reduction weight times
-  incoming gradient), so any incoming gradient costs no second logits-sized buffer;
+  returns the tensors pass 3 needs; :func:`finish` runs pass 3 on them in place with
+  the per-utterance factors known only in backward (reduction weight times incoming
+  gradient), so any incoming gradient costs no second logits-sized buffer;
 * :func:`compute` = ``begin`` + ``finish(grad_weights)``: the plain contract
   ``(costs, grads)`` shared with the CUDA backend.
 """
@@ -14,7 +14,6 @@ import contextlib
 import functools
 import os
 import types
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numba
@@ -63,96 +62,82 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 PARALLEL_MIN_ELEMENTS = 1 << 18
 
 
-@contextlib.contextmanager
-def _kernel_set(num_elements: int):
-    """Pick serial or parallel kernels; for parallel, use as many Numba threads as torch
-    is allowed (torch.set_num_threads) and leave the caller's Numba setting unchanged.
-    Yields ``_PARALLEL`` or ``_SERIAL`` (the TDT driver compares with ``is``).
-    """
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if n == 1 or _state["forked"] or num_elements < PARALLEL_MIN_ELEMENTS:
-        yield _SERIAL
-        return
+def _pick(num_elements: int):
+    """(kernels, previous Numba thread count or None): serial kernels for one torch
+    thread, small problems and forked children; otherwise the parallel ones with as
+    many Numba threads as torch may use (restore the returned count afterwards)."""
+    n = min(torch.get_num_threads(), _MAX_THREADS)
+    if n <= 1 or _state["forked"] or num_elements < PARALLEL_MIN_ELEMENTS:
+        return _SERIAL, None
     _state["parallel_used"] = True
     prev = numba.get_num_threads()
-    if n != prev:
-        numba.set_num_threads(n)
+    if n == prev:
+        return _PARALLEL, None
+    numba.set_num_threads(n)
+    return _PARALLEL, prev
+
+
+_MAX_THREADS = numba.config.NUMBA_NUM_THREADS
+
+
+@contextlib.contextmanager
+def _kernel_set(num_elements: int):
+    """Context-manager form of :func:`_pick` (used by the TDT driver). Yields
+    ``_PARALLEL`` or ``_SERIAL`` (the TDT driver compares with ``is``)."""
+    kernels, prev = _pick(num_elements)
     try:
-        yield _PARALLEL
+        yield kernels
     finally:
-        if n != prev:
+        if prev is not None:
             numba.set_num_threads(prev)
 
 
-@dataclass
-class PendingGradient:
-    """What pass 3 needs; ``buffer`` becomes the gradient in place.
+@functools.lru_cache(maxsize=256)
+def _option_arrays(opts: LossOptions) -> Tuple[np.ndarray, np.ndarray]:
+    """(big blank ids, durations) as read-only int64 arrays."""
+    ids = np.asarray(opts.big_blank_ids, dtype=np.int64)
+    durations = np.asarray(opts.big_blank_durations, dtype=np.int64)
+    ids.setflags(write=False)
+    durations.setflags(write=False)
+    return ids, durations
 
-    Attributes:
-        buffer: (B, T, U, V) acts dtype: exps of pass 1 (padding rows already 0).
-        occupancy: (B, N + 2, T + U - 1, U + COLUMN_PAD) float64, by anti-diagonal.
-        coef: (B, T + U - 1, U + COLUMN_PAD) float64, by anti-diagonal.
-        log_p: (B,) float64.
-        labels, act_lens, label_lens: the kernel's int64 inputs.
+
+def finish(
+    tensors: Tuple[torch.Tensor, ...], opts: LossOptions, factors
+) -> torch.Tensor:
+    """Pass 3 on the tensors :func:`begin` returned (e.g. as saved by autograd): the
+    gradient buffer (the first of them) becomes ``factors[b] * clip(d cost_b /
+    d acts_b, -clamp, clamp)`` in place and is returned.
+
+    Args:
+        tensors: ``(buffer (B, T, U, V) acts dtype: the exps of pass 1,
+            occupancy (B, N + 2, T + U - 1, U + COLUMN_PAD) float64,
+            coef (B, T + U - 1, U + COLUMN_PAD) float64, log_p (B,) float64,
+            labels, act_lens, label_lens)``.
+        factors: (B,) per-utterance factor (reduction weight times incoming
+            gradient, any sign): a CPU tensor or a numpy array.
     """
-
-    buffer: torch.Tensor
-    occupancy: torch.Tensor
-    coef: torch.Tensor
-    log_p: torch.Tensor
-    labels: torch.Tensor
-    act_lens: torch.Tensor
-    label_lens: torch.Tensor
-
-    def tensors(self) -> Tuple[torch.Tensor, ...]:
-        return (
-            self.buffer,
-            self.occupancy,
-            self.coef,
-            self.log_p,
-            self.labels,
-            self.act_lens,
-            self.label_lens,
+    buffer, occupancy, coef, log_p, labels, act_lens, label_lens = tensors
+    kernels, prev = _pick(buffer.numel())
+    try:
+        kernels[2](
+            labels.numpy(),
+            act_lens.numpy(),
+            label_lens.numpy(),
+            opts.blank,
+            _option_arrays(opts)[0],
+            occupancy.numpy(),
+            coef.numpy(),
+            log_p.numpy(),
+            opts.fastemit_lambda,
+            opts.clamp,
+            np.ascontiguousarray(factors, dtype=np.float64),
+            buffer.numpy(),
         )
-
-    @staticmethod
-    def finish_tensors(
-        tensors: Tuple[torch.Tensor, ...], opts: LossOptions, factors
-    ) -> torch.Tensor:
-        """Run pass 3 on :meth:`tensors` (e.g. as saved by autograd) and return the
-        gradient (the buffer itself).
-
-        Args:
-            factors: (B,) per-utterance factor (reduction weight times incoming
-                gradient, any sign): a CPU tensor or a numpy array.
-        """
-        buffer, occupancy, coef, log_p, labels, act_lens, label_lens = tensors
-        with _kernel_set(buffer.numel()) as (_, _, rows_backward):
-            rows_backward(
-                labels.numpy(),
-                act_lens.numpy(),
-                label_lens.numpy(),
-                opts.blank,
-                _ids(opts.big_blank_ids),
-                occupancy.numpy(),
-                coef.numpy(),
-                log_p.numpy(),
-                opts.fastemit_lambda,
-                opts.clamp,
-                np.ascontiguousarray(factors, dtype=np.float64),
-                buffer.numpy(),
-            )
-        return buffer
-
-    def finish(self, opts: LossOptions, factors) -> torch.Tensor:
-        return self.finish_tensors(self.tensors(), opts, factors)
-
-
-@functools.lru_cache(maxsize=64)
-def _ids(values: Tuple[int, ...]) -> np.ndarray:
-    out = np.asarray(values, dtype=np.int64)
-    out.setflags(write=False)
-    return out
+    finally:
+        if prev is not None:
+            numba.set_num_threads(prev)
+    return buffer
 
 
 def begin(
@@ -162,8 +147,8 @@ def begin(
     label_lens: torch.Tensor,
     opts: LossOptions,
     need_grad: bool,
-) -> Tuple[np.ndarray, Optional[PendingGradient]]:
-    """Passes 1 and 2: costs and, when ``need_grad``, the pending gradient.
+) -> Tuple[np.ndarray, Optional[Tuple[torch.Tensor, ...]]]:
+    """Passes 1 and 2: costs and, when ``need_grad``, what pass 3 needs.
 
     Args:
         acts: (B, T, U, V) contiguous float32/float64 CPU tensor of raw logits.
@@ -174,33 +159,38 @@ def begin(
     Returns:
         costs: (B,) float64 numpy array, ``-(1 + lambda) log P`` (+inf if impossible,
             NaN if a valid row holds NaN / +inf logits or only -inf).
-        pending: :class:`PendingGradient` or None (not need_grad, or NaN costs).
+        pending: the tensors :func:`finish` takes (the gradient buffer first), or
+            None (not need_grad, or NaN costs).
     """
     B, T, U, V = acts.shape
-    N = opts.num_big_blanks
+    K = opts.num_big_blanks + 2
     ND = max(T + U - 1, 1)
     C = U + kernels.COLUMN_PAD
     x = acts.numpy()
     if not labels.is_contiguous():
         labels = labels.contiguous()
-    lab, al, ll = labels.numpy(), act_lens.numpy(), label_lens.numpy()
-    # numpy allocates (malloc): glibc reuses freed heap blocks of up to 32 MB, whereas
-    # torch's aligned allocations of a few MB are fresh mmaps every call, and a page
+    big_ids, durations = _option_arrays(opts)
+    # numpy allocates: its large arrays get transparent huge pages (madvise) and
+    # glibc reuses freed heap blocks of up to 32 MB, whereas torch's aligned
+    # allocations of that size are often fresh 4 kB pages on every call, and a page
     # fault costs about 1 ns per byte on the virtual machines measured (bench/)
-    LP = np.empty((B, N + 2, ND, C), np.float64)
+    LP = np.empty((B, K, ND, C), np.float64)
     AC = np.empty((B, ND, C), np.float64)
     inv_sums = np.empty((B, ND, C), np.float64)
     log_p = np.empty(B, np.float64)
     bad = np.zeros(B, np.uint8)
     buffer = np.empty(acts.shape, x.dtype) if need_grad else x
-    with _kernel_set(acts.numel()) as (rows_forward, lattice, _):
+    al = act_lens.numpy()
+    ll = label_lens.numpy()
+    (rows_forward, lattice, _), prev = _pick(acts.numel())
+    try:
         rows_forward(
             x,
-            lab,
+            labels.numpy(),
             al,
             ll,
             opts.blank,
-            _ids(opts.big_blank_ids),
+            big_ids,
             opts.sigma,
             need_grad,
             buffer,
@@ -218,19 +208,23 @@ def begin(
             AC,
             al,
             ll,
-            _ids(opts.big_blank_durations),
+            durations,
             opts.fastemit_lambda,
             need_grad,
             log_p,
         )
+    finally:
+        if prev is not None:
+            numba.set_num_threads(prev)
     costs = -(1.0 + opts.fastemit_lambda) * log_p + 0.0
     if not need_grad:
         return costs, None
-    pending = PendingGradient(
-        torch.from_numpy(buffer),
-        torch.from_numpy(LP),
-        torch.from_numpy(AC),
-        torch.from_numpy(log_p),
+    from_numpy = torch.from_numpy
+    pending = (
+        from_numpy(buffer),
+        from_numpy(LP),
+        from_numpy(AC),
+        from_numpy(log_p),
         labels,
         act_lens,
         label_lens,
@@ -262,9 +256,10 @@ def compute(
         return costs, None
     if pending is None:  # NaN / +inf logits: the caller raises
         return costs, torch.zeros_like(acts)
-    return costs, pending.finish(opts, grad_weights.detach())
+    return costs, finish(pending, opts, grad_weights.detach())
 
 
-# the autograd Function runs pass 3 in backward when the kernel offers ``begin``
+# the autograd Function runs pass 3 in backward when the kernel offers ``begin``:
+# it saves ``pending`` with save_for_backward and calls ``finish(saved, opts, factors)``
 compute.begin = begin
-compute.finish = PendingGradient.finish_tensors
+compute.finish = finish

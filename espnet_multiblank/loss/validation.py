@@ -7,6 +7,7 @@ raise are the only host synchronisations.
 
 from typing import Tuple
 
+import numpy as np
 import torch
 
 from espnet_multiblank.loss.options import LossOptions
@@ -118,6 +119,12 @@ def check_lengths_and_labels(
     """
     B, T, U = acts.shape[:3]
     V = num_labels
+    if B > 0 and labels.device.type == "cpu":
+        # the same checks in numpy: a torch op costs microseconds, and a small
+        # problem's whole loss well under a millisecond
+        return _check_on_host(
+            T, U, labels, act_lens, label_lens, V, blank_ids, vocab_text, blank_text
+        )
     act_lens = act_lens.long()
     label_lens = label_lens.long()
     labels = labels.long()
@@ -173,3 +180,48 @@ def check_lengths_and_labels(
         valid, labels, torch.zeros((), dtype=labels.dtype, device=labels.device)
     )
     return labels.contiguous(), act_lens.contiguous(), label_lens.contiguous()
+
+
+def _check_on_host(
+    T, U, labels, act_lens, label_lens, V, blank_ids, vocab_text, blank_text
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`check_lengths_and_labels` for CPU tensors (B > 0), same messages."""
+    act_lens = act_lens.numpy().astype(np.int64)
+    label_lens = label_lens.numpy().astype(np.int64)
+    max_label = min(U - 1, labels.shape[1])
+    if (act_lens < 0).any():
+        raise ValueError(f"act_lens must be >= 0, got {act_lens.tolist()}")
+    if (act_lens > T).any():
+        raise ValueError(
+            f"act_lens must be <= acts.shape[1] (T = {T}), got {act_lens.tolist()}"
+        )
+    if (label_lens < 0).any():
+        raise ValueError(f"label_lens must be >= 0, got {label_lens.tolist()}")
+    if (label_lens > max_label).any():
+        raise ValueError(
+            f"label_lens must be <= acts.shape[2] - 1 (U - 1 = {U - 1}) and <= "
+            f"labels.shape[1] = {labels.shape[1]}, got {label_lens.tolist()}"
+        )
+    lab = labels.numpy()[:, :max_label].astype(np.int64)
+    valid = np.arange(max_label)[None, :] < label_lens[:, None]
+    if max_label > 0:
+        out_of_range = valid & ((lab < 0) | (lab >= V))
+        if out_of_range.any():
+            b, j = np.argwhere(out_of_range)[0].tolist()
+            raise ValueError(
+                f"labels must be ids in [0, {vocab_text}) within label_lens; "
+                f"labels[{b}, {j}] = {int(lab[b, j])}"
+            )
+        is_blank = valid & np.isin(lab, np.asarray(list(blank_ids), dtype=np.int64))
+        if is_blank.any():
+            b, j = np.argwhere(is_blank)[0].tolist()
+            raise ValueError(
+                f"labels must not contain a blank id ({blank_text}); "
+                f"labels[{b}, {j}] = {int(lab[b, j])}"
+            )
+    lab[~valid] = 0
+    return (
+        torch.from_numpy(lab),
+        torch.from_numpy(act_lens),
+        torch.from_numpy(label_lens),
+    )

@@ -11,8 +11,9 @@ and 32000, and checks the PTX:
 * no local memory (``.local``: the chunk registers and per-row arrays must stay in
   registers once the loops are unrolled);
 * the row kernels' chunk loop (the PTX loop with the most loads of the logits'
-  width) holds at least ``unroll`` of them (the unrolled loads, all issued before
-  their values are used);
+  width) issues at least ``unroll`` of them before its first store or barrier
+  (so that they can all be in flight at once; the compiler would have to keep a
+  load behind an earlier store to a possibly aliasing address);
 * for float32 / float16 / bfloat16 logits that loop does no float64 arithmetic (the
   per-row float64 work is outside it).
 
@@ -148,6 +149,20 @@ def check_kernel(label, kernel, sig, storage, unroll, row_kernel, failures, verb
         notes.append(f"chunk loop: {n_loads} loads")
         if n_loads < unroll:
             failures.append(f"{label}: {n_loads} loads in the chunk loop < {unroll}")
+        # all `unroll` of them issued before the loop's first store or barrier (the
+        # compiler may sink a load into the block that uses it, past a
+        # data-independent branch; it may not put one behind a store)
+        lines = body.splitlines()
+        idx = [i for i, ln in enumerate(lines) if re.search(pat, ln)]
+        stops = [
+            i for i, ln in enumerate(lines) if re.search(r"st\.global|bar\.sync", ln)
+        ]
+        before = len([i for i in idx if not stops or i < stops[0]])
+        if before < unroll:
+            failures.append(
+                f"{label}: {before} loads before the first store < {unroll}"
+            )
+        notes.append(f"{before} before the first store")
         if storage != "float64":
             f64_ops = [
                 ln.strip()

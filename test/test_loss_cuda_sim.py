@@ -1,14 +1,22 @@
 """Tests of the CUDA backend (espnet_multiblank.loss.cuda).
 
-1. Without a GPU (CI): every case of ``test/cuda_cases.py`` runs in Numba's CUDA
-   simulator, in ONE subprocess with ``NUMBA_ENABLE_CUDASIM=1`` (the variable must be
-   set before numba.cuda is imported, and must not leak into the other tests), and is
-   compared with the float64 PyTorch reference and, when it is importable, with the
-   CPU Numba kernel. About a minute on a 2-core machine.
+1. Without a GPU (CI): every case of ``test/cuda_cases.py`` and
+   ``test/tdt_cuda_cases.py`` runs in Numba's CUDA simulator, in ONE subprocess with
+   ``NUMBA_ENABLE_CUDASIM=1`` (the variable must be set before numba.cuda is imported,
+   and must not leak into the other tests), and is compared with the float64 PyTorch
+   reference and, when it is importable, with the CPU Numba kernel. The cases include
+   row layouts whose shared-memory tree crosses warps, the exact layouts a GPU uses for
+   V = 64, 1000 and 3000, float16 / bfloat16 logits and long float32 utterances. About
+   a minute on a 2-core machine. The kernels are also compiled to PTX for sm_90
+   (``test/cuda_ptx_check.py``: no local memory, the unrolled loads, no float64 work
+   in the float32 row loops, ptxas register / spill counts).
 2. On a real GPU (skipped otherwise, with the reason): the same cases on CUDA tensors
-   (float64 and float32), the public API with bfloat16 / float16 logits, more than 1023
-   labels, T = 3000, a non-default stream, no torch host synchronisation, and ESPnet's
-   own CUDA multi-blank loss as a second oracle.
+   (float64 and float32), gradient-checked V = 1000 and 3000 in float32 / float16 /
+   bfloat16 for both losses (float64 reference on the GPU, the CPU kernel), float32
+   utterances of T = 2000 against float64, the gradient's memory (one logits-sized
+   buffer above the inputs for an incoming gradient of 0.7), more than 1023 labels,
+   T = 3000, a non-default stream, no torch host synchronisation, and ESPnet's own
+   CUDA multi-blank loss as a second oracle.
 """
 
 import importlib.util
@@ -23,8 +31,22 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cuda_cases import CASES, Case, make_inputs, reference, run_case  # noqa: E402
-from tdt_cuda_cases import TDT_CASES, TDTCase, run_tdt_case  # noqa: E402
+from cuda_cases import (  # noqa: E402
+    BF16_TOL,
+    CASES,
+    F16_TOL,
+    Case,
+    compare_with_cpu_kernel,
+    make_inputs,
+    reference,
+    run_case,
+)
+from tdt_cuda_cases import (  # noqa: E402
+    TDT_CASES,
+    TDTCase,
+    compare_tdt_with_cpu_kernel,
+    run_tdt_case,
+)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -171,6 +193,158 @@ def test_gpu_cases(case):
 )
 def test_gpu_tdt_cases(case):
     run_tdt_case(case, "cuda")
+
+
+_LARGE_TOL = {
+    torch.float32: dict(cost=1e-5, grad=1e-5),
+    torch.float16: F16_TOL,
+    torch.bfloat16: BF16_TOL,
+}
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("V", [1000, 3000])
+def test_gpu_large_vocab(V, dtype):
+    """Multi-blank [2, 4, 8] at V = 1000 / 3000 (teams of 128 / 512 threads: the
+    shared-memory tree across warps, one chunk of 8 loads per thread): costs and
+    gradients against the float64 reference on the same values (on the GPU), through
+    the autograd Function with incoming gradients 0.7 and 1.3, and against the CPU
+    kernel."""
+    case = Case(
+        f"large_V{V}",
+        B=3,
+        T=40,
+        U=9,
+        V=V,
+        blank=V // 2,
+        durations=(2, 4, 8),
+        sigma=0.05,
+        act_lens=[40, 31, 17],
+        label_lens=[8, 5, 6],
+        reduction="mean",
+        dtype=dtype,
+        tol=_LARGE_TOL[dtype],
+        via_function=True,
+        seed=V,
+    )
+    keep = {}
+    run_case(case, "cuda", keep=keep, ref_device="cuda")
+    from espnet_multiblank.loss.cpu import compute as cpu_compute
+
+    compare_with_cpu_kernel(case, keep["costs"].cpu(), keep["grads"].cpu(), cpu_compute)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("V", [1000, 3000])
+def test_gpu_tdt_large_vocab(V, dtype):
+    """TDT, durations [0, 1, 2, 3, 4], V = 1000 / 3000 tokens: as
+    :func:`test_gpu_large_vocab`."""
+    from espnet_multiblank.loss.cpu.tdt_driver import tdt_compute as cpu_compute
+
+    case = TDTCase(
+        f"tdt_large_V{V}",
+        B=3,
+        T=40,
+        U=9,
+        V=V,
+        blank=0,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        act_lens=[40, 31, 17],
+        label_lens=[8, 5, 6],
+        reduction="mean",
+        dtype=dtype,
+        tol=_LARGE_TOL[dtype],
+        via_function=True,
+        seed=V,
+    )
+    keep = {}
+    run_tdt_case(case, "cuda", keep=keep)
+    compare_tdt_with_cpu_kernel(
+        case, keep["costs"].cpu(), keep["grads"].cpu(), cpu_compute
+    )
+
+
+@gpu
+def test_gpu_long_float32_vs_float64():
+    """T = 2000 in float32 (float32 row sums, float64 lattice) against the float64
+    reference: the error must not grow with the utterance's length."""
+    case = Case(
+        "long_T2000_f32",
+        B=2,
+        T=2000,
+        U=12,
+        V=64,
+        blank=63,
+        durations=(2, 4, 8),
+        sigma=0.05,
+        act_lens=[2000, 1500],
+        label_lens=[11, 7],
+        dtype=torch.float32,
+        tol=dict(cost=1e-6, grad=1e-6),
+    )
+    run_case(case, "cuda", ref_device="cuda")
+    tdt = TDTCase(
+        "tdt_long_T2000_f32",
+        B=2,
+        T=2000,
+        U=12,
+        V=64,
+        blank=0,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        act_lens=[2000, 1500],
+        label_lens=[11, 7],
+        dtype=torch.float32,
+        tol=dict(cost=1e-6, grad=1e-6),
+    )
+    run_tdt_case(tdt, "cuda")
+
+
+@gpu
+@pytest.mark.parametrize("family", ["multiblank", "tdt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_gradient_memory(family, dtype):
+    """Forward + backward with an incoming gradient of 0.7 allocate one logits-sized
+    buffer (the gradient autograd hands out) plus the float64 workspaces, nothing
+    else logits-sized: no float32 copy of half logits, no second gradient."""
+    from espnet_multiblank import tdt_loss
+    from espnet_multiblank.loss import multiblank_rnnt_loss
+
+    B, T, U, V = 4, 100, 20, 1000
+    durs = (2, 4, 8) if family == "multiblank" else (0, 1, 2, 3, 4)
+    width = V + (len(durs) if family == "tdt" else 0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    acts = torch.randn((B, T, U, width), device="cuda", generator=g).to(dtype)
+    labels = torch.randint(4, V, (B, U - 1), device="cuda", generator=g)
+    tl = torch.full((B,), T, device="cuda")
+    ll = torch.full((B,), U - 1, device="cuda")
+    x = acts.requires_grad_(True)
+
+    def run():
+        if family == "multiblank":
+            loss = multiblank_rnnt_loss(
+                x, labels, tl, ll, 0 + len(durs), durs, "mean", backend="numba"
+            )
+        else:
+            loss = tdt_loss(x, labels, tl, ll, 0, durs, "mean", backend="numba")
+        (loss * 0.7).backward()
+
+    run()  # compile, warm the caching allocator
+    x.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    grad_bytes = x.numel() * x.element_size()
+    n = len(durs)
+    ws = B * T * U * 8 * (n + 6)  # denom(s), lpw, alphas, betas (launch docstrings)
+    assert x.grad.dtype == dtype
+    assert peak <= grad_bytes + ws + (1 << 20), (peak, grad_bytes, ws)
 
 
 @gpu

@@ -193,8 +193,11 @@ def make_row_lse(load, CT, team: int, unroll: int):
             k0 = lane
             while k0 < n:
                 for j in range(UN):
+                    # clamped index: every load is unconditional (no branch between
+                    # the chunk's loads); slots past the row's end become -inf
                     k = k0 + j * TS
-                    xs[j] = load(acts[b, t, u, k]) if k < n else CT(NEG_INF)
+                    x = load(acts[b, t, u, min(k, n - 1)])
+                    xs[j] = x if k < n else CT(NEG_INF)
                 cm = xs[0]
                 for j in range(1, UN):
                     cm = nan_max(cm, xs[j])

@@ -287,9 +287,8 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
         xs = cuda.local.array(UN, CT)
         k0 = lane
         while k0 < V:
-            for j in range(UN):  # all the chunk's loads first
-                k = k0 + j * TS
-                xs[j] = load(acts[b, t, u, k]) if k < V else CT(0.0)
+            for j in range(UN):  # all the chunk's loads first, unconditional
+                xs[j] = load(acts[b, t, u, min(k0 + j * TS, V - 1)])
             for j in range(UN):
                 k = k0 + j * TS
                 if k < V:

@@ -261,9 +261,8 @@ def _make_row_kernels(storage, durations, team, block, unroll):
         xs = cuda.local.array(UN, CT)
         k0 = lane
         while k0 < VD:
-            for j in range(UN):  # all the chunk's loads first
-                k = k0 + j * TS
-                xs[j] = load(acts[b, t, u, k]) if k < VD else CT(0.0)
+            for j in range(UN):  # all the chunk's loads first, unconditional
+                xs[j] = load(acts[b, t, u, min(k0 + j * TS, VD - 1)])
             for j in range(UN):
                 k = k0 + j * TS
                 if k < VD:

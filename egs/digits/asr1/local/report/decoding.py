@@ -22,11 +22,11 @@ def section(res, jobs, test_sets, train_secs):
     """Markdown lines of the section."""
     L = ["## Decoding", ""]
     head = "| model | search | " + " | ".join(f"WER {s}" for s in test_sets)
-    head += " | " + " | ".join(f"ins. (after last word) {s}" for s in test_sets)
     head += (
         f" | decode time ({test_sets[0]}) | RTF | search time"
-        " | frames skipped by big blanks | big-blank emissions | training time |"
+        " | frames skipped by big blanks | big-blank emissions | training time | "
     )
+    head += " | ".join(f"insertions (after last word) {s}" for s in test_sets) + " |"
     L.append(head)
     L.append("|" + "---|" * (head.count("|") - 1))
     for m, search in jobs:
@@ -34,10 +34,6 @@ def section(res, jobs, test_sets, train_secs):
         for s in test_sets:
             sc = res[(m, search, s)][0]
             row += f" {sc['wer']:.2f}% |" if sc else " - |"
-        for s in test_sets:
-            sc = res[(m, search, s)][0]
-            end = sc.get("end_insertions") if sc else None
-            row += f" {sc['insertions']} ({end}) |" if end is not None else " - |"
         st = res[(m, search, test_sets[0])][1]
         if st:
             tf = st.get("total_frames") or 0
@@ -52,6 +48,10 @@ def section(res, jobs, test_sets, train_secs):
         else:
             row += " - | - | - | - | - |"
         row += f" {fmt_time(train_secs.get(m))} |"
+        for s in test_sets:
+            sc = res[(m, search, s)][0]
+            end = sc.get("end_insertions") if sc else None
+            row += f" {sc['insertions']} ({end}) |" if end is not None else " - |"
         L.append(row)
     L.append("")
     L.append(

@@ -144,7 +144,12 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
             costs = costs.astype(np.float64, copy=False)
             if np.isnan(costs).any():
                 _raise_nan(int(np.flatnonzero(np.isnan(costs))[0]))
-            weights = _weights_np(opts, label_lens.cpu().numpy())
+            weights = _weights_np(
+                opts,
+                (
+                    label_lens if label_lens.device.type == "cpu" else label_lens.cpu()
+                ).numpy(),
+            )
             if need_grad:
                 tensors = getattr(pending, "tensors", None)
                 ctx.save_for_backward(*(tensors() if tensors else pending))
@@ -155,7 +160,10 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
                 out = costs
             else:
                 out = np.asarray(np.dot(costs, weights) if costs.size else 0.0)
-            return torch.from_numpy(out).to(device=acts.device, dtype=compute_dtype)
+            out = torch.from_numpy(
+                out.astype(np.float64 if in_dtype == torch.float64 else np.float32)
+            )
+            return out if acts.device.type == "cpu" else out.to(acts.device)
         weights = reduction_weights(opts, label_lens, compute_dtype)
         if in_dtype in (torch.float16, torch.bfloat16):
             costs, grads = _half_in_chunks(
@@ -186,7 +194,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
         # d loss / d acts_b = grad_out (or grad_out[b] for "none") * gradient_b; the
         # factors go through the host (one sync on CUDA, as any scalar read)
         if grad_out.numel() == 1:
-            incoming = np.full(B, float(grad_out))
+            incoming = np.full(B, grad_out.item(), dtype=np.float64)
         else:
             incoming = grad_out.detach().to("cpu", torch.float64).reshape(-1).numpy()
         usable = bool(np.isfinite(incoming).all() and (incoming != 0).all())

@@ -26,7 +26,8 @@ kept until the gradient is finished, and ``alphas``, ``betas`` (8 each), freed w
 forward and backward, plus O(B). With 4-byte logits that is (N + 5) / (V / 2) of
 the gradient (0.6 % for V = 1024, N = 3; 25 % for V = 64), with 2-byte logits twice
 that. ``begin`` keeps a reference to the logits for ``finish`` (the autograd graph
-holds them anyway when they come from a layer that is being trained).
+usually holds them anyway; non-contiguous logits are first copied, and that copy is
+what is kept).
 """
 
 import warnings

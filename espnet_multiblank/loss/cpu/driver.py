@@ -111,13 +111,13 @@ def finish(
 
     Args:
         tensors: ``(buffer (B, T, U, V) acts dtype: the exps of pass 1,
-            occupancy (B, N + 2, T + U - 1, U + COLUMN_PAD) float64,
-            coef (B, T + U - 1, U + COLUMN_PAD) float64, log_p (B,) float64,
+            rows (B, T, U, N + 3) float64: per node the occupancies of its N + 2
+            transitions and the softmax coefficient, log_p (B,) float64,
             labels, act_lens, label_lens)``.
         factors: (B,) per-utterance factor (reduction weight times incoming
             gradient, any sign): a CPU tensor or a numpy array.
     """
-    buffer, occupancy, coef, log_p, labels, act_lens, label_lens = tensors
+    buffer, rows, log_p, labels, act_lens, label_lens = tensors
     kernels, prev = _pick(buffer.numel())
     try:
         kernels[2](
@@ -126,8 +126,7 @@ def finish(
             label_lens.numpy(),
             opts.blank,
             _option_arrays(opts)[0],
-            occupancy.numpy(),
-            coef.numpy(),
+            rows.numpy(),
             log_p.numpy(),
             opts.fastemit_lambda,
             opts.clamp,
@@ -164,8 +163,6 @@ def begin(
     """
     B, T, U, V = acts.shape
     K = opts.num_big_blanks + 2
-    ND = max(T + U - 1, 1)
-    C = U + kernels.COLUMN_PAD
     x = acts.numpy()
     if not labels.is_contiguous():
         labels = labels.contiguous()
@@ -174,9 +171,7 @@ def begin(
     # glibc reuses freed heap blocks of up to 32 MB, whereas torch's aligned
     # allocations of that size are often fresh 4 kB pages on every call, and a page
     # fault costs about 1 ns per byte on the virtual machines measured (bench/)
-    LP = np.empty((B, K, ND, C), np.float64)
-    AC = np.empty((B, ND, C), np.float64)
-    inv_sums = np.empty((B, ND, C), np.float64)
+    rows = np.empty((B, T, U, K + 1), np.float64)
     log_p = np.empty(B, np.float64)
     bad = np.zeros(B, np.uint8)
     buffer = np.empty(acts.shape, x.dtype) if need_grad else x
@@ -194,25 +189,14 @@ def begin(
             opts.sigma,
             need_grad,
             buffer,
-            LP,
-            inv_sums,
+            rows,
             bad,
         )
         if bad.any():
             costs = np.zeros(B, np.float64)
             costs[bad.astype(bool)] = np.nan
             return costs, None
-        lattice(
-            LP,
-            inv_sums,
-            AC,
-            al,
-            ll,
-            durations,
-            opts.fastemit_lambda,
-            need_grad,
-            log_p,
-        )
+        lattice(rows, al, ll, durations, opts.fastemit_lambda, need_grad, log_p)
     finally:
         if prev is not None:
             numba.set_num_threads(prev)
@@ -222,8 +206,7 @@ def begin(
     from_numpy = torch.from_numpy
     pending = (
         from_numpy(buffer),
-        from_numpy(LP),
-        from_numpy(AC),
+        from_numpy(rows),
         from_numpy(log_p),
         labels,
         act_lens,

@@ -101,8 +101,7 @@ def rows_forward(
     sigma,
     store,
     exps,
-    LP,
-    IS,
+    ST,
     bad,
 ):
     """Pass 1.
@@ -111,32 +110,29 @@ def rows_forward(
     act_lens, label_lens: (B,) int64; big_ids: (N,) int64.
     store: write the exps into ``exps`` (B, T, U, V) (acts dtype; the gradient buffer),
         padding rows zeroed; else ``exps`` is not touched.
-    LP: (B, K, T + U - 1, U + COLUMN_PAD) float64 out: the log-probs (minus sigma) of
-        blank, label (-inf on the last row: no label left), big blanks, by
-        anti-diagonal.
-    IS: (B, T + U - 1, U + COLUMN_PAD) float64 out: 1 / (sum of the row's exps).
+    ST: (B, T, U, K + 1) float64 out, valid rows only: the log-probs (minus sigma) of
+        blank, label (-inf on the last row: no label left), big blanks, then
+        1 / (sum of the row's exps).
     bad: (B,) uint8 out: 1 when a valid row holds NaN / +inf or only -inf.
     """
     B, T, U, V = acts.shape
-    K = LP.shape[1]
-    ND = LP.shape[2]
-    C = LP.shape[3]
+    K1 = ST.shape[3]
     N = big_ids.size
     xf = acts.reshape(B * T * U * V)
     ef = exps.reshape(exps.size)
-    LPf = LP.reshape(LP.size)
-    ISf = IS.reshape(IS.size)
+    STf = ST.reshape(ST.size)
     uV = np.uint64(V)
     uU = np.uint64(U)
-    uNDC = np.uint64(ND * C)
+    uK1 = np.uint64(K1)
     total = B * T
     nch = min(total, _CHUNKS)
     for ch in prange(nch):
         lo, hi = _chunk(ch, nch, total)
         scratch = np.empty(1 if store else U * V, acts.dtype)
-        sums = np.empty(U)  # per row of the frame: sum of exps, then its log + sigma
-        shifts = np.empty(U)
-        inv = np.empty(U)
+        # per row of a frame: sum of exps, then its log; padded for the vector loop
+        sums = np.ones(U + _LANES)
+        shifts = np.zeros(U + _LANES)
+        inv = np.empty(U + _LANES)
         for bt in range(lo, hi):
             b = bt // T
             t = bt - b * T
@@ -163,11 +159,11 @@ def rows_forward(
             exp_shifted(xf, f0, fe, c, out, o0)
             for u in range(Ub):
                 uu = np.uint64(u)
-                r0 = f0 + uu * uV
                 q0 = o0 + uu * uV
                 s = sum_range(out, q0, q0 + uV)
                 shifts[u] = c
                 if s < _MIN_ROW_SUM:
+                    r0 = f0 + uu * uV
                     m, _ = max_and_check(xf, r0, r0 + uV)
                     if m == _NEG_INF:
                         bad[b] = 1
@@ -178,27 +174,25 @@ def rows_forward(
                 sums[u] = s
             if bad[b]:
                 continue
-            for u in range(Ub):  # vectorised over the rows of the frame
+            for u in range(((Ub + _LANES - 1) // _LANES) * _LANES):  # vectorised
                 s = sums[u]
                 inv[u] = 1.0 / s
                 sums[u] = shifts[u] + log64(s) + sigma
-            lb = np.uint64(b) * np.uint64(K) * uNDC
-            ib = np.uint64(b) * uNDC
+            p = np.uint64(bt) * uU * uK1  # row-major: cheap contiguous stores
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uV
-                cell = np.uint64((t + u) * C + u + 1)
-                ISf[ib + cell] = inv[u]
                 d = sums[u]
-                p = lb + cell
-                LPf[p] = np.float64(xf[r0 + np.uint64(blank)]) - d
-                p += uNDC
+                STf[p] = np.float64(xf[r0 + np.uint64(blank)]) - d
                 if u < Ub - 1:
-                    LPf[p] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
+                    STf[p + _U1] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
                 else:
-                    LPf[p] = _NEG_INF
+                    STf[p + _U1] = _NEG_INF
                 for i in range(N):
-                    p += uNDC
-                    LPf[p] = np.float64(xf[r0 + np.uint64(big_ids[i])]) - d
+                    STf[p + np.uint64(2 + i)] = (
+                        np.float64(xf[r0 + np.uint64(big_ids[i])]) - d
+                    )
+                STf[p + uK1 - _U1] = inv[u]
+                p += uK1
 
 
 @njit(cache=True)
@@ -213,31 +207,31 @@ def _diag_range(n, Tb, Ub):
 
 
 @njit(parallel=True, **_OPTS)
-def lattice(
-    LP, IS, AC, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp
-):
+def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp):
     """Pass 2: log P per utterance and, when need_grad, the occupancies.
 
-    LP: (B, K, T + U - 1, U + COLUMN_PAD) log-probs from pass 1; when need_grad they
-        become, per transition (indexed by its source node), q = exp(alpha(src) + lp -
-        alpha(dest)) in the forward sweep and W = gamma(dest) q in the backward one.
-    IS: (B, T + U - 1, U + COLUMN_PAD) 1 / (row sum of exps) from pass 1.
-    AC: (B, T + U - 1, U + COLUMN_PAD) out: alpha, then (need_grad) the softmax
-        coefficient (gamma + lambda W_label) / S.
+    ST: (B, T, U, K + 1) float64 from pass 1 (log-probs, then 1 / S); when need_grad,
+        its valid rows are overwritten with the occupancies W_k of the K transitions
+        leaving the node, then the softmax coefficient (gamma + lambda W_label) / S.
     durations: (N,) int64. lp: (B,) float64 out: log P (0 for T_b = 0 = L_b, -inf for
     an impossible utterance).
 
-    q of the transitions into a node sum to 1, so W(arc) = gamma(dest) q(arc) (the
+    Each utterance is copied into private arrays by anti-diagonal (``[n, j]``: node
+    (t = n - u, u = j - 1); they stay in L1/L2) and back: log-probs per transition
+    ``LPf`` and alpha ``ACf``. After the forward sweep ``LPf`` holds, per
+    transition (indexed by its source node), q = exp(alpha(src) + lp - alpha(dest));
+    after the backward sweep W = gamma(dest) q, and ``ACf`` gamma + lambda W_label.
+    The q of the transitions into a node sum to 1, so W(arc) = gamma(dest) q(arc) (the
     probability of reaching dest through that arc) and gamma(node) = sum of its
     outgoing W: the backward sweep is multiply-adds of numbers in [0, 1].
     """
-    B, K, ND, C = LP.shape
+    B, T, U, K1 = ST.shape
+    K = K1 - 1
     N = K - 2
-    LPf = LP.reshape(LP.size)
-    ISf = IS.reshape(IS.size)
-    ACf = AC.reshape(AC.size)
+    C = U + COLUMN_PAD
+    STf = ST.reshape(ST.size)
     uC = np.uint64(C)
-    uNDC = np.uint64(ND * C)
+    uK1 = np.uint64(K1)
     dmax = 1
     for i in range(N):
         dmax = max(dmax, durations[i])
@@ -249,8 +243,23 @@ def lattice(
             lp[b] = 0.0 if Ub == 1 else _NEG_INF
             continue
         nd = Tb + Ub - 1  # anti-diagonals of valid nodes: 0 .. nd - 1
-        Lb = np.uint64(b) * np.uint64(K) * uNDC
-        Ab = np.uint64(b) * uNDC
+        uNDC = np.uint64(nd * C)
+        LPf = np.empty(K * nd * C)
+        ACf = np.empty(nd * C)
+        Lb = np.uint64(0)
+        Ab = np.uint64(0)
+        # in: row-major rows of pass 1 to anti-diagonals (strided loads, contiguous
+        # stores; exact ranges: the loads must stay inside this utterance's rows)
+        sb = np.uint64(b * T * U) * uK1
+        step = np.uint64((U - 1) * K1)
+        for k in range(K):
+            for n in range(nd):
+                jlo, jhi, jend = _diag_range(n, Tb, Ub)
+                # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
+                src = sb + np.uint64(n * U) * uK1 + step + np.uint64(k)  # at j = 0
+                dst = np.uint64(k) * uNDC + np.uint64(n) * uC
+                for j in range(jlo, jhi + _U1):
+                    LPf[dst + j] = STf[src - j * step]
         # scratch rows, each its own allocation
         v_blank = np.empty(C)
         v_label = np.empty(C)
@@ -416,7 +425,19 @@ def lattice(
             for j in range(jlo, jend):
                 g = acc[j]
                 ring[rc + j] = g if j <= jhi else 0.0
-                ACf[ra + j] = (g + fastemit_lambda * LPf[rl + j]) * ISf[ra + j]
+                ACf[ra + j] = g + fastemit_lambda * LPf[rl + j]
+        # out: anti-diagonals back to the row-major rows pass 3 reads (strided loads,
+        # contiguous stores)
+        for t in range(Tb):
+            dst = sb + np.uint64(t * U) * uK1
+            cell = np.uint64(t * C + 1)  # node (t, 0); (t, u) is u * (C + 1) further
+            for u in range(Ub):
+                for k in range(K):
+                    STf[dst + np.uint64(k)] = LPf[Lb + np.uint64(k) * uNDC + cell]
+                # coefficient / S: slot K still holds 1 / S from pass 1
+                STf[dst + uK1 - _U1] = ACf[Ab + cell] * STf[dst + uK1 - _U1]
+                dst += uK1
+                cell += uC + _U1
 
 
 @njit(parallel=True, **_OPTS)
@@ -426,8 +447,7 @@ def rows_backward(
     label_lens,
     blank,
     big_ids,
-    LP,
-    AC,
+    ST,
     lp,
     fastemit_lambda,
     clamp,
@@ -437,20 +457,17 @@ def rows_backward(
     """Pass 3: ``grads`` (B, T, U, V), holding the exps of pass 1, becomes
     ``factors[b] * clip(d cost_b / d acts_b, -clamp, clamp)`` in place.
 
-    LP, AC: occupancies and softmax coefficients of :func:`lattice`; lp: (B,) log P;
-    factors: (B,) float64 (reduction weight times incoming gradient).
+    ST: (B, T, U, K + 1) occupancies and softmax coefficient of :func:`lattice`;
+    lp: (B,) log P; factors: (B,) float64 (reduction weight times incoming gradient).
     """
     B, T, U, V = grads.shape
-    K = LP.shape[1]
-    ND = LP.shape[2]
-    C = LP.shape[3]
+    K1 = ST.shape[3]
     N = big_ids.size
     gf = grads.reshape(B * T * U * V)
-    LPf = LP.reshape(LP.size)
-    ACf = AC.reshape(AC.size)
+    STf = ST.reshape(ST.size)
     uV = np.uint64(V)
     uU = np.uint64(U)
-    uNDC = np.uint64(ND * C)
+    uK1 = np.uint64(K1)
     lam1 = 1.0 + fastemit_lambda
     total = B * T
     nch = min(total, _CHUNKS)
@@ -472,22 +489,19 @@ def rows_backward(
                 continue
             f = factors[b]
             c_clip = clamp * abs(f)
-            lb = np.uint64(b) * np.uint64(K) * uNDC
-            ab = np.uint64(b) * uNDC
+            p = np.uint64(bt) * uU * uK1
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uV
-                cell = np.uint64((t + u) * C + u + 1)
-                c = ACf[ab + cell] * f
-                p = lb + cell
+                c = STf[p + uK1 - _U1] * f
                 kb = r0 + np.uint64(blank)
-                g_blank = gf[kb] * c - LPf[p] * f
+                g_blank = gf[kb] * c - STf[p] * f
                 has_label = u < Ub - 1
                 kl = r0 + np.uint64(labels[b, u]) if has_label else kb
-                g_label = gf[kl] * c - lam1 * LPf[p + uNDC] * f
+                g_label = gf[kl] * c - lam1 * STf[p + _U1] * f
                 for i in range(N):
                     keep[i] = (
                         gf[r0 + np.uint64(big_ids[i])] * c
-                        - LPf[p + np.uint64(2 + i) * uNDC] * f
+                        - STf[p + np.uint64(2 + i)] * f
                     )
                 scale_range(gf, r0, r0 + uV, c)
                 gf[kb] = g_blank
@@ -497,3 +511,4 @@ def rows_backward(
                     gf[r0 + np.uint64(big_ids[i])] = keep[i]
                 if clamp > 0.0:
                     clamp_range(gf, r0, r0 + uV, c_clip)
+                p += uK1

@@ -23,6 +23,11 @@ refused. A TDT model (``model.tdt_durations``) decodes with the TDT searches onl
 every greedy type (``greedy``, ``mbg``, ``mb_greedy``, ``default`` with beam 1) runs as
 ``tdt_greedy`` and every beam type (``default`` with a beam, ``mb_beam``) as
 ``tdt_beam``; ``tdt_greedy`` / ``tdt_beam`` on a model that is not a TDT are refused.
+``loop_labels: true`` (NeMo's name) makes the greedy search label-looping
+(:class:`~espnet_multiblank.decoding.label_looping.MultiblankLabelLoopingSearch`,
+:class:`~espnet_multiblank.decoding.label_looping.TDTLabelLoopingSearch`: the same
+hypotheses, batched differently); it is refused with any search that does not run as
+``mb_greedy`` or ``tdt_greedy``.
 Before any search is built ``decoder.blank_id`` is set to the model's standard blank
 (ESPnet leaves it at 0, which is ``<blank8>`` in a multi-blank vocabulary). ESPnet's
 beam searches other than greedy hard-code index 0 as the blank,
@@ -42,6 +47,10 @@ from espnet_multiblank.decoding import (
     TDTBeamSearch,
     TDTGreedySearch,
 )
+from espnet_multiblank.decoding.label_looping import (
+    MultiblankLabelLoopingSearch,
+    TDTLabelLoopingSearch,
+)
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 logger = logging.getLogger(__name__)
@@ -52,10 +61,12 @@ TDT_SEARCH_TYPES = ("tdt_greedy", "tdt_beam")
 PLUGIN_SEARCH_TYPES = MULTIBLANK_SEARCH_TYPES + TDT_SEARCH_TYPES
 ESPNET_SEARCH_TYPES = ("greedy", "default", "tsd", "alsd", "nsc", "maes", "mbg")
 #: transducer_conf keys understood by the plug-in's searches
-TDT_KEYS = ("max_sym_per_frame", "score_norm")
+TDT_KEYS = ("max_sym_per_frame", "score_norm", "loop_labels")
 MULTIBLANK_KEYS = TDT_KEYS + ("blank_decision",)
 #: transducer_conf keys that ESPnet's searches do not know
-PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size", "blank_decision")
+PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size", "blank_decision", "loop_labels")
+#: the greedy search types that ``loop_labels: true`` turns into label-looping
+GREEDY_SEARCH_TYPES = ("mb_greedy", "tdt_greedy")
 
 
 def lattice_from_model(model: Any) -> Union[MultiblankLattice, TDTLattice]:
@@ -203,8 +214,9 @@ def build_transducer_search(
         token_list: For ESPnet's debug logging.
         **conf: Other ``transducer_conf`` keys: ``max_sym_per_frame`` and
             ``score_norm`` for the plug-in's searches, ``blank_decision`` for the
-            multi-blank ones; ESPnet's keys (``score_norm``,
-            ``score_norm_during``, ``max_sym_exp``, ``u_max``, ...) for ESPnet's.
+            multi-blank ones, ``loop_labels`` (bool) for the greedy ones; ESPnet's
+            keys (``score_norm``, ``score_norm_during``, ``max_sym_exp``,
+            ``u_max``, ...) for ESPnet's.
 
     Returns:
         The plug-in's :class:`~espnet_multiblank.decoding.TransducerSearch` or ESPnet's
@@ -218,6 +230,17 @@ def build_transducer_search(
         search_type, beam_size, not tdt and lattice.is_multiblank, tdt=tdt
     )
 
+    loop_labels = conf.pop("loop_labels", False)
+    if not isinstance(loop_labels, bool):
+        raise TypeError(
+            f"transducer_conf.loop_labels must be true or false, got {loop_labels!r}"
+        )
+    if loop_labels and resolved not in GREEDY_SEARCH_TYPES:
+        raise ValueError(
+            "transducer_conf.loop_labels: true selects label-looping greedy search, "
+            f"which serves search_type mb_greedy or tdt_greedy (and the greedy types "
+            f"mapped on them); {search_type!r} runs as {resolved!r} here"
+        )
     if resolved in PLUGIN_SEARCH_TYPES:
         keys = TDT_KEYS if resolved in TDT_SEARCH_TYPES else MULTIBLANK_KEYS
         unknown = sorted(set(conf) - set(keys))
@@ -240,6 +263,8 @@ def build_transducer_search(
             if tdt
             else (MultiblankGreedySearch, MultiblankBeamSearch)
         )
+        if loop_labels:
+            greedy = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
         # multi-blank searches: blank_decision (each search has its own default)
         extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
         if resolved in ("mb_greedy", "tdt_greedy"):

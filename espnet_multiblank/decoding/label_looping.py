@@ -1,0 +1,464 @@
+"""Label-looping greedy search (Bataev et al. 2024, arXiv 2406.06220), batched.
+
+The frame-looping greedy searches (:mod:`~espnet_multiblank.decoding.greedy`,
+:mod:`~espnet_multiblank.decoding.tdt`) take one step per iteration for every active
+utterance: one joint-network call, then one prediction-network call for the rows that
+emitted a label. Label-looping reorders the same steps so that the prediction network
+runs once per emitted label, for the whole batch at once:
+
+* **outer loop**: one label per utterance. After the inner loop every active utterance
+  stands at its next label arc; the labels are recorded, and the prediction network
+  runs once, batched, for the utterances that emitted (a TDT label also moves its
+  utterance by its duration).
+* **inner loop**: every utterance whose best arc is a blank takes it (the standard
+  blank: 1 frame; big blank i: d_i frames; a TDT blank: its duration), and the joint
+  network alone is evaluated again at the new frame, for the whole batch, until every
+  utterance stands at a label arc or has reached its last frame.
+
+Each utterance takes exactly the steps of the one-utterance greedy search (the same
+arcs, the same ``max_sym_per_frame`` guard, the same end rule, the same scores): only
+the order in which the utterances' steps are computed changes. The arc of a joint row
+comes from the symbol tables (``SymbolTable``'s mask and ``decide``,
+``TDTSymbolTable.best_arcs``); the two subclasses differ only in
+:meth:`LabelLoopingGreedySearch.best_arcs`.
+
+**Window.** The prediction output of an utterance does not change until its next
+label, so the inner loop may evaluate the joint network at ``window`` = W frames
+``t .. t + W - 1`` per call and follow the blank arcs through them (pointer doubling
+over the window's positions; a blank that lands past the window goes on from there at
+the next iteration). The arcs taken are the same for every W; W trades joint rows
+evaluated in vain for fewer iterations (fewer kernel launches and host syncs). W = 1
+is the paper's loop. Default: 8 frames when every blank covers one frame (the standard
+lattice, where blank runs are long), else 1 (big blanks and TDT durations already
+cover the runs in few arcs).
+
+The loops work on fixed-size batch tensors with masks (an utterance that has ended
+keeps its row, its updates are masked out), the labels go into a preallocated
+``(B, capacity)`` buffer (one column per outer iteration, doubled when full), and the
+prediction network's state is merged with
+:meth:`~espnet_multiblank.decoding.stepper.Stepper.where_state`: the only host
+synchronisations are the two loop conditions (and reading the results at the end).
+See ``docs/decoding.md`` ("Label-looping greedy search").
+
+Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs,
+W = window.
+"""
+
+from abc import abstractmethod
+from typing import Dict, List, NamedTuple, Optional
+
+import torch
+
+from espnet_multiblank.decoding.base import TransducerSearch, check_positive_int
+from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
+from espnet_multiblank.decoding.tdt import TDTSearchMixin
+from espnet_multiblank.lattice import TDTLattice
+
+
+class Arcs(NamedTuple):
+    """The best allowed arc of each row.
+
+    Attributes:
+        symbol: (N,) long, the emitted symbol (a label or a blank).
+        frames: (N,) long, frames the arc moves on (0: a label that stays), never past
+            the utterance's last frame (for rows inside their utterance).
+        score: (N,) float, the arc's log-probability (the search's score increment).
+        is_label: (N,) bool.
+    """
+
+    symbol: torch.Tensor
+    frames: torch.Tensor
+    score: torch.Tensor
+    is_label: torch.Tensor
+
+    def where(self, mask: torch.Tensor, other: "Arcs") -> "Arcs":
+        """``self`` in the rows of ``mask`` ((N,) bool), ``other`` elsewhere."""
+        return Arcs(*(torch.where(mask, a, b) for a, b in zip(self, other)))
+
+
+class Window(NamedTuple):
+    """The blank arcs one inner-loop iteration took for each row.
+
+    Attributes:
+        offset: (B,) long, frames moved (0: none; ``>= W``: the arcs left the window,
+            the row goes on searching).
+        score: (B,) float, their total log-probability.
+        moves: (B,) long, arcs taken.
+        big: (B,) long, arcs taken over more than one frame.
+        arcs: The arc at ``offset`` when ``offset < W``: a label arc, unless the row
+            has reached its end.
+    """
+
+    offset: torch.Tensor
+    score: torch.Tensor
+    moves: torch.Tensor
+    big: torch.Tensor
+    arcs: Arcs
+
+
+class _Batch:
+    """Constant tensors of one :meth:`LabelLoopingGreedySearch.search_batch` call."""
+
+    def __init__(self, table, enc_proj: torch.Tensor, lens: torch.Tensor, W: int):
+        B = lens.size(0)
+        device = lens.device
+        self.table = table
+        self.enc_proj = enc_proj  # (B, T_max, J)
+        self.lens = lens  # (B,)
+        self.last = (lens - 1).clamp(min=0)  # a frame every row may read
+        self.rows = torch.arange(B, device=device)
+        # windows of W frames
+        self.offsets = torch.arange(W, device=device)  # (W,)
+        self.first = self.offsets == 0
+        self.rows_w = self.rows.unsqueeze(1)  # (B, 1)
+        self.last_w = self.last.unsqueeze(1)
+        self.lens_w = lens.unsqueeze(1).expand(B, W)
+        extra = table.max_frames  # landing points past the window
+        self.after = torch.arange(W, W + extra, device=device).expand(B, extra)
+        self.after_values = torch.zeros(B, extra, 3, dtype=torch.float64, device=device)
+
+
+class LabelLoopingGreedySearch(TransducerSearch):
+    """Base class of the label-looping greedy searches (module docstring).
+
+    Subclasses implement :meth:`best_arcs` (the arc a joint row chooses); the loops,
+    the bookkeeping and the results are here. :meth:`search` decodes one utterance as
+    a batch of one.
+
+    Args:
+        stepper, lattice, max_sym_per_frame: As for
+            :class:`~espnet_multiblank.decoding.base.TransducerSearch` (``nbest`` is
+            1).
+        window: Frames the inner loop evaluates per joint-network call and utterance
+            (module docstring); None: 8 when every blank of the lattice covers one
+            frame, else 1.
+    """
+
+    batched = True
+    #: first label-buffer capacity, in outer iterations (doubled when full)
+    initial_capacity = 32
+
+    def __init__(
+        self,
+        stepper,
+        lattice,
+        max_sym_per_frame: int = 10,
+        window: Optional[int] = None,
+    ):
+        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
+        self.beam_size = 1
+        if window is None:
+            window = 8 if lattice.max_frames == 1 else 1
+        self.window = check_positive_int("window", window)
+        # pointer-doubling rounds: after k rounds a row has followed 2^k arcs, and
+        # W positions hold at most W of them
+        self._rounds = (self.window - 1).bit_length()
+
+    @abstractmethod
+    def best_arcs(
+        self,
+        table,
+        enc_rows: torch.Tensor,
+        dec_proj: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+    ) -> Arcs:
+        """The arc each row takes, from the joint network at its node.
+
+        Args:
+            table: :meth:`table` of the device.
+            enc_rows: (N, J) projected encoder frame of each row.
+            dec_proj: (N, J) projected prediction-network output of each row.
+            frame: (N,) long, the row's frame t (rows with ``t >= length`` are past
+                their end: their result is ignored, it only has to be computable).
+            length: (N,) long, T of each row.
+            num_sym: (N,) long, labels already emitted at ``frame`` without moving.
+        """
+
+    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
+        """One utterance ((T, D_enc)) as a batch of one."""
+        lens = torch.tensor([enc_out.size(0)], device=enc_out.device)
+        return self.search_batch(enc_out.unsqueeze(0), lens)
+
+    def follow_blanks(
+        self,
+        ctx: _Batch,
+        dec_proj: torch.Tensor,
+        frame: torch.Tensor,
+        num_sym: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> Window:
+        """Evaluate the joint network at frames ``t .. t + W - 1`` of every row and
+        follow the blank arcs of the rows in ``rows`` from ``t`` until a label, the
+        row's end or the window's end.
+
+        Args:
+            ctx: The batch's constant tensors.
+            dec_proj: (B, J) projected prediction-network outputs.
+            frame: (B,) long, t of each row.
+            num_sym: (B,) long, labels emitted at ``t`` (the later frames of the
+                window are reached by a blank: 0 there).
+            rows: (B,) bool, rows inside their utterance that follow their blank
+                arcs (the others get offset 0, and their ``arcs`` are to be ignored).
+        """
+        B, J = dec_proj.shape
+        W = self.window
+        table = ctx.table
+        if W == 1:
+            enc_rows = ctx.enc_proj[ctx.rows, torch.minimum(frame, ctx.last)]
+            arcs = self.best_arcs(table, enc_rows, dec_proj, frame, ctx.lens, num_sym)
+            blank = rows & ~arcs.is_label
+            moved = torch.where(blank, arcs.frames, 0)
+            score = torch.where(blank, arcs.score, 0.0)
+            return Window(moved, score, blank, moved > 1, arcs)
+        offsets = ctx.offsets  # (W,)
+        frames_w = frame.unsqueeze(1) + offsets  # (B, W)
+        enc_rows = ctx.enc_proj[ctx.rows_w, torch.minimum(frames_w, ctx.last_w)]
+        num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
+        flat = self.best_arcs(
+            table,
+            enc_rows.reshape(B * W, J),
+            dec_proj.unsqueeze(1).expand(B, W, J).reshape(B * W, J),
+            frames_w.view(-1),
+            ctx.lens_w.reshape(-1),
+            num_sym_w.view(-1),
+        )
+        arcs = Arcs(*(a.view(B, W) for a in flat))
+        # blank arcs of the followed rows, inside their utterance, move on
+        blank = rows.unsqueeze(1) & (frames_w < ctx.lens_w) & ~arcs.is_label
+        if table.max_frames == 1:
+            # every blank covers one frame: the first position that is not a blank
+            stop = ~blank
+            offset = torch.where(stop.any(1), stop.int().argmax(1), W)
+            taken = blank & (offsets < offset.unsqueeze(1))
+            score = torch.where(taken, arcs.score.double(), 0.0).sum(1)
+            big = torch.zeros_like(offset)
+            moves = offset
+        else:
+            # pointer doubling over positions 0 .. W + max_frames - 1: labels,
+            # frames past the end and landing points past the window are fixed
+            # points; values[o] sums (score, arcs, big arcs) from o to nxt[o]
+            nxt = torch.cat(
+                [torch.where(blank, offsets + arcs.frames, offsets), ctx.after], 1
+            )
+            jump = blank & (arcs.frames > 1)
+            values = torch.stack(
+                [
+                    torch.where(blank, arcs.score.double(), 0.0),
+                    blank.double(),
+                    jump.double(),
+                ],
+                2,
+            )  # (B, W, 3)
+            values = torch.cat([values, ctx.after_values], 1)
+            for _ in range(self._rounds):
+                values = values + values.gather(1, nxt.unsqueeze(2).expand(-1, -1, 3))
+                nxt = nxt.gather(1, nxt)
+            offset = nxt[:, 0]
+            score, moves, big = values[:, 0].unbind(1)
+            moves, big = moves.long(), big.long()
+        at = offset.clamp(max=W - 1).unsqueeze(1)  # (B, 1)
+        return Window(
+            offset,
+            score,
+            moves,
+            big,
+            Arcs(*(a.gather(1, at).squeeze(1) for a in arcs)),
+        )
+
+    @torch.no_grad()
+    def search_batch(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """Label-looping greedy search for B utterances (module docstring).
+
+        Args:
+            enc_out: (B, T_max, D_enc) padded encoder output.
+            enc_lens: (B,) encoder lengths T_b <= T_max.
+
+        Returns:
+            B hypotheses, in input order, as the one-utterance greedy search gives
+            them (``frame == T_b``; ``dec_state`` / ``dec_proj`` after the last
+            label).
+        """
+        if enc_out.dim() != 3 or enc_lens.shape != (enc_out.size(0),):
+            raise ValueError(
+                "enc_out must be (B, T_max, D_enc) and enc_lens (B,), got "
+                f"{tuple(enc_out.shape)} and {tuple(enc_lens.shape)}"
+            )
+        device = enc_out.device
+        B, T_max = enc_out.shape[:2]
+        lens = enc_lens.to(device=device, dtype=torch.long)
+        if B and bool(((lens < 0) | (lens > T_max)).any()):
+            raise ValueError(
+                f"enc_lens must be in [0, T_max = {T_max}], got {enc_lens.tolist()}"
+            )
+        stepper = self.stepper
+        blank = self.blank_id
+        W = self.window
+        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
+        ctx = _Batch(self.table(device), enc_proj, lens, W)
+        dec_proj, state = self.start(B, device)  # (B, J)
+
+        def zeros(dtype=torch.long):
+            return torch.zeros(B, dtype=dtype, device=device)
+
+        frame, num_sym, score = zeros(), zeros(), zeros(torch.float64)
+        moves, big = zeros(), zeros()  # arcs that moved; those over > 1 frame
+        no_label = torch.full((B,), -1, dtype=torch.long, device=device)
+        labels = torch.full(
+            (B, self.initial_capacity), -1, dtype=torch.long, device=device
+        )
+        iteration = 0
+
+        def take(window: Window) -> torch.Tensor:
+            """Apply a window's blank arcs; True where a row is still searching (its
+            arcs left the window)."""
+            frame.add_(window.offset)
+            score.add_(window.score)
+            moves.add_(window.moves)
+            big.add_(window.big)
+            num_sym.masked_fill_(window.offset > 0, 0)
+            return (window.offset >= W) & (frame < lens)
+
+        active = frame < lens
+        while bool(active.any()):
+            window = self.follow_blanks(ctx, dec_proj, frame, num_sym, active)
+            arcs = window.arcs
+            searching = take(window)
+            # inner loop: blank arcs, joint network only
+            while bool(searching.any()):
+                window = self.follow_blanks(ctx, dec_proj, frame, num_sym, searching)
+                arcs = window.arcs.where(searching, arcs)
+                searching = take(window)
+            # every active row stands at a label arc: record it, one prediction step
+            emit = frame < lens
+            if iteration == labels.size(1):
+                labels = torch.cat([labels, torch.full_like(labels, -1)], dim=1)
+            labels[:, iteration] = torch.where(emit, arcs.symbol, no_label)
+            iteration += 1
+            score.add_(torch.where(emit, arcs.score, 0.0))
+            moved = torch.where(emit, arcs.frames, 0)  # TDT: a label's duration
+            frame.add_(moved)
+            moves.add_(moved > 0)
+            num_sym = torch.where(moved > 0, 0, num_sym + emit.long())
+            new_proj, new_state = stepper.step(
+                torch.where(emit, arcs.symbol, blank), state
+            )
+            dec_proj = torch.where(emit.unsqueeze(1), new_proj, dec_proj)
+            state = stepper.where_state(emit, new_state, state)
+            active = frame < lens
+
+        out_labels = labels[:, :iteration].tolist()
+        # every arc that moved covered one frame more than it skipped
+        skipped = frame - moves
+        values = [t.tolist() for t in (score, frame, num_sym, big, skipped)]
+        return [
+            Hypothesis(
+                score=values[0][b],
+                yseq=[blank] + [k for k in out_labels[b] if k >= 0],
+                dec_state=stepper.select_state(state, torch.tensor([b], device=device)),
+                dec_proj=dec_proj[b],
+                frame=values[1][b],
+                num_sym_frame=values[2][b],
+                big_blank_emissions=values[3][b],
+                frames_skipped=values[4][b],
+            )
+            for b in range(B)
+        ]
+
+
+class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
+    """Label-looping multi-blank greedy search: the hypotheses of
+    :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (standard RNN-T
+    without big blanks).
+
+    Args: those of :class:`LabelLoopingGreedySearch`, and ``blank_decision``
+    (``"total"`` or ``"symbol"``, see :mod:`~espnet_multiblank.decoding.symbols`).
+    """
+
+    def __init__(
+        self,
+        stepper,
+        lattice,
+        max_sym_per_frame: int = 10,
+        blank_decision: str = "total",
+        window: Optional[int] = None,
+    ):
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, window=window
+        )
+        self.blank_decision = check_blank_decision(blank_decision)
+        self._masks: Dict[torch.device, torch.Tensor] = {}
+
+    def mask_rows(self, table: SymbolTable) -> torch.Tensor:
+        """:meth:`SymbolTable.mask` as a lookup (cached per device).
+
+        The mask of a row depends only on whether the guard holds (``num_sym >=
+        max_sym_per_frame``) and on the frames left, ``T - t``, up to the longest
+        blank: row ``g * (R + 1) + r`` (``R = max_frames``) is the mask of a row
+        with guard ``g`` and ``min(T - t, R) = r`` frames left, taken from
+        :meth:`SymbolTable.mask` itself.
+
+        Returns:
+            (2 (R + 1), V) additive masks: 0 where allowed, -inf where not.
+        """
+        rows = self._masks.get(table.frames.device)
+        if rows is None:
+            device = table.frames.device
+            R = table.max_frames
+            left = torch.arange(R + 1, device=device).repeat(2)
+            n = left.numel()
+            guard = torch.arange(n, device=device) > R
+            rows = table.mask(
+                torch.zeros(n, table.vocab_size, device=device),
+                frame=R - left,
+                length=torch.full((n,), R, device=device),
+                num_sym=guard.long() * self.max_sym_per_frame,
+                max_sym=self.max_sym_per_frame,
+            )
+            self._masks[device] = rows
+        return rows
+
+    def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
+        # the frame-looping search's step: SymbolTable's mask and decision
+        logp = self.stepper.log_probs(enc_rows, dec_proj)  # (N, V)
+        R = table.max_frames
+        which = (length - frame).clamp(0, R) + (R + 1) * (
+            num_sym >= self.max_sym_per_frame
+        )
+        masked = logp + self.mask_rows(table)[which]
+        symbol, score = table.decide(logp, masked, self.blank_decision)
+        frames = table.frames[symbol]
+        return Arcs(symbol, frames, score, frames == 0)
+
+
+class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
+    """Label-looping TDT greedy search: the hypotheses of
+    :class:`~espnet_multiblank.decoding.TDTGreedySearch`. A label arc with a
+    duration >= 1 moves its utterance on when it is recorded (outer loop).
+
+    Args: those of :class:`LabelLoopingGreedySearch` with a
+    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D).
+    """
+
+    def __init__(
+        self,
+        stepper,
+        lattice: TDTLattice,
+        max_sym_per_frame: int = 10,
+        window: Optional[int] = None,
+    ):
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, window=window
+        )
+
+    def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
+        # the frame-looping search's step: TDTSymbolTable's best arc, clipped at T
+        tok, dur = table.log_probs(self.stepper.joint(enc_rows, dec_proj))
+        guard = num_sym >= self.max_sym_per_frame
+        symbol, slot, score, is_label = table.best_arcs(tok, dur, guard)
+        frames = torch.minimum(table.durations[slot], length - frame)
+        return Arcs(symbol, frames, score, is_label)

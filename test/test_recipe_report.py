@@ -27,21 +27,81 @@ def write_markers(done: Path, stages):
 
 
 def test_run_span_covers_parallel_stages(make_report, tmp_path):
-    """Stages 6 and 7 run side by side: the span is first start to last finish, not
-    the sum of the stage times (here 09:00:00 - 10 s to 09:30:00)."""
+    """Stages 6, 7 and 8 run side by side: the span is first start to last finish,
+    not the sum of the stage times (here 09:00:00 - 10 s to 09:30:00)."""
     stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 6)}
     stages[1] = ("2026-01-01T09:00:00", 10)
     stages[6] = ("2026-01-01T09:20:00", 1000)
     stages[7] = ("2026-01-01T09:20:05", 1000)
-    stages[8] = ("2026-01-01T09:29:59", 590)
-    stages[9] = ("2026-01-01T09:30:00", 1)
+    stages[8] = ("2026-01-01T09:20:03", 1000)
+    stages[9] = ("2026-01-01T09:29:59", 590)
+    stages[10] = ("2026-01-01T09:30:00", 1)
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) == pytest.approx(1810.0)
 
 
 def test_run_span_needs_every_stage(make_report, tmp_path):
-    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 9)}  # no 9
+    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 10)}  # no 10
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) is None
-    (tmp_path / "done" / "9").write_text("garbled\n")
+    (tmp_path / "done" / "10").write_text("garbled\n")
     assert make_report.run_span(str(tmp_path / "done")) is None
+
+
+@pytest.fixture(scope="module")
+def report_modules():
+    sys.path.insert(0, str(LOCAL))
+    try:
+        yield (
+            importlib.import_module("report.repeats"),
+            importlib.import_module("report.speed_plot"),
+        )
+    finally:
+        sys.path.remove(str(LOCAL))
+
+
+def test_repeated_digit_subset(report_modules, tmp_path):
+    """Utterances with two adjacent identical words, and the WER on them and on the
+    others, counted by hand here."""
+    repeats, _ = report_modules
+    assert repeats.has_repeat("one five five".split())
+    assert not repeats.has_repeat("five one five".split())
+    assert not repeats.has_repeat(["five"]) and not repeats.has_repeat([])
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    (data / "test").mkdir(parents=True)
+    (data / "test" / "text").write_text(
+        "u1 one one two\nu2 three four\nu3 five six six six\nu4 oh\n"
+    )
+    out = exp / "asr_m" / "decode_g_valid.loss.ave" / "test" / "1best_recog"
+    out.mkdir(parents=True)
+    # u1: one deletion (the repeat merged); u3: one substitution; u4: missing
+    (out / "text").write_text("u1 one two\nu2 three four\nu3 five six six seven\n")
+    res, n_rep, n_all = repeats.load(
+        str(exp), str(data), [("m", "g")], "test", "valid.loss.ave"
+    )
+    assert (n_rep, n_all) == (2, 4)
+    (w_rep, words_rep), (w_rest, words_rest) = res["m", "g"]
+    assert (words_rep, words_rest) == (7, 3)
+    assert w_rep == pytest.approx(100 * 2 / 7)
+    assert w_rest == pytest.approx(100 * 1 / 3)
+    lines = repeats.section(str(exp), str(data), [("m", "g")], "test", "valid.loss.ave")
+    assert "| m | g | 28.57% | 33.33% |" in lines
+
+
+def test_wer_vs_search_time_plot(report_modules, tmp_path):
+    _, speed_plot = report_modules
+    res = {
+        ("a", "greedy", "test"): ({"wer": 9.0}, {"search_seconds": 2.0}),
+        ("a", "beam", "test"): ({"wer": 8.0}, {"search_seconds": 20.0}),
+        ("b", "greedy", "test"): ({"wer": 7.5}, {"search_seconds": 0.5}),
+        ("b", "beam", "test"): (None, {"search_seconds": 5.0}),  # not scored
+    }
+    jobs = [("a", "greedy"), ("a", "beam"), ("b", "greedy"), ("b", "beam")]
+    out = tmp_path / "p.png"
+    pts = speed_plot.plot(res, jobs, "test", str(out))
+    assert pts == [
+        ("a", "greedy", 2.0, 9.0),
+        ("a", "beam", 20.0, 8.0),
+        ("b", "greedy", 0.5, 7.5),
+    ]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,9 +1,9 @@
 """End-to-end smoke test of the digits recipe: `bash egs/digits/asr1/run.sh --smoke`.
 
 Runs every stage (tools, TTS synthesis, data dirs, token list, collect_stats, training
-of both transducers, decoding, scoring, report) on a few hundred utterances with a tiny
-model, in a temporary directory (`--dir`), and checks that the outputs exist and are
-well-formed. No WER threshold: two epochs of a tiny model recognise little.
+of the three transducers, decoding, scoring, report) on a few hundred utterances with a
+tiny model, in a temporary directory (`--dir`), and checks that the outputs exist and
+are well-formed. No WER threshold: two epochs of a tiny model recognise little.
 
 Needs the Debian TTS tools (sox, espeak-ng, flite, festival + voices): stage 1 installs
 them when running as root (as CI does); otherwise the test is skipped when they are
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "egs" / "digits" / "asr1"
@@ -29,6 +30,7 @@ STATS_KEYS = {
     "decode_seconds",
     "rtf",
     "total_frames",
+    "frames_skipped",
     "frames_skipped_by_big_blanks",
     "big_blank_emissions",
 }
@@ -38,6 +40,8 @@ DECODES = [
     ("standard", "mb_greedy"),
     ("multiblank", "mb_greedy"),
     ("multiblank", "mb_beam"),
+    ("tdt", "tdt_greedy"),
+    ("tdt", "tdt_beam"),
 ]
 
 
@@ -107,7 +111,7 @@ def test_data_dirs(smoke_run):
 @pytest.mark.timeout(1800)
 def test_training_outputs(smoke_run):
     work, _ = smoke_run
-    for m in ("standard", "multiblank"):
+    for m in ("standard", "multiblank", "tdt"):
         d = work / "exp_smoke" / f"asr_{m}"
         assert (d / "config.yaml").is_file()
         assert (d / "valid.loss.ave.pth").exists()
@@ -117,16 +121,22 @@ def test_training_outputs(smoke_run):
         assert float((d / "train_seconds").read_text()) > 0
     cfg = (work / "exp_smoke" / "asr_multiblank" / "config.yaml").read_text()
     assert "<blank8>" in cfg and "transducer_multi_blank_durations" in cfg
+    cfg = yaml.safe_load((work / "exp_smoke" / "asr_tdt" / "config.yaml").read_text())
+    assert cfg["model_conf"]["transducer_tdt_durations"] == list(range(9))
+    assert "<blank8>" not in cfg["token_list"]
 
 
 def test_configs_differ_only_in_loss_keys():
-    import yaml
-
     std = yaml.safe_load((RECIPE / "conf" / "train_standard.yaml").read_text())
     mb = yaml.safe_load((RECIPE / "conf" / "train_multiblank.yaml").read_text())
+    tdt = yaml.safe_load((RECIPE / "conf" / "train_tdt.yaml").read_text())
     assert mb["model_conf"].pop("transducer_multi_blank_durations") == [2, 4, 8]
     assert std["model_conf"].pop("transducer_multi_blank_durations") == []
-    assert mb == std
+    assert tdt["model_conf"].pop("transducer_multi_blank_durations") == []
+    # the same largest jump as the multi-blank model's <blank8>
+    assert tdt["model_conf"].pop("transducer_tdt_durations") == list(range(9))
+    assert tdt["model_conf"].pop("transducer_tdt_omega") == 0.1
+    assert mb == std == tdt
 
 
 @pytest.mark.timeout(1800)
@@ -144,7 +154,7 @@ def test_decoding_and_scores(smoke_run):
             score = json.loads((d / "score.json").read_text())
             assert 0 <= score["wer"] and score["num_utterances"] == n
             if m == "standard":
-                assert stats["frames_skipped_by_big_blanks"] == 0
+                assert stats["frames_skipped"] == 0
 
 
 @pytest.mark.timeout(1800)
@@ -162,8 +172,9 @@ def test_report(smoke_run):
         assert cells[4].endswith(" s"), row  # decode time
         assert cells[6].endswith(" s"), row  # search time
     assert "speed-up" in md
-    png = exp / "valid_loss.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Repeated digits" in md and "## TDT vs multi-blank" in md
+    for name in ("valid_loss.png", "wer_vs_search_time.png"):
+        assert (exp / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the smoke run writes nothing into the recipe directory
     assert not (RECIPE / "exp_smoke").exists()
     # a re-run skips every finished stage
@@ -184,4 +195,4 @@ def test_report(smoke_run):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert proc.stdout.count("done already") == 10, proc.stdout
+    assert proc.stdout.count("done already") == 11, proc.stdout

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Connected digits, 8 kHz: standard vs multi-blank RNN-T (espnet-multiblank), end to end.
+# Connected digits, 8 kHz: standard vs multi-blank RNN-T vs TDT (espnet-multiblank), end
+# to end.
 #
-#   bash egs/digits/asr1/run.sh                 # everything (~30 min on 2 CPU cores)
+#   bash egs/digits/asr1/run.sh                 # everything (~40 min on 2 CPU cores)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
-#   bash egs/digits/asr1/run.sh --stage 8 --stop_stage 10
+#   bash egs/digits/asr1/run.sh --stage 9 --stop_stage 11
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
 #
 # Stages (ESPnet style; each writes a done-marker only after it succeeded, outputs are
@@ -15,18 +16,24 @@
 #   4  word-level token list
 #   5  ESPnet collect_stats (feature mean/var, shape files)
 #   6  train the standard transducer
-#   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8]);
-#      6 and 7 run side by side (--train_jobs 2, one torch thread each).
+#   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8])
+#   8  train the TDT (same encoder/decoder, durations 0..8: the same largest jump);
+#      6, 7 and 8 run side by side (--train_jobs 3, the default: one torch thread each;
+#      on 2 cores the three share the CPUs and finish together, about 1.5x the time of
+#      one training, where 2 + 1 would take 2x). --train_jobs N runs at most N at a
+#      time (in stage order), --train_jobs 1 one after the other with all threads.
 #      --train_procs N trains each model with N DDP processes on this machine (ESPnet's
 #      DDP through the plug-in: gloo, --multiprocessing_distributed true
 #      --dist_world_size N); the configs' batch size is the global one, split among the
-#      processes, so the training is the same. With --train_jobs 2 that makes 2N
-#      processes of one torch thread each; with --train_jobs 1 the N processes share the
-#      CPUs (cpus / N threads each).
-#   8  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
-#      as the multi-blank model's); multi-blank mb_greedy + mb_beam
-#   9  score WER / CER
-#  10  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss plot
+#      processes, so the training is the same. With --train_jobs J > 1 that makes up to
+#      J*N processes of one torch thread each; with --train_jobs 1 the N processes share
+#      the CPUs (cpus / N threads each).
+#   9  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
+#      as the multi-blank model's); multi-blank mb_greedy + mb_beam; TDT tdt_greedy +
+#      tdt_beam
+#  10  score WER / CER
+#  11  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
+#      WER-vs-search-time plots
 set -euo pipefail
 
 recipe=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,7 +41,7 @@ repo=$(cd "$recipe/../../.." && pwd)
 
 # ---------------------------------------------------------------- options
 stage=1
-stop_stage=10
+stop_stage=11
 smoke=false
 dir=$recipe                 # working directory: data/, wav/, exp/ go there
 python=$repo/.venv/bin/python
@@ -45,10 +52,11 @@ num_test=500
 num_real=150                # real-speech utterances per speaker (2 speakers)
 train_config=$recipe/conf/train_standard.yaml
 mb_train_config=$recipe/conf/train_multiblank.yaml
+tdt_train_config=$recipe/conf/train_tdt.yaml
 decode_conf_dir=$repo/conf/decode
 inference_model=valid.loss.ave.pth
 decode_threads=1            # torch threads while decoding (speed comparison)
-train_jobs=2                # 2: train both models at once, one torch thread each
+train_jobs=3                # trainings at once (one torch thread each when > 1)
 train_procs=1               # DDP processes per model (CPU, gloo); 1: no DDP
 train_args=""               # extra arguments for asr_train (both models)
 
@@ -75,6 +83,9 @@ done
 case $train_procs in
   ''|*[!0-9]*|0) echo "--train_procs must be a positive integer, got '$train_procs'" >&2; exit 1 ;;
 esac
+case $train_jobs in
+  ''|*[!0-9]*|0) echo "--train_jobs must be a positive integer, got '$train_jobs'" >&2; exit 1 ;;
+esac
 
 suffix=""
 if $smoke; then
@@ -95,6 +106,15 @@ data=$dir/data$suffix
 exp=$dir/exp$suffix
 done_dir=$exp/.done
 mkdir -p "$exp" "$done_dir"
+# Stage numbers changed when the TDT became stage 8: markers of an older run dir (8
+# decode, 9 score, 10 report) move up by one, so its TDT is trained, not skipped.
+if [ ! -e "$done_dir/layout" ]; then
+  for k in 10 9 8; do
+    if [ -e "$done_dir/$k" ]; then mv "$done_dir/$k" "$done_dir/$((k + 1))"; fi
+  done
+  echo "3 models: 6 standard, 7 multiblank, 8 tdt, 9 decode, 10 score, 11 report" \
+    > "$done_dir/layout"
+fi
 export PYTHONUNBUFFERED=1
 train_cmd=("$python" -m espnet_multiblank.bin.asr_train)
 infer_cmd=("$python" -m espnet_multiblank.bin.asr_inference)
@@ -291,7 +311,7 @@ stage_stats() {
   mv "$stats_dir.tmp" "$stats_dir"
 }
 
-# -------------------------------------------------------- stages 6, 7: training
+# ----------------------------------------------------- stages 6, 7, 8: training
 train_model() {
   local name=$1 config=$2
   local out=$exp/asr_$name
@@ -338,12 +358,49 @@ train_model() {
 }
 stage_train_std() { train_model standard "$train_config"; }
 stage_train_mb() { train_model multiblank "$mb_train_config"; }
+stage_train_tdt() { train_model tdt "$tdt_train_config"; }
 
-# ------------------------------------------------------------ stage 8: decode
+# stage number, name, function of the trainings, in order
+train_stages=(
+  "6 train_standard stage_train_std"
+  "7 train_multiblank stage_train_mb"
+  "8 train_tdt stage_train_tdt"
+)
+# at most $train_jobs trainings at a time, in stage order
+run_trainings() {
+  local spec p rc=0 running pids=()
+  if [ "$train_jobs" -le 1 ]; then
+    for spec in "${train_stages[@]}"; do
+      # shellcheck disable=SC2086
+      run_stage $spec 9
+    done
+    return 0
+  fi
+  for spec in "${train_stages[@]}"; do
+    while :; do  # bash reaps finished children at once: kill -0 fails for them
+      running=0
+      for p in "${pids[@]}"; do
+        if kill -0 "$p" 2>/dev/null; then running=$((running + 1)); fi
+      done
+      [ "$running" -ge "$train_jobs" ] || break
+      sleep 5
+    done
+    # shellcheck disable=SC2086
+    run_stage $spec 9 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do
+    wait "$p" || rc=1
+  done
+  [ $rc -eq 0 ] || die "training failed"
+}
+
+# ------------------------------------------------------------ stage 9: decode
 # model:search pairs; the speed comparison is greedy (standard) vs mb_greedy (multi-blank).
 # standard:mb_greedy runs the plug-in's greedy code on the standard model (no big blanks):
 # the same implementation on both models, which isolates the gain of the big blanks.
-decode_jobs="standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam"
+decode_jobs="standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam
+  tdt:tdt_greedy tdt:tdt_beam"
 stage_decode() {
   local job name search s out
   for job in $decode_jobs; do
@@ -374,7 +431,7 @@ stage_decode() {
   done
 }
 
-# ------------------------------------------------------------- stage 9: score
+# ------------------------------------------------------------ stage 10: score
 stage_score() {
   local job name search s out
   for job in $decode_jobs; do
@@ -388,7 +445,7 @@ stage_score() {
   done
 }
 
-# ------------------------------------------------------------ stage 10: report
+# ----------------------------------------------------------- stage 11: report
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
@@ -396,6 +453,7 @@ stage_report() {
   if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
     cp "$exp/valid_loss.png" "$recipe/valid_loss.png"
+    cp "$exp/wer_vs_search_time.png" "$recipe/wer_vs_search_time.png"
   fi
   log "report: $exp/RESULTS.md"
   cat "$exp/RESULTS.md"
@@ -408,23 +466,10 @@ main() {
   run_stage 3 data_dirs stage_data
   run_stage 4 token_list stage_tokens
   run_stage 5 collect_stats stage_stats
-  if [ "$train_jobs" -gt 1 ]; then
-    # the two trainings are independent: run them side by side, one thread each
-    local p6 p7 rc=0
-    run_stage 6 train_standard stage_train_std 8 &
-    p6=$!
-    run_stage 7 train_multiblank stage_train_mb 8 &
-    p7=$!
-    wait $p6 || rc=1
-    wait $p7 || rc=1
-    [ $rc -eq 0 ] || die "training failed"
-  else
-    run_stage 6 train_standard stage_train_std 8
-    run_stage 7 train_multiblank stage_train_mb 8
-  fi
-  run_stage 8 decode stage_decode
-  run_stage 9 score stage_score
-  run_stage 10 report stage_report
+  run_trainings
+  run_stage 9 decode stage_decode
+  run_stage 10 score stage_score
+  run_stage 11 report stage_report
   log "all done ($SECONDS s)"
 }
 

@@ -1,4 +1,5 @@
-"""Report section "Multi-blank vs standard": the recipe's goals on held-out voices."""
+"""Report sections "Multi-blank vs standard" and "TDT vs multi-blank and standard":
+the recipe's goals on held-out voices."""
 
 #: multi-blank greedy WER may exceed standard greedy WER by at most this (absolute)
 WER_MARGIN = 0.5
@@ -71,5 +72,47 @@ def section(res, test_set):
             f"blanks shorten only the search, so the end-to-end speed-up is at most "
             f"(rest + greedy search) / rest."
         )
+    L.append("")
+    return L
+
+
+def tdt_section(res, test_set):
+    """Markdown lines of the TDT section (greedy searches, batch 1)."""
+    L = ["## TDT vs multi-blank and standard (greedy, held-out voices)", ""]
+    g = res.get(("standard", "greedy", test_set))
+    mb = res.get(("multiblank", "mb_greedy", test_set))
+    tdt = res.get(("tdt", "tdt_greedy", test_set))
+    if not (tdt and tdt[0] and tdt[1]):
+        return L + ["- not available (decodings missing)", ""]
+    if g and g[0]:
+        dwer = tdt[0]["wer"] - g[0]["wer"]
+        L.append(
+            f"- WER: standard {g[0]['wer']:.2f}%, TDT {tdt[0]['wer']:.2f}% (difference "
+            f"{dwer:+.2f} absolute; goal <= +{WER_MARGIN}: {_ok(dwer <= WER_MARGIN)})"
+        )
+    if mb and mb[0]:
+        L.append(f"- WER: multi-blank {mb[0]['wer']:.2f}%, TDT {tdt[0]['wer']:.2f}%")
+    if mb and mb[1] and mb[1].get("search_seconds") and tdt[1].get("search_seconds"):
+        ratio = mb[1]["search_seconds"] / max(tdt[1]["search_seconds"], 1e-9)
+        L.append(
+            f"- search alone, tdt_greedy vs mb_greedy: **{ratio:.2f}x** "
+            f"({tdt[1]['search_seconds']:.2f} s vs {mb[1]['search_seconds']:.2f} s; "
+            f"goal >= 1: {_ok(ratio >= 1)})"
+        )
+    if g and g[1] and g[1].get("search_seconds") and tdt[1].get("search_seconds"):
+        ratio = g[1]["search_seconds"] / max(tdt[1]["search_seconds"], 1e-9)
+        e2e = g[1]["decode_seconds"] / max(tdt[1]["decode_seconds"], 1e-9)
+        L.append(
+            f"- tdt_greedy vs ESPnet's greedy on the standard model: **{ratio:.2f}x** "
+            f"for the search alone, {e2e:.2f}x end to end"
+        )
+    for name, r in (("multi-blank", mb), ("TDT", tdt)):
+        if r and r[1] and r[1].get("total_frames"):
+            st = r[1]
+            skipped = st.get("frames_skipped", st.get("frames_skipped_by_big_blanks"))
+            L.append(
+                f"- {name}: {100 * (skipped or 0) / st['total_frames']:.1f}% of the "
+                "encoder frames skipped by the 1-best paths"
+            )
     L.append("")
     return L

@@ -3,16 +3,20 @@
 import datetime
 import os
 
+#: the last stage before the report (run.sh: 9 decode, 10 score, 11 report)
+LAST_STAGE = 10
 
-def run_span(done_dir):
-    """Seconds from the first stage's start to the last stage's finish (stages 1-9).
+
+def run_span(done_dir, last=LAST_STAGE):
+    """Seconds from the first stage's start to the last stage's finish (stages 1 to
+    ``last``).
 
     Each ``exp/.done/<N>`` holds ``<finish time ISO>, <seconds> s``; None when a marker
     is missing or unreadable (stages run in separate invocations still give a span,
     which then includes the time between them).
     """
     starts, ends = [], []
-    for k in range(1, 10):
+    for k in range(1, last + 1):
         try:
             with open(os.path.join(done_dir, str(k))) as f:
                 stamp, secs = f.read().strip().split(", ")
@@ -31,7 +35,7 @@ def section(exp):
     if not os.path.isdir(done):
         return []
     L = ["## Stage times", "", "| stage | finished, seconds |", "|---|---|"]
-    stages = [k for k in os.listdir(done) if k.isdigit() and int(k) < 10]
+    stages = [k for k in os.listdir(done) if k.isdigit() and int(k) <= LAST_STAGE]
     for k in sorted(stages, key=int):
         L.append(f"| {k} | {open(os.path.join(done, k)).read().strip()} |")
     L.append("")
@@ -39,6 +43,8 @@ def section(exp):
     span = run_span(done)
     if span:
         L.append("")
-        L.append(f"Stages 1-9, first start to last finish: {span / 60:.1f} min.")
+        L.append(
+            f"Stages 1-{LAST_STAGE}, first start to last finish: {span / 60:.1f} min."
+        )
     L.append("")
     return L

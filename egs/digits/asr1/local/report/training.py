@@ -77,13 +77,16 @@ def section(exp, models, train_jobs):
     L.append("")
     if train_jobs > 1:
         L.append(
-            "The two models were trained at the same time, one torch thread each "
-            "(wall-clock training times of each, sharing the machine)."
+            f"The models were trained side by side, at most {train_jobs} at a time, "
+            "one torch thread each (wall-clock training times of each, sharing the "
+            "machine)."
         )
         L.append("")
     L.append(
-        "The two losses are not directly comparable: the multi-blank loss includes "
-        "the big-blank paths and the sigma logit under-normalisation. (ESPnet's "
+        "The losses are not directly comparable: the multi-blank loss includes "
+        "the big-blank paths, the TDT loss the duration log-probabilities (and "
+        "omega's plain RNN-T batches in training), both the sigma logit "
+        "under-normalisation. (ESPnet's "
         "in-training `wer_transducer` in train.log is not a word error rate with "
         "word tokens: it joins the tokens without spaces, so it counts sentences.) "
         "Plot: `valid_loss.png`; ESPnet's own curves: `exp/asr_<model>/images/`."

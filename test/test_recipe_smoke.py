@@ -162,7 +162,8 @@ def test_report(smoke_run):
     work, log = smoke_run
     exp = work / "exp_smoke"
     md = (exp / "RESULTS.md").read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    decoding = md.split("\n## Decoding\n")[1].split("\n## ")[0]  # the main table
+    rows = [line for line in decoding.splitlines() if line.startswith("| ")]
     for m, search in DECODES:
         row = [r for r in rows if r.startswith(f"| {m} | {search} |")]
         assert len(row) == 1, (m, search, md)

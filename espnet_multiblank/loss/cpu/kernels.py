@@ -213,21 +213,20 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
     ST: (B, T, U, K + 1) float64 from pass 1 (log-probs, then 1 / S); when need_grad,
         its valid rows are overwritten with the occupancies W_k of the K transitions
         leaving the node, then the softmax coefficient (gamma + lambda W_label) / S.
-    durations: (N,) int64. lp: (B,) float64 out: log P (0 for T_b = 0 = L_b, -inf for
-    an impossible utterance).
+    durations: (N,) int64, the big blanks' durations.
+    lp: (B,) float64 out: log P (0 for T_b = 0 = L_b, -inf for an impossible
+        utterance).
 
-    Each utterance is copied into private arrays by anti-diagonal (``[n, j]``: node
-    (t = n - u, u = j - 1); they stay in L1/L2) and back: log-probs per transition
-    ``LPf`` and alpha ``ACf``. After the forward sweep ``LPf`` holds, per
-    transition (indexed by its source node), q = exp(alpha(src) + lp - alpha(dest));
-    after the backward sweep W = gamma(dest) q, and ``ACf`` gamma + lambda W_label.
-    The q of the transitions into a node sum to 1, so W(arc) = gamma(dest) q(arc) (the
-    probability of reaching dest through that arc) and gamma(node) = sum of its
-    outgoing W: the backward sweep is multiply-adds of numbers in [0, 1].
+    Per utterance, private arrays by anti-diagonal (``[n, j]``: node (t = n - u,
+    u = j - 1)): ``L`` log-probs of the transitions leaving each node, ``A`` alpha,
+    ``Q`` per transition (indexed by its destination) q = exp(alpha(src) + lp -
+    alpha(dest)), the share of alpha(dest) it brings, ``G`` gamma. The q into a node
+    sum to 1, so a transition's occupancy is W = gamma(dest) q and gamma(node) is the
+    sum of the W leaving it: the backward sweep is multiply-adds of numbers in [0, 1].
     """
     B, T, U, K1 = ST.shape
     K = K1 - 1
-    N = K - 2
+    N = durations.size
     C = U + COLUMN_PAD
     STf = ST.reshape(ST.size)
     uC = np.uint64(C)
@@ -235,7 +234,6 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
     dmax = 1
     for i in range(N):
         dmax = max(dmax, durations[i])
-    R = dmax + 1
     for b in prange(B):
         Tb = act_lens[b]
         Ub = label_lens[b] + 1
@@ -243,130 +241,113 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
             lp[b] = 0.0 if Ub == 1 else _NEG_INF
             continue
         nd = Tb + Ub - 1  # anti-diagonals of valid nodes: 0 .. nd - 1
-        uNDC = np.uint64(nd * C)
-        LPf = np.empty(K * nd * C)
-        ACf = np.empty(nd * C)
-        Lb = np.uint64(0)
-        Ab = np.uint64(0)
-        # in: row-major rows of pass 1 to anti-diagonals (strided loads, contiguous
-        # stores; exact ranges: the loads must stay inside this utterance's rows)
-        sb = np.uint64(b * T * U) * uK1
-        step = np.uint64((U - 1) * K1)
-        for k in range(K):
-            for n in range(nd):
-                jlo, jhi, jend = _diag_range(n, Tb, Ub)
-                # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
-                src = sb + np.uint64(n * U) * uK1 + step + np.uint64(k)  # at j = 0
-                dst = np.uint64(k) * uNDC + np.uint64(n) * uC
-                for j in range(jlo, jhi + _U1):
-                    LPf[dst + j] = STf[src - j * step]
-        # scratch rows, each its own allocation
+        uD = np.uint64(nd * C)  # one plane of nd anti-diagonals
+        # Q and G: anti-diagonals up to nd - 1 + dmax (destinations beyond the valid
+        # nodes: the end node on nd, overshoots further)
+        uDQ = np.uint64((nd + dmax + 1) * C)
+        L = np.empty(K * nd * C)
+        A = np.empty(nd * C)
+        Q = np.empty(K * (nd + dmax + 1) * C)
+        a_new = np.empty(C)
+        mx = np.empty(C)
+        acc = np.empty(C)
         v_blank = np.empty(C)
         v_label = np.empty(C)
         v_big = np.empty(max(N, 1) * C)
-        mx = np.empty(C)
-        acc = np.empty(C)
-        # alpha: log-sum-exp of the transitions into each node; q of each transition
-        ACf[Ab + _U1] = 0.0
+        sb = np.uint64(b * T * U) * uK1  # this utterance's rows in ST
+        _rows_to_diagonals(STf, sb, U, K1, Tb, Ub, L, uD, uC)
+        # forward: alpha(n, j) = LSE of the transitions into the node, and the q of
+        # each of them. Standard RNT-T: two loops per anti-diagonal; with big blanks one
+        # loop per step and big blank (an inner loop over the big blanks, even one of
+        # zero trips, stops LLVM from vectorising the loop around it).
+        A[_U1] = 0.0
         for n in range(1, nd):
             jlo, jhi, jend = _diag_range(n, Tb, Ub)
             un = np.uint64(n)
-            ra = Ab + (un - _U1) * uC
-            rb = Lb + (un - _U1) * uC
-            rl = rb + uNDC
+            rp = (un - _U1) * uC  # anti-diagonal n - 1 (blank and label sources)
+            rq = un * uC
+            if N == 0:
+                for j in range(jlo, jend):
+                    v0 = A[rp + j] + L[rp + j]  # blank from (t - 1, u): needs t >= 1
+                    v0 = v0 if j <= un else _NEG_INF
+                    v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]  # label from (t, u-1)
+                    v1 = v1 if j >= _U2 else _NEG_INF
+                    hi = v0 if v0 > v1 else v1
+                    ok = hi > _NEG_INF
+                    lo = v1 if v0 > v1 else v0
+                    # LSE = hi + log(1 + e); no call under a condition (LLVM would
+                    # not if-convert it, and the loop would not vectorise)
+                    e = exp64(lo - hi if ok else _NEG_INF)
+                    s = 1.0 + e
+                    a_new[j] = hi + log64(s)  # -inf when hi is
+                    q_hi = 1.0 / s
+                    q_hi = q_hi if ok else 0.0
+                    q_lo = e * q_hi
+                    Q[rq + j] = q_hi if v0 > v1 else q_lo
+                    Q[uDQ + rq + j] = q_lo if v0 > v1 else q_hi
+                for j in range(jlo, jend):
+                    A[rq + j] = a_new[j]
+                continue
             for j in range(jlo, jend):
-                v0 = ACf[ra + j] + LPf[rb + j]  # blank from (t - 1, u): needs t >= 1
+                v0 = A[rp + j] + L[rp + j]
                 v0 = v0 if j <= un else _NEG_INF
-                v1 = ACf[ra + j - _U1] + LPf[rl + j - _U1]  # label from (t, u - 1)
+                v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]
                 v1 = v1 if j >= _U2 else _NEG_INF
                 v_blank[j] = v0
                 v_label[j] = v1
                 mx[j] = v0 if v0 > v1 else v1
-            ra = Ab + un * uC
-            if N == 0:
-                # LSE of two terms: max + log(1 + exp(min - max)); q = 1 / (1 + e) for
-                # the larger term, e / (1 + e) for the smaller
-                for j in range(jlo, jend):
-                    v0 = v_blank[j]
-                    v1 = v_label[j]
-                    hi = mx[j]
-                    ok = hi > _NEG_INF
-                    lo = v1 if v0 > v1 else v0
-                    e = exp64(lo - hi) if ok else 0.0
-                    s = 1.0 + e
-                    ACf[ra + j] = hi + log64(s) if ok else _NEG_INF
-                    q_hi = 1.0 / s if ok else 0.0
-                    q_lo = e * q_hi
-                    v_blank[j] = q_hi if v0 > v1 else q_lo
-                    v_label[j] = q_lo if v0 > v1 else q_hi
-            else:
-                for i in range(N):
-                    d = durations[i]
-                    vo = np.uint64(i) * uC
-                    if n < d:
-                        for j in range(jlo, jend):
-                            v_big[vo + j] = _NEG_INF
-                        continue
-                    rs = Ab + np.uint64(n - d) * uC
-                    rg = Lb + np.uint64(2 + i) * uNDC + np.uint64(n - d) * uC
-                    lim = np.uint64(n - d + 1)
-                    for j in range(jlo, jend):
-                        v = ACf[rs + j] + LPf[rg + j]  # big blank from (t - d, u)
-                        v = v if j <= lim else _NEG_INF
-                        v_big[vo + j] = v
-                        mx[j] = v if v > mx[j] else mx[j]
-                for j in range(jlo, jend):
-                    m = mx[j] if mx[j] > _NEG_INF else 0.0
-                    mx[j] = m
-                    e0 = exp64(v_blank[j] - m)
-                    e1 = exp64(v_label[j] - m)
-                    v_blank[j] = e0
-                    v_label[j] = e1
-                    acc[j] = e0 + e1
-                for i in range(N):
-                    vo = np.uint64(i) * uC
-                    for j in range(jlo, jend):
-                        e = exp64(v_big[vo + j] - mx[j])
-                        v_big[vo + j] = e
-                        acc[j] += e
-                for j in range(jlo, jend):
-                    s = acc[j]
-                    ACf[ra + j] = mx[j] + log64(s)  # -inf when s = 0
-                    r = 1.0 / s if s > 0.0 else 0.0
-                    mx[j] = r
-                    v_blank[j] = v_blank[j] * r
-                    v_label[j] = v_label[j] * r
-                for i in range(N):
-                    vo = np.uint64(i) * uC
-                    for j in range(jlo, jend):
-                        v_big[vo + j] = v_big[vo + j] * mx[j]
-            if not need_grad:
-                continue
-            # q of each transition, stored at its source node: one loop per row
-            rb = Lb + (un - _U1) * uC
-            for j in range(jlo, jend):
-                LPf[rb + j] = v_blank[j]
-            rl = rb + uNDC - _U1
-            for j in range(jlo, jend):
-                LPf[rl + j] = v_label[j]
             for i in range(N):
                 d = durations[i]
-                if n < d:
-                    continue
                 vo = np.uint64(i) * uC
-                rg = Lb + np.uint64(2 + i) * uNDC + np.uint64(n - d) * uC
+                if n < d:
+                    for j in range(jlo, jend):
+                        v_big[vo + j] = _NEG_INF
+                    continue
+                rs = np.uint64(n - d) * uC  # big blank from (t - d, u): needs t >= d
+                rg = np.uint64(2 + i) * uD + rs
+                lim = np.uint64(n - d + 1)
                 for j in range(jlo, jend):
-                    LPf[rg + j] = v_big[vo + j]
+                    v = A[rs + j] + L[rg + j]
+                    v = v if j <= lim else _NEG_INF
+                    v_big[vo + j] = v
+                    mx[j] = v if v > mx[j] else mx[j]
+            for j in range(jlo, jend):
+                m = mx[j] if mx[j] > _NEG_INF else 0.0
+                mx[j] = m
+                e0 = exp64(v_blank[j] - m)
+                e1 = exp64(v_label[j] - m)
+                v_blank[j] = e0
+                v_label[j] = e1
+                acc[j] = e0 + e1
+            for i in range(N):
+                vo = np.uint64(i) * uC
+                for j in range(jlo, jend):
+                    e = exp64(v_big[vo + j] - mx[j])
+                    v_big[vo + j] = e
+                    acc[j] += e
+            for j in range(jlo, jend):
+                s = acc[j]
+                A[rq + j] = mx[j] + log64(s)  # -inf when s = 0
+                r = 1.0 / s
+                r = r if s > 0.0 else 0.0
+                mx[j] = r
+                Q[rq + j] = v_blank[j] * r
+                Q[uDQ + rq + j] = v_label[j] * r
+            for i in range(N):
+                vo = np.uint64(i) * uC
+                rg = np.uint64(2 + i) * uDQ + rq
+                for j in range(jlo, jend):
+                    Q[rg + j] = v_big[vo + j] * mx[j]
         # log P: the blank from (T_b - 1, L_b) and big blanks landing exactly on T_b
         jl = np.uint64(Ub)
         r_end = np.uint64(nd - 1) * uC + jl
-        v_end = ACf[Ab + r_end] + LPf[Lb + r_end]
+        v_end = A[r_end] + L[r_end]
         m = v_end
         for i in range(N):
             d = durations[i]
             if Tb >= d:
                 r = np.uint64(nd - d) * uC + jl
-                m = max(m, ACf[Ab + r] + LPf[Lb + np.uint64(2 + i) * uNDC + r])
+                m = max(m, A[r] + L[np.uint64(2 + i) * uD + r])
         if m == _NEG_INF:
             lp[b] = _NEG_INF
             continue
@@ -375,69 +356,97 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
             d = durations[i]
             if Tb >= d:
                 r = np.uint64(nd - d) * uC + jl
-                s += math.exp(ACf[Ab + r] + LPf[Lb + np.uint64(2 + i) * uNDC + r] - m)
+                s += math.exp(A[r] + L[np.uint64(2 + i) * uD + r] - m)
         lP = m + math.log(s)
         lp[b] = lP
         if not need_grad:
             continue
-        # q of the final transitions (their destination is the end node)
-        LPf[Lb + r_end] = math.exp(v_end - lP)
+        # q of the final transitions: their destination is the end node (T_b, L_b),
+        # on anti-diagonal nd
+        r_fin = np.uint64(nd) * uC + jl
+        Q[r_fin] = math.exp(v_end - lP)
         for i in range(N):
             d = durations[i]
+            q = 0.0
             if Tb >= d:
                 r = np.uint64(nd - d) * uC + jl
-                p = Lb + np.uint64(2 + i) * uNDC + r
-                LPf[p] = math.exp(ACf[Ab + r] + LPf[p] - lP)
-        # backward: gamma by anti-diagonal in a ring of dmax + 1 rows; beyond the valid
-        # nodes gamma is 0 except at the end node (T_b, L_b), where it is 1. The
-        # selects drop transitions into such nodes (their q may be anything, even a
-        # label's -inf log-prob on the last row).
-        ring = np.zeros(R * C)
-        ring[np.uint64((nd % R) * C + Ub)] = 1.0
+                q = math.exp(A[r] + L[np.uint64(2 + i) * uD + r] - lP)
+            Q[np.uint64(2 + i) * uDQ + r_fin] = q
+        # backward: gamma by anti-diagonal; 0 beyond the valid nodes except 1 at the
+        # end node. W = gamma(dest) q; the selects drop transitions into nodes with
+        # gamma 0 (their q may be anything, even uninitialised; loaded anyway: a load
+        # under a condition would stop vectorisation)
+        G = np.zeros((nd + dmax + 1) * C)
+        G[r_fin] = 1.0
         for n in range(nd - 1, -1, -1):
             jlo, jhi, jend = _diag_range(n, Tb, Ub)
             un = np.uint64(n)
-            ra = Ab + un * uC
-            rb = Lb + un * uC
-            rl = rb + uNDC
-            rn = np.uint64(((n + 1) % R) * C)
+            rn = (un + _U1) * uC  # anti-diagonal n + 1: blank and label destinations
+            rc = un * uC
             for j in range(jlo, jend):
-                g = ring[rn + j]  # blank -> (t + 1, u)
-                w = g * LPf[rb + j] if g > 0.0 else 0.0
-                LPf[rb + j] = w
-                acc[j] = w
-            for j in range(jlo, jend):
-                g = ring[rn + j + _U1]  # label -> (t, u + 1)
-                w = g * LPf[rl + j] if g > 0.0 else 0.0
-                LPf[rl + j] = w
-                acc[j] += w
+                g = G[rn + j]  # blank -> (t + 1, u)
+                w = g * Q[rn + j]
+                w = w if g > 0.0 else 0.0
+                L[rc + j] = w
+                gam = w
+                g = G[rn + j + _U1]  # label -> (t, u + 1)
+                w = g * Q[uDQ + rn + j + _U1]
+                w = w if g > 0.0 else 0.0
+                L[uD + rc + j] = w
+                mx[j] = gam + w
             for i in range(N):
-                rd = np.uint64(((n + durations[i]) % R) * C)
-                rg = Lb + np.uint64(2 + i) * uNDC + un * uC
+                rd = (un + np.uint64(durations[i])) * uC  # big blank -> (t + d, u)
+                rw = np.uint64(2 + i) * uD + rc
+                rq = np.uint64(2 + i) * uDQ + rd
                 for j in range(jlo, jend):
-                    g = ring[rd + j]  # big blank -> (t + d, u)
-                    w = g * LPf[rg + j] if g > 0.0 else 0.0
-                    LPf[rg + j] = w
-                    acc[j] += w
-            rc = np.uint64((n % R) * C)  # held anti-diagonal n + dmax + 1: done with
-            for j in range(uC):
-                ring[rc + j] = 0.0
+                    g = G[rd + j]
+                    w = g * Q[rq + j]
+                    w = w if g > 0.0 else 0.0
+                    L[rw + j] = w
+                    mx[j] += w
             for j in range(jlo, jend):
-                g = acc[j]
-                ring[rc + j] = g if j <= jhi else 0.0
-                ACf[ra + j] = g + fastemit_lambda * LPf[rl + j]
-        # out: anti-diagonals back to the row-major rows pass 3 reads (strided loads,
-        # contiguous stores)
-        for t in range(Tb):
-            dst = sb + np.uint64(t * U) * uK1
-            cell = np.uint64(t * C + 1)  # node (t, 0); (t, u) is u * (C + 1) further
-            for u in range(Ub):
-                for k in range(K):
-                    STf[dst + np.uint64(k)] = LPf[Lb + np.uint64(k) * uNDC + cell]
-                # coefficient / S: slot K still holds 1 / S from pass 1
-                STf[dst + uK1 - _U1] = ACf[Ab + cell] * STf[dst + uK1 - _U1]
-                dst += uK1
-                cell += uC + _U1
+                mx[j] = mx[j] if j <= jhi else 0.0
+            for j in range(jlo, jend):
+                G[rc + j] = mx[j]
+        _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1)
+
+
+@njit(**_OPTS)
+def _rows_to_diagonals(STf, sb, U, K1, Tb, Ub, L, uD, uC):
+    """The K log-probs of utterance b's valid rows (row-major, from ``STf[sb:]``) to
+    the anti-diagonal planes of ``L`` (strided loads, contiguous stores; exact ranges:
+    the loads must stay inside the utterance's rows)."""
+    step = np.uint64((U - 1) * K1)
+    for k in range(K1 - 1):
+        for n in range(Tb + Ub - 1):
+            jlo, jhi, jend = _diag_range(n, Tb, Ub)
+            # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
+            src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)  # j = 0
+            dst = np.uint64(k) * uD + np.uint64(n) * uC
+            for j in range(jlo, jhi + _U1):
+                L[dst + j] = STf[src - j * step]
+
+
+@njit(**_OPTS)
+def _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1):
+    """The occupancies in ``L`` back to utterance b's row-major rows (slot k < K), and
+    the softmax coefficient (gamma + lambda W_label) / S in slot K, which still holds
+    1 / S from pass 1 (strided loads, contiguous stores)."""
+    uK1 = np.uint64(K1)
+    K = K1 - 1
+    for t in range(Tb):
+        dst = sb + np.uint64(t * U) * uK1
+        cell = np.uint64(t) * uC + _U1  # node (t, 0); (t, u) is u (C + 1) further
+        for u in range(Ub):
+            gam = 0.0
+            for k in range(K):
+                w = L[np.uint64(k) * uD + cell]
+                STf[dst + np.uint64(k)] = w
+                gam += w
+            coef = gam + fastemit_lambda * L[uD + cell]
+            STf[dst + uK1 - _U1] = coef * STf[dst + uK1 - _U1]
+            dst += uK1
+            cell += uC + _U1
 
 
 @njit(parallel=True, **_OPTS)

@@ -2,9 +2,12 @@
 
 The oracles call ESPnet's prediction and joint networks directly, one hypothesis at a
 time, and follow the rules of docs/decoding.md ("TDT searches"): an arc is a token and
-a duration scored ``log_softmax(z[:V])[k] + log_softmax(z[V:])[j]``; a blank never
-takes duration 0; once ``max_sym_per_frame`` labels stayed at a frame every emission
-moves on; an arc moves t to ``min(t + e, T)`` and reaching T ends the hypothesis.
+a duration scored ``log_softmax(z[:V])[k] + log_softmax(z[V:])[j]``; from frame t of T
+a blank takes a duration 1 <= e <= T - t, a label e < T - t (e >= 1 once
+``max_sym_per_frame`` labels stayed at that frame); where nothing is allowed (duration
+sets without 1) the blank takes any duration, clipped at T. ``blank_decision``
+"symbol" emits the most probable arc; "total" the token whose allowed arcs are the
+most probable together, with its most probable duration, scoring that total.
 """
 
 import math
@@ -96,28 +99,44 @@ class Oracle:
     def start(self):
         return self.pred(self.blank, self.dec.init_state(1))
 
-    def arcs(self, enc_t, dec_out, n_stayed, max_sym):
-        """{(k, j): log-prob} of every allowed arc (float64)."""
+    def allowed(self, k, e, n_stayed, max_sym, room):
+        if k == self.blank:
+            return 1 <= e <= room
+        return e < room and (e >= 1 or n_stayed < max_sym)
+
+    def arcs(self, enc_t, dec_out, n_stayed, max_sym, room, decision="symbol"):
+        """{(k, j): score} of every allowed arc ("symbol": its log-prob) or of the
+        best arc of every token ("total": the token's allowed arcs' total)."""
         z = self.joint(enc_t, dec_out).double()
         tok, dur = z[: self.V].log_softmax(-1), z[self.V :].log_softmax(-1)
+        ok = {
+            (k, j)
+            for k in range(self.V)
+            for j, e in enumerate(self.durations)
+            if self.allowed(k, e, n_stayed, max_sym, room)
+        }
+        if not ok:  # nothing fits: any blank, clipped
+            ok = {(self.blank, j) for j, e in enumerate(self.durations) if e >= 1}
+        if decision == "symbol":
+            return {(k, j): float(tok[k] + dur[j]) for k, j in ok}
         out = {}
         for k in range(self.V):
-            for j, e in enumerate(self.durations):
-                if e == 0 and (k == self.blank or n_stayed >= max_sym):
-                    continue
-                out[k, j] = float(tok[k] + dur[j])
+            slots = [j for j in range(len(self.durations)) if (k, j) in ok]
+            if slots:
+                best = max(slots, key=lambda j: float(dur[j]))
+                out[k, best] = float(tok[k] + torch.logsumexp(dur[slots], 0))
         return out
 
 
-def reference_greedy(model, enc, max_sym):
-    """The most probable allowed arc at every step, by enumerating all of them."""
+def reference_greedy(model, enc, max_sym, decision="total"):
+    """The best candidate (``Oracle.arcs``) at every step, by enumerating them all."""
     o = Oracle(model)
     T = enc.size(0)
     t, n, y, score, skipped, long_blanks = 0, 0, [], 0.0, 0, 0
     with torch.no_grad():
         out, state = o.start()
         while t < T:
-            arcs = o.arcs(enc[t], out, n, max_sym)
+            arcs = o.arcs(enc[t], out, n, max_sym, T - t, decision)
             (k, j), lp = max(arcs.items(), key=lambda a: a[1])
             score += lp
             frames = min(o.durations[j], T - t)
@@ -137,18 +156,43 @@ def reference_greedy(model, enc, max_sym):
 DURATION_SETS = [DURS, (1, 2, 4), (0, 2, 3), (3, 0, 1, 2), tuple(range(9))]
 
 
+@pytest.mark.parametrize("decision", ["total", "symbol"])
 @pytest.mark.parametrize("durations", DURATION_SETS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_takes_the_most_probable_allowed_arc(durations, seed):
+def test_greedy_follows_the_documented_rule(durations, seed, decision):
     model = make_model(seed, durations=durations, blank=seed % 3)
-    search = core(model, TDTGreedySearch, max_sym_per_frame=2)
-    enc, _ = enc_batch(seed, [21])
-    got = search.search_one(enc[0])
-    y, score, skipped, long_blanks = reference_greedy(model, enc[0], max_sym=2)
-    assert got.yseq == [model.blank_id] + y
-    assert got.score == pytest.approx(score, rel=1e-5, abs=1e-4)
-    assert (got.frames_skipped, got.big_blank_emissions) == (skipped, long_blanks)
-    assert got.frame == 21
+    search = core(model, TDTGreedySearch, max_sym_per_frame=2, blank_decision=decision)
+    enc, lens = enc_batch(seed, [21, 2, 1])
+    batch = search.search_batch(enc, lens)
+    for b, T in enumerate(lens.tolist()):
+        y, score, skipped, long_blanks = reference_greedy(
+            model, enc[b, :T], max_sym=2, decision=decision
+        )
+        for got in (search.search_one(enc[b, :T]), batch[b]):
+            assert got.yseq == [model.blank_id] + y
+            assert got.score == pytest.approx(score, rel=1e-5, abs=1e-4)
+            assert (got.frames_skipped, got.big_blank_emissions) == (
+                skipped,
+                long_blanks,
+            )
+            assert got.frame == T
+
+
+def test_the_decisions_differ_on_the_fixture():
+    """The two rules give different hypotheses here: the test above can tell them
+    apart."""
+    model = make_model(0)
+    enc, lens = enc_batch(0, [40] * 4)
+    hyps = {
+        d: [
+            h.yseq
+            for h in core(model, TDTGreedySearch, blank_decision=d).search_batch(
+                enc, lens
+            )
+        ]
+        for d in ("total", "symbol")
+    }
+    assert hyps["total"] != hyps["symbol"]
 
 
 @pytest.mark.parametrize("durations", DURATION_SETS)
@@ -186,12 +230,19 @@ def test_the_fixture_exercises_every_kind_of_arc():
         assert model.blank_id not in h.labels
 
 
+@pytest.mark.parametrize("decision", ["total", "symbol"])
 @pytest.mark.parametrize("durations", [DURS, (1, 2, 4), (0, 2, 3)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_size_one_equals_greedy(durations, seed):
+def test_beam_size_one_equals_greedy(durations, seed, decision):
     model = make_model(seed, durations=durations)
-    greedy = core(model, TDTGreedySearch, max_sym_per_frame=2)
-    beam1 = core(model, TDTBeamSearch, beam_size=1, max_sym_per_frame=2)
+    greedy = core(model, TDTGreedySearch, max_sym_per_frame=2, blank_decision=decision)
+    beam1 = core(
+        model,
+        TDTBeamSearch,
+        beam_size=1,
+        max_sym_per_frame=2,
+        blank_decision=decision,
+    )
     enc, lens = enc_batch(seed + 10, [31, 5, 18, 1])
     for b, T in enumerate(lens.tolist()):
         g = greedy.search_one(enc[b, :T])
@@ -216,54 +267,90 @@ def constant_model(tok_bias, dur_bias, durations=DURS):
     return model
 
 
-@pytest.mark.parametrize("T", [1, 3, 10, 12])
-def test_blank_durations_and_frames_skipped(T):
-    """Blank with duration 3 (0 is most probable but a blank cannot stay): 3, 3, ...,
-    the last one clipped at T; frames skipped = T - emissions."""
-    model = constant_model([4.0, 0, 0, 0, 0, 0], [5.0, 0.0, 1.0, 3.0, 2.0])
+@pytest.mark.parametrize("decision", ["total", "symbol"])
+@pytest.mark.parametrize("T", [1, 3, 10, 11, 12])
+def test_blank_durations_and_frames_skipped(T, decision):
+    """Blank with duration 3 (0 is most probable but a blank cannot stay), then the
+    longest that fits: 3, 3, ..., then 2 or 1 landing on T; frames skipped = T -
+    emissions."""
+    tok_bias, dur_bias = [4.0, -20, -20, -20, -20, -20], [5.0, 0.0, 1.0, 3.0, 2.0]
+    model = constant_model(tok_bias, dur_bias)
     enc, lens = enc_batch(0, [T])
     steps = [min(3, T - t) for t in range(0, T, 3)]
-    logp_tok = torch.log_softmax(torch.tensor([4.0, 0, 0, 0, 0, 0]), 0)
-    logp_dur = torch.log_softmax(torch.tensor([5.0, 0.0, 1.0, 3.0, 2.0]), 0)
+    tok = torch.log_softmax(torch.tensor(tok_bias, dtype=torch.float64), 0)
+    dur = torch.log_softmax(torch.tensor(dur_bias, dtype=torch.float64), 0)
+    if decision == "symbol":
+        expected = sum(float(tok[0] + dur[e]) for e in steps)
+    else:  # a blank step scores the blank's allowed durations: 1 .. min(4, T - t)
+        expected = sum(
+            float(tok[0] + torch.logsumexp(dur[1 : min(4, T - t) + 1], 0))
+            for t in range(0, T, 3)
+        )
     for search in (
-        core(model, TDTGreedySearch),
-        core(model, TDTBeamSearch, beam_size=1),
+        core(model, TDTGreedySearch, blank_decision=decision),
+        core(model, TDTBeamSearch, beam_size=1, blank_decision=decision),
     ):
         h = search.search_batch(enc, lens)[0]
         assert h.yseq == [0] and h.frame == T
         assert h.frames_skipped == sum(s - 1 for s in steps) == T - len(steps)
         assert h.big_blank_emissions == sum(s > 1 for s in steps)
-        expected = len(steps) * float(logp_tok[0] + logp_dur[3])
         assert h.score == pytest.approx(expected, rel=1e-5)
 
 
-def test_labels_move_by_their_duration():
-    """A label with duration 2 at every step: labels at frames 0, 2, 4, 6 (the last
-    clipped at T = 7); frames skipped 3, no long blanks."""
-    model = constant_model([0, 0, 4.0, 0, 0, 0], [0, 0, 3.0, 0, 0])
-    enc, lens = enc_batch(1, [7])
-    for search in (core(model, TDTGreedySearch), core(model, TDTBeamSearch)):
+@pytest.mark.parametrize("T, labels, skipped", [(7, 3, 3), (8, 3, 4)])
+def test_labels_move_by_their_duration_and_a_blank_ends(T, labels, skipped):
+    """Label "2" with duration 2 at frames 0, 2, 4; at frame 6 no label may land on or
+    past T, so a blank ends the path (T = 8: the blank covers 2 frames). With the
+    clip rule the label at frame 6 is emitted and clipped."""
+    model = constant_model(
+        [math.log(0.4), -20, math.log(0.6), -20, -20, -20], [-3, 0, 3, -3, -3]
+    )
+    enc, lens = enc_batch(1, [T])
+    for search in (
+        core(model, TDTGreedySearch),
+        core(model, TDTGreedySearch, blank_decision="symbol"),
+        core(model, TDTBeamSearch, beam_size=1),
+    ):
         h = search.search_batch(enc, lens)[0]
-        assert h.yseq == [0, 2, 2, 2, 2] and h.frame == 7
-        assert (h.frames_skipped, h.big_blank_emissions) == (3, 0)
+        assert h.yseq == [0] + [2] * labels and h.frame == T
+        assert h.frames_skipped == skipped
+        assert h.big_blank_emissions == int(T == 8)
+    h = core(model, TDTGreedySearch, end_rule="clip").search_batch(enc, lens)[0]
+    assert h.yseq == [0] + [2] * (labels + 1) and h.frame == T
 
 
 @pytest.mark.timeout(120)  # without the guard the search would never end
 def test_guard_makes_labels_move():
     """A label with duration 0 is always best: after max_sym_per_frame of them at a
-    frame, the label takes its best duration >= 1 (here 2), then stays again."""
+    frame the label takes its best duration >= 1 that lands before T (2, then 1 at
+    frame 4 of 6); at frame 5 labels can only stay, and after max_sym_per_frame of
+    them the blank (duration 1) ends the path."""
     model = constant_model([0, 0, 0, 4.0, 0, 0], [6.0, 0, 3.0, 1.0, 0])
     enc, lens = enc_batch(2, [6])
     for max_sym in (1, 3):
-        per_frame = max_sym + 1  # max_sym stay, the next one moves by 2
-        want = [0] + [3] * (per_frame * 3)
+        want = [0] + [3] * (3 * (max_sym + 1) + max_sym)
         for search in (
             core(model, TDTGreedySearch, max_sym_per_frame=max_sym),
             core(model, TDTBeamSearch, beam_size=1, max_sym_per_frame=max_sym),
         ):
             h = search.search_batch(enc, lens)[0]
             assert h.yseq == want, (max_sym, type(search).__name__)
-            assert h.frames_skipped == 3
+            assert h.frames_skipped == 2 and h.frame == 6
+
+
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_durations_without_one_still_end(T):
+    """Durations [0, 2, 3]: from T - 1 no blank fits; labels stay up to the guard,
+    then the best blank is clipped at T (the documented fallback)."""
+    model = constant_model(
+        [3.0, 0.5, 0.4, 0.3, 0.2, 0.1], [0.0, 2.0, 1.0], durations=(0, 2, 3)
+    )
+    enc, lens = enc_batch(3, [T])
+    for search in (core(model, TDTGreedySearch), core(model, TDTBeamSearch)):
+        h = search.search_batch(enc, lens)[0]
+        assert h.frame == T
+    y, *_ = reference_greedy(model, enc[0, :T], max_sym=10)
+    assert core(model, TDTGreedySearch).search_one(enc[0, :T]).labels == y
 
 
 # ------------------------------------------------------------ beam: the documented rule
@@ -279,7 +366,7 @@ def enumerate_paths(model, enc, max_sym):
         if t == T:
             paths.setdefault(y, []).append(lp)
             return
-        for (k, j), a in o.arcs(enc[t], out, n, max_sym).items():
+        for (k, j), a in o.arcs(enc[t], out, n, max_sym, T - t).items():
             frames = min(o.durations[j], T - t)
             new_t, new_n = (t, n + 1) if frames == 0 else (t + frames, 0)
             if k == o.blank:
@@ -318,7 +405,7 @@ def test_wide_beam_equals_exhaustive_search(durations, seed):
             assert h.score <= exact[tuple(h.labels)] + 1e-5
 
 
-def reference_beam(model, enc, beam, max_sym):
+def reference_beam(model, enc, beam, max_sym, decision="symbol"):
     """The TDT beam search of docs/decoding.md written again, one hypothesis at a
     time (no search code). Returns [(labels, score, long blanks, frames skipped)]."""
     o = Oracle(model)
@@ -349,7 +436,8 @@ def reference_beam(model, enc, beam, max_sym):
             while current:
                 cands = []
                 for a, h in enumerate(current):
-                    for (k, j), lp in o.arcs(enc[t], h["out"], h["n"], max_sym).items():
+                    arcs = o.arcs(enc[t], h["out"], h["n"], max_sym, T - t, decision)
+                    for (k, j), lp in arcs.items():
                         cands.append((h["s"] + lp, a, k, j))
                 cands = sorted(cands, key=lambda c: -c[0])[:beam]
                 ahead = sorted((h["s"] for h in queues[t + 1].values()), reverse=True)
@@ -374,18 +462,24 @@ def reference_beam(model, enc, beam, max_sym):
     return [(h["y"], h["s"], h["big"], h["skip"]) for h in queues[T].values()]
 
 
+@pytest.mark.parametrize("decision", ["symbol", "total"])
 @pytest.mark.parametrize("durations", [DURS, (1, 2), (0, 3)])
 @pytest.mark.parametrize("beam_size", [2, 3, 4])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_small_beams_follow_the_documented_rule(durations, beam_size, seed):
+def test_small_beams_follow_the_documented_rule(durations, beam_size, seed, decision):
     """Exact n-best (labels, scores, long blanks, frames skipped) against the rule
     written again (per-frame top-B cut, B best arcs per expansion, staying labels
     below the B-th best hypothesis queued at t + 1 dropped, merging by log-add)."""
     model = make_model(seed, durations=durations, vocab=5, blank_bias=-0.5)
     enc, _ = enc_batch(seed + 40, [11])
-    want = reference_beam(model, enc[0], beam_size, max_sym=2)
+    want = reference_beam(model, enc[0], beam_size, max_sym=2, decision=decision)
     got = core(
-        model, TDTBeamSearch, beam_size=beam_size, nbest=1000, max_sym_per_frame=2
+        model,
+        TDTBeamSearch,
+        beam_size=beam_size,
+        nbest=1000,
+        max_sym_per_frame=2,
+        blank_decision=decision,
     )(enc[0])
     want.sort(key=lambda w: -w[1])
     assert len(want) > 1
@@ -398,7 +492,8 @@ def test_small_beams_follow_the_documented_rule(durations, beam_size, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_beam_score_not_below_greedy(seed):
     model = make_model(seed, blank_bias=0.0)
-    greedy = core(model, TDTGreedySearch)
+    # scores of path log-probabilities on both sides
+    greedy = core(model, TDTGreedySearch, blank_decision="symbol")
     enc, lens = enc_batch(100 + seed, [25, 12])
     for beam_size in (2, 4, 8):
         beam = core(model, TDTBeamSearch, beam_size=beam_size)
@@ -409,17 +504,20 @@ def test_beam_score_not_below_greedy(seed):
 
 
 def test_score_norm_and_nbest():
-    model = make_model(3, blank_bias=0.0)
-    enc, _ = enc_batch(9, [14])
-    plain = core(model, TDTBeamSearch, beam_size=4, nbest=100)(enc[0])
-    normed = core(model, TDTBeamSearch, beam_size=4, nbest=100, score_norm=True)
-    want = sorted(plain, key=lambda h: h.score / len(h.yseq), reverse=True)
-    got = normed(enc[0])
-    assert [(h.yseq, h.score) for h in got] == [(h.yseq, h.score) for h in want]
-    assert [h.yseq for h in want] != [h.yseq for h in plain]  # the case tells
-    scores = [h.score for h in plain]
-    assert scores == sorted(scores, reverse=True)
-    assert len({tuple(h.yseq) for h in plain}) == len(plain)
+    differ = 0
+    for seed in range(6):
+        model = make_model(seed, blank_bias=1.0)
+        enc, _ = enc_batch(9 + seed, [14])
+        plain = core(model, TDTBeamSearch, beam_size=4, nbest=100)(enc[0])
+        normed = core(model, TDTBeamSearch, beam_size=4, nbest=100, score_norm=True)
+        want = sorted(plain, key=lambda h: h.score / len(h.yseq), reverse=True)
+        got = normed(enc[0])
+        assert [(h.yseq, h.score) for h in got] == [(h.yseq, h.score) for h in want]
+        differ += [h.yseq for h in want] != [h.yseq for h in plain]
+        scores = [h.score for h in plain]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.yseq) for h in plain}) == len(plain)
+    assert differ  # the cases tell the two rankings apart
 
 
 # ------------------------------------------------------------------- the factory

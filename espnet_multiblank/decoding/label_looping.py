@@ -52,7 +52,7 @@ import torch
 from espnet_multiblank.decoding.base import TransducerSearch, check_positive_int
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
-from espnet_multiblank.decoding.tdt import TDTSearchMixin
+from espnet_multiblank.decoding.tdt import TDT_GREEDY_DECISION, TDTSearchMixin
 from espnet_multiblank.lattice import TDTLattice
 
 
@@ -449,16 +449,17 @@ class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
         stepper,
         lattice: TDTLattice,
         max_sym_per_frame: int = 10,
+        blank_decision: str = TDT_GREEDY_DECISION,
         window: Optional[int] = None,
     ):
         super().__init__(
             stepper, lattice, max_sym_per_frame=max_sym_per_frame, window=window
         )
+        self.blank_decision = check_blank_decision(blank_decision)
 
     def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
-        # the frame-looping search's step: TDTSymbolTable's best arc, clipped at T
+        # the frame-looping search's step: TDTSymbolTable.step
         tok, dur = table.log_probs(self.stepper.joint(enc_rows, dec_proj))
         guard = num_sym >= self.max_sym_per_frame
-        symbol, slot, score, is_label = table.best_arcs(tok, dur, guard)
-        frames = torch.minimum(table.durations[slot], length - frame)
-        return Arcs(symbol, frames, score, is_label)
+        arcs = table.step(tok, dur, length - frame, guard, self.blank_decision)
+        return Arcs(arcs.symbol, arcs.frames, arcs.score, arcs.is_label)

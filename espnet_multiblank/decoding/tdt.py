@@ -2,26 +2,25 @@
 
 Algorithm (``docs/decoding.md``, "TDT searches"): a hypothesis sits at frame t with
 label history y. The joint network gives token log-probabilities ``tok`` (V) and
-duration log-probabilities ``dur`` (D) for ``(enc[t], pred(y))``; the search emits the
-most probable allowed arc (token k, duration e_j), scored ``tok[k] + dur[j]``:
+duration log-probabilities ``dur`` (D) for ``(enc[t], pred(y))``, and the search emits
+one allowed arc (token k, duration e_j), chosen by ``blank_decision``
+(:mod:`~espnet_multiblank.decoding.tdt_table`): ``"total"`` (default) the most probable
+token, each counted with the total probability of the durations it may take, then its
+most probable allowed duration; ``"symbol"`` the most probable allowed arc
+``tok[k] + dur[j]``. Allowed: a blank takes durations >= 1 that do not pass T; a label
+takes durations that land before T (>= 1 once ``max_sym_per_frame`` labels stayed at
+this frame). A label extends y (the prediction network advances); every arc moves t
+to ``t + e_j``; the hypothesis ends when it reaches T, always with a blank, as a path
+of the loss's lattice.
 
-* the best label arc: the best label token with the best duration (any; a duration
-  >= 1 once ``max_sym_per_frame`` labels stayed at this frame);
-* the best blank arc: the blank with the best duration >= 1 (a blank never stays);
-* the more probable of the two (a tie goes to the blank). Token and duration are
-  independent, so this is the most probable arc of the lattice at that node.
-
-A label extends y (the prediction network advances); every arc moves t to
-``min(t + e_j, T)``; the hypothesis ends when it reaches T (an arc that would overshoot
-is clipped at T). The batched search takes the same step for every active utterance
-at once (one joint call; one prediction-network call for the rows that emitted a
-label), each utterance advancing by its own duration.
+The batched search takes the same step for every active utterance at once (one joint
+call; one prediction-network call for the rows that emitted a label), each utterance
+advancing by its own duration; both choose the same arcs (tested).
 
 Differences from NeMo's TDT greedy search (token arg-max first, then duration
-arg-max, a blank with duration 0 moved by 1 frame): only when the blank is the most
-probable token and 0 the most probable duration, which no path of the lattice can
-take; there NeMo moves the blank by one frame, and this search compares the best blank
-arc (its best duration >= 1) with the best label arc (duration 0).
+arg-max; a blank with duration 0 moved by one frame; durations that overshoot T end
+the utterance): here a token counts with the durations it may take (a blank's
+probability excludes duration 0), and a path ends with a blank landing on T.
 """
 
 from typing import List
@@ -30,17 +29,30 @@ import torch
 
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
+from espnet_multiblank.decoding.symbols import check_blank_decision, log_sum_exp
+from espnet_multiblank.decoding.tdt_table import END_RULES, TDTSymbolTable
 from espnet_multiblank.lattice import TDTLattice
+
+#: the TDT searches' default ``blank_decision`` (chosen on the digits dev set)
+TDT_GREEDY_DECISION = "total"
 
 
 class TDTSearchMixin:
-    """What the TDT searches share: the lattice type and the symbol table."""
+    """What the TDT searches share: the lattice type, the end rule and the symbol
+    table."""
 
     lattice_types = (TDTLattice,)
+    end_rule = "exact"
+
+    def _set_end_rule(self, end_rule: str) -> None:
+        if end_rule not in END_RULES:
+            raise ValueError(f"end_rule must be one of {END_RULES}, got {end_rule!r}")
+        self.end_rule = end_rule
 
     def make_table(self, device: torch.device) -> TDTSymbolTable:
-        return TDTSymbolTable(self.lattice, self.stepper.vocab_size, device)
+        return TDTSymbolTable(
+            self.lattice, self.stepper.vocab_size, device, end_rule=self.end_rule
+        )
 
 
 class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
@@ -49,21 +61,51 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch` with a
     :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D;
     ``nbest`` is 1). ``max_sym_per_frame``: labels that may stay (duration 0) at one
-    frame; after that every emission moves on.
+    frame; after that every emission moves on. ``blank_decision``: ``"total"``
+    (default) or ``"symbol"``. ``end_rule``: ``"exact"`` (default, the lattice's) or
+    ``"clip"`` (every duration allowed, clipped at T;
+    :class:`~espnet_multiblank.decoding.tdt_table.TDTSymbolTable`).
     """
 
     batched = True
 
-    def __init__(self, stepper, lattice: TDTLattice, max_sym_per_frame: int = 10):
+    def __init__(
+        self,
+        stepper,
+        lattice: TDTLattice,
+        max_sym_per_frame: int = 10,
+        blank_decision: str = TDT_GREEDY_DECISION,
+        end_rule: str = "exact",
+    ):
         super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
         self.beam_size = 1
+        self.blank_decision = check_blank_decision(blank_decision)
+        self._set_end_rule(end_rule)
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         return [self.search_one(enc_out)]
 
+    def _slot_sets(self, table: TDTSymbolTable):
+        """{(min(T - t, R + 1), guarded): (blank slots, label slots)}: the allowed
+        duration slots as Python lists, from :meth:`TDTSymbolTable.allowed`."""
+        R = table.max_frames
+        room = torch.arange(1, R + 2, device=table.durations.device).repeat(2)
+        guard = torch.arange(room.numel(), device=room.device) >= R + 1
+        blank_ok, label_ok = table.allowed(room, guard)
+        out = {}
+        for r, g, b, lab in zip(
+            room.tolist(), guard.tolist(), blank_ok.tolist(), label_ok.tolist()
+        ):
+            out[r, g] = (
+                [j for j, ok in enumerate(b) if ok],
+                [j for j, ok in enumerate(lab) if ok],
+            )
+        return out
+
     @torch.no_grad()
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
-        """Greedy search for one utterance (a plain Python loop: no batch overhead).
+        """Greedy search for one utterance (a plain Python loop: no batch overhead;
+        the same arcs as :meth:`TDTSymbolTable.step`).
 
         Args:
             enc_out: (T, D_enc) encoder output.
@@ -73,7 +115,18 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
         stepper = self.stepper
         V, blank = table.num_tokens, table.blank
         durations = table.durations_list
-        move_slots = [j for j, e in enumerate(durations) if e >= 1]
+        slot_sets = self._slot_sets(table)
+        R1 = table.max_frames + 1
+        max_sym = self.max_sym_per_frame
+        total = self.blank_decision == "total"
+        neg = float("-inf")
+
+        def best(d, slots):  # (value, slot) of the allowed durations
+            if not slots:
+                return neg, -1
+            j = max(slots, key=d.__getitem__)
+            return (log_sum_exp([d[i] for i in slots]) if total else d[j]), j
+
         T = enc_out.size(0)
         enc_proj = stepper.project_enc(enc_out)  # (T, J)
         dec_proj, state = self.start(1, device)
@@ -82,38 +135,37 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
             t = hyp.frame
             tok, dur = table.log_probs(stepper.joint(enc_proj[t : t + 1], dec_proj))
             d = dur[0].tolist()  # D floats
-            j_move = max(move_slots, key=d.__getitem__)
-            if table.has_zero and hyp.num_sym_frame < self.max_sym_per_frame:
-                j_label = max(range(len(d)), key=d.__getitem__)
-            else:
-                j_label = j_move
-            # the best label and, when it matters, the blank: among the two best tokens
+            blank_slots, label_slots = slot_sets[
+                min(T - t, R1), hyp.num_sym_frame >= max_sym
+            ]
+            b_val, b_j = best(d, blank_slots)
+            l_val, l_j = best(d, label_slots)
+            # the best label token and the blank's, from the two best tokens
             if V > 1:
-                top_v, top_k = tok[0].topk(2)
-                (v0, v1), (k0, k1) = top_v.tolist(), top_k.tolist()
+                (v0, v1), (k0, k1) = (x.tolist() for x in tok[0].topk(2))
                 if k0 == blank:
                     label_k, label_tok, blank_tok = k1, v1, v0
-                else:  # a blank below the two best tokens cannot beat the best label,
-                    # whose best duration is at least as probable as the blank's
+                else:
                     label_k, label_tok = k0, v0
-                    blank_tok = v1 if k1 == blank else float("-inf")
+                    blank_tok = v1 if k1 == blank else None
+                    if blank_tok is None and b_val > l_val:  # not decided by order
+                        blank_tok = float(tok[0, blank])
             else:
-                label_k, label_tok, blank_tok = -1, float("-inf"), float(tok[0, 0])
-            label_score = label_tok + d[j_label]
-            blank_score = blank_tok + d[j_move]
-            if label_score > blank_score:
+                label_k, label_tok, blank_tok = -1, neg, float(tok[0, 0])
+            label_score = label_tok + l_val
+            if blank_tok is None or label_score > blank_tok + b_val:
                 hyp.score += label_score
                 hyp.yseq.append(label_k)
                 label = torch.full((1,), label_k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
-                frames = min(durations[j_label], T - t)
+                frames = min(durations[l_j], T - t)
                 if frames == 0:
                     hyp.num_sym_frame += 1
                 else:
                     hyp.advance(frames, is_label=True)
             else:
-                hyp.score += blank_score
-                hyp.advance(min(durations[j_move], T - t))
+                hyp.score += blank_tok + b_val
+                hyp.advance(min(durations[b_j], T - t))
         hyp.dec_state = state
         hyp.dec_proj = dec_proj[0]
         return hyp
@@ -147,14 +199,12 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
                 stepper.joint(enc_proj[active, t], dec_proj[active])
             )
             guard = hyps.num_sym[active] >= self.max_sym_per_frame
-            k, j, logp, is_label = table.best_arcs(tok, dur, guard)
-            # clipped at T: an arc that would overshoot ends the hypothesis
-            frames = torch.minimum(table.durations[j], lens[active] - t)
-            hyps.record(active, k, frames, logp, is_label)
-            if bool(is_label.any()):
-                rows = active[is_label]
+            arcs = table.step(tok, dur, lens[active] - t, guard, self.blank_decision)
+            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, arcs.is_label)
+            if bool(arcs.is_label.any()):
+                rows = active[arcs.is_label]
                 new_proj, new_state = stepper.step(
-                    k[is_label], stepper.select_state(state, rows)
+                    arcs.symbol[arcs.is_label], stepper.select_state(state, rows)
                 )
                 dec_proj[rows] = new_proj
                 stepper.scatter_state(state, rows, new_state)

@@ -3,21 +3,23 @@
 The frame-synchronous beam search of :mod:`espnet_multiblank.decoding.beam` (one queue
 ``Q[t]`` per frame position, keyed by the label sequence, merging by log-add, per-frame
 top-B cut) with the arcs of a token-and-duration transducer (``docs/decoding.md``,
-"TDT searches"). An expansion of the hypotheses C at frame t scores every allowed arc
-(h, token k, duration e_j) as ``score(h) + tok[k] + dur[j]`` and keeps the B best of all
-of them; then
+"TDT searches"). An expansion of the hypotheses C at frame t scores every candidate of
+every hypothesis h (:meth:`TDTSymbolTable.candidates`: with ``blank_decision:
+"symbol"`` every allowed arc (token k, duration e_j), scored ``score(h) + tok[k] +
+dur[j]``; with ``"total"`` one per token, scored with its total over the durations it
+may take and placed at its most probable one) and keeps the B best of all of them;
+then
 
-* blank, duration e          -> insert (y, score) into Q[min(t + e, T)];
+* blank, duration e          -> insert (y, score) into Q[t + e];
 * label k, duration e >= 1   -> y + [k] (one batched prediction-network step for all
-                                kept labels), inserted into Q[min(t + e, T)];
+                                kept labels), inserted into Q[t + e];
 * label k, duration 0        -> y + [k] stays at frame t and forms the next C, unless
                                 it scores below the B-th best hypothesis already in
                                 Q[t + 1].
 
-Allowed arcs are those of the greedy search: a blank never takes duration 0, and a
-hypothesis whose ``max_sym_per_frame`` labels stayed at frame t takes no duration 0;
-an arc that would overshoot T is clipped at T (it ends the hypothesis). With B = 1
-each expansion keeps the most probable allowed arc, which is the TDT greedy search.
+Allowed arcs are those of the greedy search (a blank takes durations >= 1 up to T, a
+label lands before T, ``max_sym_per_frame`` labels at most stay at one frame). With
+B = 1 each expansion keeps the greedy search's arc (same ``blank_decision``).
 """
 
 from typing import List, Optional
@@ -29,13 +31,41 @@ from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.tdt import TDTSearchMixin
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 
+#: the TDT beam search's default ``blank_decision`` (chosen on the digits dev set)
+TDT_BEAM_DECISION = "symbol"
+
 
 class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
     """Frame-synchronous TDT beam search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, with a
-    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D).
+    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D);
+    ``blank_decision`` (default ``"symbol"``: a beam that prunes nothing returns the
+    exact probability of every label sequence) and ``end_rule`` as for
+    :class:`~espnet_multiblank.decoding.TDTGreedySearch`.
     """
+
+    def __init__(
+        self,
+        stepper,
+        lattice,
+        beam_size: int = 4,
+        nbest: int = 1,
+        max_sym_per_frame: int = 10,
+        score_norm: bool = False,
+        blank_decision: str = TDT_BEAM_DECISION,
+        end_rule: str = "exact",
+    ):
+        super().__init__(
+            stepper,
+            lattice,
+            beam_size=beam_size,
+            nbest=nbest,
+            max_sym_per_frame=max_sym_per_frame,
+            score_norm=score_norm,
+            blank_decision=blank_decision,
+        )
+        self._set_end_rule(end_rule)
 
     def _expand(
         self,
@@ -64,14 +94,20 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
         guard = torch.tensor(
             [h.num_sym_frame >= self.max_sym_per_frame for h in current], device=device
         )
-        arcs = table.arc_scores(tok, dur, guard)  # (A, V, D)
+        room = torch.full((A,), T - t, dtype=torch.long, device=device)
+        scores, tokens, slots = table.candidates(
+            tok, dur, room, guard, self.blank_decision
+        )  # (A, N)
         base = torch.tensor([h.score for h in current], dtype=torch.float64)
-        cand = base.to(device).view(A, 1, 1) + arcs.double()
-        D = table.num_durations
-        VD = cand.size(1) * D
-        top_scores, top_idx = cand.view(-1).topk(min(B, A * VD))
+        cand = base.to(device).unsqueeze(1) + scores.double()
+        N = cand.size(1)
+        top_scores, top_idx = cand.view(-1).topk(min(B, A * N))
         keep = torch.isfinite(top_scores)
-        top_scores, top_idx = top_scores[keep].tolist(), top_idx[keep].tolist()
+        top_idx = top_idx[keep]
+        top_scores = top_scores[keep].tolist()
+        top_tokens = tokens.reshape(-1)[top_idx].tolist()
+        top_slots = slots.reshape(-1)[top_idx].tolist()
+        top_rows = (top_idx // N).tolist()
 
         # labels that stay must beat the B-th best hypothesis already queued at t + 1
         nxt = queues[t + 1] if t + 1 < len(queues) else None
@@ -80,9 +116,7 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
             floor = sorted((h.score for h in nxt.values()), reverse=True)[B - 1]
 
         labels = []  # (parent index, token, frames, score)
-        for score, flat in zip(top_scores, top_idx):
-            a, rest = divmod(flat, VD)
-            k, j = divmod(rest, D)
+        for score, a, k, j in zip(top_scores, top_rows, top_tokens, top_slots):
             parent = current[a]
             frames = min(table.durations_list[j], T - t)
             if k != table.blank:
@@ -100,7 +134,6 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
             )
             child.advance(frames)
             self._insert(queues[child.frame], child)
-
         if not labels:
             return []
         states = stepper.cat_states([current[a].dec_state for a, _, _, _ in labels])

@@ -1,25 +1,53 @@
-"""Token-and-duration transducer (TDT) symbols as tensors, and the allowed arcs.
+"""Token-and-duration transducer (TDT) symbols as tensors, the allowed arcs, and how a
+search decides between them.
 
 Built from :class:`espnet_multiblank.lattice.TDTLattice` (the owner of the rules): the
 joint network outputs ``V`` token logits (the blank at ``blank``) followed by
-``D = len(durations)`` duration logits; an arc emits a token *and* a duration, with
-log-probability ``log_softmax(z[:V])[k] + log_softmax(z[V:])[j]``. A blank takes only
-durations >= 1; a label takes any (0 keeps the frame).
+``D = len(durations)`` duration logits; an arc emits a token *and* a duration ``e``,
+with log-probability ``tok[k] + dur[j] = log_softmax(z[:V])[k] +
+log_softmax(z[V:])[j]``. A blank takes only durations >= 1; a label takes any (0 keeps
+the frame). The searches add (``docs/decoding.md``, "TDT searches"):
 
-What the searches add to the lattice (``docs/decoding.md``, "TDT searches"):
-
-* **guard**: once ``max_sym_per_frame`` labels were emitted at a frame without moving,
-  a label must take a duration >= 1 there (every emission moves on);
-* **end rule**: an arc from frame ``t`` with duration ``e`` covers
-  ``min(e, T - t)`` frames; reaching ``T`` ends the hypothesis, whether the arc is a
-  blank or a label (an overshooting duration is clipped at ``T``).
+* **end rule** (the lattice's, as for big blanks): from frame t of an utterance with T
+  frames, a blank may take ``e <= T - t`` (landing on T completes the hypothesis) and
+  a label ``e < T - t`` (a label never lands on T: a blank must end the path). Only
+  when a duration set without 1 leaves no allowed arc at all does the most probable
+  blank take a longer duration; it then ends the hypothesis (clipped at T).
+* **guard**: once ``max_sym_per_frame`` labels stayed at one frame (duration 0), a
+  label must take a duration >= 1 there.
+* **decision** (``blank_decision``): ``"total"``: every token counts with the total
+  probability of its allowed durations (``tok[k] + logsumexp(dur[allowed])``); the
+  most probable token is emitted with its most probable allowed duration, and the step
+  scores that total. ``"symbol"``: the most probable allowed arc, scored with its own
+  log-probability (scores are lattice path log-probabilities).
 """
 
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 import torch
 
 from espnet_multiblank.lattice import TDTLattice
+
+#: ``end_rule`` values: the lattice's (default) or clip every arc at T
+END_RULES = ("exact", "clip")
+
+
+class Arcs(NamedTuple):
+    """One arc per row.
+
+    Attributes:
+        symbol: (A,) long token.
+        slot: (A,) long duration slot j.
+        frames: (A,) long frames the arc covers (its duration, clipped at T).
+        score: (A,) score of the step (``blank_decision``).
+        is_label: (A,) bool.
+    """
+
+    symbol: torch.Tensor
+    slot: torch.Tensor
+    frames: torch.Tensor
+    score: torch.Tensor
+    is_label: torch.Tensor
 
 
 class TDTSymbolTable:
@@ -29,6 +57,9 @@ class TDTSymbolTable:
         lattice: The lattice.
         vocab_size: ``V + D``, the joint network's output size.
         device: Where the tensors live.
+        end_rule: ``"exact"`` (the lattice's end rule, module docstring) or
+            ``"clip"`` (every duration allowed; an arc that reaches or passes T ends
+            the hypothesis, as NeMo's TDT greedy search does).
 
     Attributes:
         num_tokens: V.
@@ -39,9 +70,18 @@ class TDTSymbolTable:
         max_frames: The longest duration.
     """
 
-    def __init__(self, lattice: TDTLattice, vocab_size: int, device: torch.device):
+    def __init__(
+        self,
+        lattice: TDTLattice,
+        vocab_size: int,
+        device: torch.device,
+        end_rule: str = "exact",
+    ):
         lattice.check_vocab_size(vocab_size)
+        if end_rule not in END_RULES:
+            raise ValueError(f"end_rule must be one of {END_RULES}, got {end_rule!r}")
         self.lattice = lattice
+        self.end_rule = end_rule
         self.blank = lattice.blank
         self.num_durations = lattice.num_durations
         self.num_tokens = vocab_size - self.num_durations
@@ -50,14 +90,8 @@ class TDTSymbolTable:
         self.durations_list = list(lattice.durations)
         self.moves = self.durations >= 1
         self.max_frames = lattice.max_frames
-        self.has_zero = 0 in lattice.durations
-        neg = float("-inf")
-        # additive masks: 0 where allowed, -inf where not
-        stay = torch.zeros(self.num_durations)
-        stay[durations == 0] = neg
-        self.stay_mask = stay.to(device)  # (D,), -inf on duration 0
         label = torch.zeros(self.num_tokens)
-        label[self.blank] = neg
+        label[self.blank] = float("-inf")
         self.label_mask = label.to(device)  # (V,), -inf on the blank
 
     def log_probs(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -74,58 +108,108 @@ class TDTSymbolTable:
         V = self.num_tokens
         return logits[:, :V].log_softmax(-1), logits[:, V:].log_softmax(-1)
 
-    def best_arcs(
-        self, tok: torch.Tensor, dur: torch.Tensor, guard: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The most probable allowed arc of each row (greedy search).
+    def allowed(
+        self, room: torch.Tensor, guard: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Which durations the blank and the labels may take (module docstring).
 
-        Token and duration are independent, so the best label arc is the best label
-        token with the best duration it may take, and the best blank arc is the blank
-        with the best duration >= 1; the more probable of the two wins (a tie goes to
-        the blank).
+        Args:
+            room: (A,) long, frames left ``T - t`` (>= 1).
+            guard: (A,) bool, rows whose labels must move.
+
+        Returns:
+            (A, D) bool for the blank, (A, D) bool for every label.
+        """
+        e = self.durations.unsqueeze(0)  # (1, D)
+        moves = self.moves.unsqueeze(0)
+        stay_ok = ~guard.unsqueeze(1) | moves  # (A, D)
+        if self.end_rule == "clip":
+            return moves.expand_as(stay_ok), stay_ok
+        room = room.unsqueeze(1)
+        blank_ok = moves & (e <= room)
+        label_ok = stay_ok & (e < room)
+        # no allowed arc (only with durations sets without 1): any blank, clipped
+        stuck = ~(blank_ok.any(1) | label_ok.any(1))
+        return blank_ok | (stuck.unsqueeze(1) & moves), label_ok
+
+    def _duration_parts(self, dur, blank_ok, label_ok, decision):
+        """Per row, the blank's and the labels' duration term and best slot."""
+        neg = torch.tensor(float("-inf"), dtype=dur.dtype, device=dur.device)
+        blank_dur = torch.where(blank_ok, dur, neg)
+        label_dur = torch.where(label_ok, dur, neg)
+        blank_j = blank_dur.argmax(-1)
+        label_j = label_dur.argmax(-1)
+        if decision == "total":
+            return blank_dur.logsumexp(-1), blank_j, label_dur.logsumexp(-1), label_j
+        return blank_dur.max(-1)[0], blank_j, label_dur.max(-1)[0], label_j
+
+    def step(
+        self,
+        tok: torch.Tensor,
+        dur: torch.Tensor,
+        room: torch.Tensor,
+        guard: torch.Tensor,
+        decision: str,
+    ) -> Arcs:
+        """The arc each row emits (greedy search; module docstring). A tie between the
+        blank and the best label goes to the blank.
 
         Args:
             tok: (A, V) token log-probabilities.
             dur: (A, D) duration log-probabilities.
-            guard: (A,) bool, rows whose labels must move (``max_sym_per_frame``
-                labels already stayed at this frame).
-
-        Returns:
-            symbol (A,) long, duration slot (A,) long, arc log-probability (A,),
-            is_label (A,) bool.
+            room: (A,) long, frames left ``T - t`` (>= 1).
+            guard: (A,) bool, rows whose labels must move.
+            decision: ``"total"`` or ``"symbol"``.
         """
-        move_best, move_j = (dur + self.stay_mask).max(-1)  # durations >= 1
-        if self.has_zero:
-            any_best, any_j = dur.max(-1)
-            label_dur = torch.where(guard, move_best, any_best)
-            label_j = torch.where(guard, move_j, any_j)
-        else:
-            label_dur, label_j = move_best, move_j
+        blank_ok, label_ok = self.allowed(room, guard)
+        b_val, b_j, l_val, l_j = self._duration_parts(dur, blank_ok, label_ok, decision)
         label_tok, label_k = (tok + self.label_mask).max(-1)
-        label_score = label_tok + label_dur
-        blank_score = tok[:, self.blank] + move_best
+        label_score = label_tok + l_val
+        blank_score = tok[:, self.blank] + b_val
         is_label = label_score > blank_score
         symbol = torch.where(is_label, label_k, torch.full_like(label_k, self.blank))
-        slot = torch.where(is_label, label_j, move_j)
+        slot = torch.where(is_label, l_j, b_j)
+        frames = torch.minimum(self.durations[slot], room)
         score = torch.where(is_label, label_score, blank_score)
-        return symbol, slot, score, is_label
+        return Arcs(symbol, slot, frames, score, is_label)
 
-    def arc_scores(
-        self, tok: torch.Tensor, dur: torch.Tensor, guard: torch.Tensor
-    ) -> torch.Tensor:
-        """Log-probability of every arc, -inf for those not allowed (beam search).
+    def candidates(
+        self,
+        tok: torch.Tensor,
+        dur: torch.Tensor,
+        room: torch.Tensor,
+        guard: torch.Tensor,
+        decision: str,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every candidate of each row (beam search), -inf where not allowed.
 
-        Args:
-            tok: (A, V) token log-probabilities.
-            dur: (A, D) duration log-probabilities.
-            guard: (A,) bool, see :meth:`best_arcs`.
+        ``"symbol"``: one candidate per arc (token k, slot j), N = V * D, scored
+        ``tok[k] + dur[j]``. ``"total"``: one per token, N = V, scored with the token's
+        total over its allowed durations and placed at its most probable one.
+
+        Args: see :meth:`step`.
 
         Returns:
-            (A, V, D): ``tok[a, k] + dur[a, j]``, -inf for the blank with a duration
-            0 and, in guarded rows, for every token with a duration 0.
+            (A, N) scores, (A, N) long tokens, (A, N) long slots.
         """
-        scores = tok.unsqueeze(2) + dur.unsqueeze(1)  # (A, V, D)
-        scores[:, self.blank] += self.stay_mask
-        if self.has_zero and bool(guard.any()):
-            scores[guard] += self.stay_mask
-        return scores
+        A, V = tok.shape
+        D = self.num_durations
+        blank_ok, label_ok = self.allowed(room, guard)
+        neg = torch.tensor(float("-inf"), dtype=dur.dtype, device=dur.device)
+        if decision == "symbol":
+            is_blank = torch.zeros(V, dtype=torch.bool, device=tok.device)
+            is_blank[self.blank] = True
+            ok = torch.where(
+                is_blank.view(1, V, 1), blank_ok.unsqueeze(1), label_ok.unsqueeze(1)
+            )  # (A, V, D)
+            scores = torch.where(ok, tok.unsqueeze(2) + dur.unsqueeze(1), neg)
+            tokens = torch.arange(V, device=tok.device).repeat_interleave(D)
+            slots = torch.arange(D, device=tok.device).repeat(V)
+            return scores.view(A, V * D), tokens.expand(A, -1), slots.expand(A, -1)
+        b_val, b_j, l_val, l_j = self._duration_parts(dur, blank_ok, label_ok, decision)
+        scores = tok + l_val.unsqueeze(1)  # (A, V)
+        scores[:, self.blank] = tok[:, self.blank] + b_val
+        slots = l_j.unsqueeze(1).repeat(1, V)
+        slots[:, self.blank] = b_j
+        tokens = torch.arange(V, device=tok.device).expand(A, -1)
+        return scores, tokens, slots

@@ -61,8 +61,8 @@ TDT_SEARCH_TYPES = ("tdt_greedy", "tdt_beam")
 PLUGIN_SEARCH_TYPES = MULTIBLANK_SEARCH_TYPES + TDT_SEARCH_TYPES
 ESPNET_SEARCH_TYPES = ("greedy", "default", "tsd", "alsd", "nsc", "maes", "mbg")
 #: transducer_conf keys understood by the plug-in's searches
-TDT_KEYS = ("max_sym_per_frame", "score_norm", "loop_labels")
-MULTIBLANK_KEYS = TDT_KEYS + ("blank_decision",)
+MULTIBLANK_KEYS = ("max_sym_per_frame", "score_norm", "loop_labels", "blank_decision")
+TDT_KEYS = MULTIBLANK_KEYS
 #: transducer_conf keys that ESPnet's searches do not know
 PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size", "blank_decision", "loop_labels")
 #: the greedy search types that ``loop_labels: true`` turns into label-looping
@@ -265,7 +265,7 @@ def build_transducer_search(
         )
         if loop_labels:
             greedy = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
-        # multi-blank searches: blank_decision (each search has its own default)
+        # blank_decision: each search has its own default
         extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
         if resolved in ("mb_greedy", "tdt_greedy"):
             return greedy(stepper, lattice, max_sym_per_frame=max_sym, **extra)

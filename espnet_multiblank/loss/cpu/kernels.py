@@ -58,11 +58,10 @@ from numba import njit, prange
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
     exp64,
-    exp_shifted,
+    exp_sum,
     log64,
     max_and_check,
     scale_range,
-    sum_range,
     zero_range,
 )
 
@@ -156,20 +155,18 @@ def rows_forward(
             if isbad or c == _NEG_INF:
                 bad[b] = 1
                 continue
-            exp_shifted(xf, f0, fe, c, out, o0)
             for u in range(Ub):
                 uu = np.uint64(u)
+                r0 = f0 + uu * uV
                 q0 = o0 + uu * uV
-                s = sum_range(out, q0, q0 + uV)
+                s = exp_sum(xf, r0, r0 + uV, c, out, q0)
                 shifts[u] = c
                 if s < _MIN_ROW_SUM:
-                    r0 = f0 + uu * uV
                     m, _ = max_and_check(xf, r0, r0 + uV)
                     if m == _NEG_INF:
                         bad[b] = 1
                         break
-                    exp_shifted(xf, r0, r0 + uV, m, out, q0)
-                    s = sum_range(out, q0, q0 + uV)
+                    s = exp_sum(xf, r0, r0 + uV, m, out, q0)
                     shifts[u] = m
                 sums[u] = s
             if bad[b]:

@@ -1,26 +1,32 @@
-"""Vectorisable per-row primitives of the fused log-softmax (Numba, CPU).
+"""Vectorisable primitives of the fused log-softmax kernels (Numba, CPU).
 
-Numba on these machines has no SVML, so ``math.exp`` in a loop is a scalar libm call
-(~2.5 ns/element, as slow as a whole ``torch.log_softmax``). :func:`row_exp` instead
-evaluates ``exp`` with a Cody-Waite range reduction and a degree-7 polynomial (Cephes'
-``expf``), which LLVM vectorises; its relative error is below 3e-7, i.e. float32
-rounding. ``2**n`` is built from its IEEE bits in an int32 scratch row (numba cannot
-bit-cast scalars), hence the ``ibuf`` argument. float64 rows use ``math.exp`` (exactness
-first; the float64 path is for tests and references).
+Numba has no SVML here, so ``math.exp`` / ``math.log`` in a loop are scalar libm calls
+(~10 ns each). The functions below evaluate them with polynomials that LLVM vectorises
+(AVX-512: 16 float32 or 8 float64 lanes), and do the bit manipulations with scalar
+bit casts (``f32_bits`` & co., LLVM ``bitcast`` instructions: Numba has none):
 
-Fastmath flags are chosen per function on purpose:
-- ``row_max`` / ``row_sum_fast``: all flags (vectorised reductions; no NaN semantics).
-- ``row_sum_checked``: only reassociation, so a NaN or +-inf in the row survives into
-  the result; this is how NaN logits are detected without a separate pass over memory.
-- ``row_exp``: everything but reassociation, which would merge the two-constant ln 2
-  reduction and cost accuracy.
+* :func:`exp32` (float32, 8e-8 relative), :func:`exp64` and :func:`log64` (float64,
+  about 1 ulp); each compiled with its own fast-math flags (no "reassoc": the
+  rounding tricks and the Cody-Waite reductions rely on evaluation order), which LLVM
+  keeps when it inlines them into a caller compiled with other flags;
+* range primitives over a flat array and a ``[lo, hi)`` range of np.uint64 indices,
+  used by ``kernels.py``: :func:`max_and_check` (max and NaN/+inf detection with
+  integer operations: LLVM vectorises integer max reductions but not float ones),
+  :func:`exp_sum`, :func:`scale_range`, :func:`zero_range`, :func:`clamp_range`.
+  Unsigned indices need no negative-index wraparound (which stops vectorisation), and
+  ranges of one flat array create no array views (each view costs two atomic
+  reference-count updates);
+* the row functions of the first CPU kernels (:func:`row_max`, :func:`row_exp`,
+  :func:`row_sum_checked`, ...), still used by the TDT kernels. Note that
+  :func:`row_max` does not vectorise (a float max reduction, see above).
 """
 
 import math
 
 import numpy as np
+from llvmlite import ir as _ir
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 _ALL = True
 _NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
@@ -124,11 +130,10 @@ def row_clamp(g, c):
 # Bit casts between floats and integers are LLVM ``bitcast`` instructions (Numba has no
 # scalar bit cast), so ``2**n`` and the exponent of a float cost one integer operation
 # and the loops around these functions vectorise. The round-to-integer steps use the
-# "add 1.5 * 2**mantissa_bits" trick, which needs the default rounding mode and callers
-# compiled WITHOUT fastmath "reassoc" (it would fold ``(a + S) - S`` into ``a``).
+# "add 1.5 * 2**mantissa_bits" trick, which needs the default rounding mode and no
+# fastmath "reassoc" on these functions (it would fold ``(a + S) - S`` into ``a``); the
+# callers' flags do not matter: LLVM keeps each inlined instruction's own flags.
 # --------------------------------------------------------------------------------------
-from llvmlite import ir as _ir  # noqa: E402
-from numba.extending import intrinsic  # noqa: E402
 
 
 def _bitcast(name, src, dst, dst_ir):
@@ -312,33 +317,10 @@ def _max_and_check_overload(x, lo, hi):
     return impl64
 
 
-def exp_shifted(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overload
-    """out[olo + k] = exp(x[lo + k] - shift) for k < hi - lo (1-D arrays, uint64
-    indices); 0 where x - shift < -87 (float32: ``exp32``) or is -inf (float64:
-    ``math.exp``, exact)."""
-    raise NotImplementedError
-
-
-@overload(exp_shifted, jit_options={"fastmath": _EXP_FLAGS, "error_model": "numpy"})
-def _exp_shifted_overload(x, lo, hi, shift, out, olo):
-    if x.dtype == types.float32:
-
-        def impl32(x, lo, hi, shift, out, olo):
-            sh = np.float32(shift)
-            for k in range(hi - lo):
-                out[olo + k] = exp32(x[lo + k] - sh)
-
-        return impl32
-
-    def impl64(x, lo, hi, shift, out, olo):
-        for k in range(hi - lo):
-            out[olo + k] = math.exp(x[lo + k] - shift)
-
-    return impl64
-
-
 def exp_sum(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overload
-    """:func:`exp_shifted` that also returns the sum of the exps (in x's dtype)."""
+    """out[olo + k] = exp(x[lo + k] - shift) for k < hi - lo (1-D arrays, uint64
+    indices), and the sum of these exps (in x's dtype). 0 where x - shift < -87
+    (float32: :func:`exp32`) or is -inf (float64: ``math.exp``, exact)."""
     raise NotImplementedError
 
 
@@ -374,15 +356,6 @@ def _exp_sum_overload(x, lo, hi, shift, out, olo):
 def _exp_exact(z):
     """math.exp, compiled apart so that the caller's fast-math flags do not reach it."""
     return math.exp(z)
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def sum_range(x, lo, hi):
-    """sum(x[lo:hi]) in x's dtype, vectorised (the values must be finite)."""
-    s = x.dtype.type(0.0)
-    for k in range(lo, hi):
-        s += x[k]
-    return s
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)

@@ -6,25 +6,28 @@ the label y_u, slot 2 + i big blank i):
 
 Pass 1, :func:`rows_forward` (frames (b, t) over threads) reads the logits once. For
 the valid rows of frame t (u < U_b) it finds one shift ``c`` (the largest logit of the
-frame; a row whose exps all fall below 2**-60 with it is redone with its own maximum)
-and writes ``e = exp(x - c)`` into the gradient buffer (or a scratch row when no
-gradient is wanted), keeping per node ``S = sum(e)`` and ``x_k - c`` of the K
-transition symbols. Padding rows of the buffer are zeroed here.
+frame; a row whose exps all fall below 2**-60 with it is redone with its own maximum),
+writes ``e = exp(x - c)`` into the gradient buffer (or a scratch row when no gradient
+is wanted) and keeps, per node, in a row-major (B, T, U, K + 1) float64 array, the K
+log-probs ``lp_k = x_k - c - log S - sigma`` (S = sum(e)) and 1 / S. Padding rows of
+the buffer are zeroed here.
 
-Pass 2, :func:`lattice` (utterances over threads) sweeps the lattice by anti-diagonals
-n = t + u, vectorised over u (a node's predecessors lie on earlier anti-diagonals only),
-in float64 with the polynomial ``exp64`` / ``log64`` of ``row_ops``:
+Pass 2, :func:`lattice` (utterances over threads) copies each utterance to private
+arrays by anti-diagonal n = t + u and sweeps them, vectorised over u (a node's
+predecessors lie on earlier anti-diagonals only), in float64 with the polynomial
+``exp64`` / ``log64`` of ``row_ops``:
 
-    lp_k(t,u)  = x_k - c - log S - sigma
-    alpha      = LSE over the incoming transitions,  log P = LSE over the final ones
-    W_k(t,u)   = exp(alpha(t,u) + lp_k(t,u) + beta(dest_k) - log P)   (occupancies)
-    gamma(t,u) = sum_k W_k,    beta(t,u) = log(gamma) + log P - alpha(t,u)
+    alpha(dest) = LSE over the transitions into dest of alpha(src) + lp
+    log P       = LSE over the transitions into the end
+    q(arc)      = exp(alpha(src) + lp(arc) - alpha(dest))     (forward; sum to 1)
+    gamma(end)  = 1,  W(arc) = gamma(dest) q(arc),  gamma(node) = sum of its W
+                                                              (backward)
 
-Beta is recovered from gamma, so the backward sweep needs K exps and one log per node
-and no maximum; a node whose gamma is below the smallest normal float64 gets
-beta = -inf (every transition into it then has W below that as well). The
-occupancies overwrite the log-probs, and ``(gamma + lambda W_label) / S`` (the softmax
-coefficient) overwrites alpha.
+W is the probability that a path takes the transition, gamma that it visits the
+node (docs/lattice.md's ``W_e`` and ``gamma``, without beta: the backward sweep is
+multiply-adds of numbers in [0, 1], no exp or log). The node's row gets back the
+occupancies W_k of its K transitions and the softmax coefficient
+``(gamma + lambda W_label) / S``.
 
 Pass 3, :func:`rows_backward` (frames over threads) turns the buffer into the gradient
 in place: with f_b the utterance's factor (reduction weight times incoming gradient),
@@ -36,18 +39,20 @@ clipped to [-clamp |f_b|, clamp |f_b|] (= the clamp applied before the factor). 
 runs when autograd's backward provides f_b, so an incoming gradient other than 1 costs
 nothing extra. Padding rows and impossible utterances get exactly 0.
 
-Workspaces (float64) are stored by anti-diagonal: ``[b, n, j]`` holds node
-(t = n - u, u = j - 1); columns 0 and U + 1 .. U + COLUMN_PAD - 1 are never valid
-nodes and may hold anything.
+Pass 2's anti-diagonal arrays are indexed ``[n, j]`` for node (t = n - u, u = j - 1);
+columns 0 and U + 1 .. U + COLUMN_PAD - 1 are never valid nodes and may hold anything.
 
-Performance rules the code follows (each measured to matter several-fold):
+Performance rules the code follows (each measured to matter, most several-fold):
 arrays are indexed flat with np.uint64 offsets (no views: a view costs two atomic
 reference-count updates, contended between threads; unsigned indices need no
-negative-index wraparound, which stops vectorisation); a vectorised loop never writes
-one row of an array while reading another row of the same allocation (LLVM cannot
-prove the symbolic distance safe), hence the separately allocated scratch rows; loops
-over an anti-diagonal run over a multiple of 8 columns (a scalar remainder iteration
-costs ~10 ns per exp64 + log64).
+negative-index wraparound, which stops vectorisation); a vectorised loop does not
+read one row of an array and write another row of it (LLVM cannot prove the symbolic
+distance safe), hence separately allocated scratch rows; no exp/log call, load or
+inner loop (even of zero trips) under a condition inside a vector loop (selects of
+values instead); loops over an anti-diagonal run over a multiple of 8 columns (a
+scalar remainder iteration costs ~10 ns per exp64 + log64); per-node values travel
+between the passes row-major (scattered stores into anti-diagonal arrays while
+streaming the logits cost 0.2x of a log_softmax at V = 64).
 """
 
 import math
@@ -66,7 +71,6 @@ from espnet_multiblank.loss.cpu.row_ops import (
 )
 
 _NEG_INF = -np.inf
-_DBL_MIN = 2.2250738585072014e-308
 # a row whose exps (shifted by the frame maximum) sum below this is redone with its own
 # maximum, so that no exp of a row is flushed to 0 while it is above e**-46 of the
 # row's largest one
@@ -254,7 +258,7 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
         sb = np.uint64(b * T * U) * uK1  # this utterance's rows in ST
         _rows_to_diagonals(STf, sb, U, K1, Tb, Ub, L, uD, uC)
         # forward: alpha(n, j) = LSE of the transitions into the node, and the q of
-        # each of them. Standard RNT-T: two loops per anti-diagonal; with big blanks one
+        # each of them. Standard RNN-T: two loops per anti-diagonal; with big blanks one
         # loop per step and big blank (an inner loop over the big blanks, even one of
         # zero trips, stops LLVM from vectorising the loop around it).
         A[_U1] = 0.0

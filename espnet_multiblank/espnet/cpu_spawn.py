@@ -2,13 +2,14 @@
 --dist_world_size N --ngpu 0``) and wait for them.
 
 ESPnet's ``AbsTask.main`` spawns one worker per GPU and none on CPU. This launcher does
-what ESPnet does for GPUs (``spawn`` start method, rendezvous on ``localhost`` at a free
-port unless ``--dist_master_addr/--dist_master_port`` or ``--dist_init_method`` say
-otherwise, rank ``i`` for worker ``i``, the task's ``main_worker`` as target) with
-``torch.multiprocessing.start_processes``, which sends each worker's traceback back to
-this process. When a worker fails or dies, the others are stopped at once and this
-process raises :class:`~espnet_multiblank.espnet.ddp.DistributedTrainingError` naming
-the rank and the cause; SIGTERM or Ctrl-C here stops the workers too.
+what ESPnet does for GPUs (``spawn`` start method; rendezvous on ``localhost`` at a free
+port unless ``--dist_master_addr``, ``--dist_master_port`` (or ``MASTER_PORT``) or
+``--dist_init_method`` say otherwise; rank ``i`` for worker ``i``; the task's
+``main_worker`` as target) with ``torch.multiprocessing.start_processes``, which sends
+each worker's traceback back to this process. When a worker fails or dies, the others
+are stopped at once and this process raises
+:class:`~espnet_multiblank.espnet.ddp.DistributedTrainingError` naming the rank and the
+cause; SIGTERM or Ctrl-C here stops the workers too.
 
 Each worker gets ``cpus // N`` torch threads (at least 1) unless ``OMP_NUM_THREADS``
 is set, as torchrun does.
@@ -88,18 +89,15 @@ def launch(task_cls, args: argparse.Namespace, nprocs: int) -> None:
     """Run ``task_cls.main_worker`` in ``nprocs`` spawned CPU workers (ranks 0..N-1)
     and wait for all of them; raise ``DistributedTrainingError`` if one fails."""
     import torch.multiprocessing as mp
-    from espnet2.train.distributed_utils import (
-        free_port,
-        get_master_addr,
-        get_master_port,
-    )
+    from espnet2.train.distributed_utils import free_port, get_master_port
     from torch.multiprocessing.spawn import ProcessException
 
     args = argparse.Namespace(**vars(args))
     args.distributed = True
     args.dist_world_size = nprocs
     if args.dist_init_method == "env://":
-        args.dist_master_addr = get_master_addr(args.dist_master_addr) or "localhost"
+        # all workers are on this machine (ESPnet's GPU spawn path does the same)
+        args.dist_master_addr = args.dist_master_addr or "localhost"
         args.dist_master_port = get_master_port(args.dist_master_port) or free_port()
     # ESPnet configures logging only inside the workers
     print(

@@ -91,8 +91,9 @@ def tdt_model(seed=0, durations=(0, 1, 2, 3, 4), blank_bias=1.0, vocab=6):
     )
 
 
-def searches(model, max_sym=10, window=None, blank_decision="total"):
+def searches(model, max_sym=10, window=None, blank_decision="total", max_inner=None):
     """(frame-looping search, label-looping search) for a model."""
+    loop = dict(window=window, max_inner=max_inner)
     if getattr(model, "tdt_durations", None):
         durations = model.tdt_durations
         stepper = JointStepper(
@@ -101,16 +102,14 @@ def searches(model, max_sym=10, window=None, blank_decision="total"):
         lattice = TDTLattice.create(model.blank_id, durations)
         return (
             TDTGreedySearch(stepper, lattice, max_sym_per_frame=max_sym),
-            TDTLabelLoopingSearch(
-                stepper, lattice, max_sym_per_frame=max_sym, window=window
-            ),
+            TDTLabelLoopingSearch(stepper, lattice, max_sym_per_frame=max_sym, **loop),
         )
     stepper = JointStepper(model.decoder, model.joint_network)
     lattice = MultiblankLattice.create(model.blank_id, model.big_blank_durations)
     kwargs = dict(max_sym_per_frame=max_sym, blank_decision=blank_decision)
     return (
         MultiblankGreedySearch(stepper, lattice, **kwargs),
-        MultiblankLabelLoopingSearch(stepper, lattice, window=window, **kwargs),
+        MultiblankLabelLoopingSearch(stepper, lattice, **loop, **kwargs),
     )
 
 
@@ -154,12 +153,18 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("window", [None, 1, 2, 5])
+UNLIMITED = 10**6  # the inner loop runs until every utterance found its label (GPU)
+LOOPS = [(None, None), (1, 1), (1, 2), (1, UNLIMITED), (2, 1), (5, 2), (5, UNLIMITED)]
+
+
+@pytest.mark.parametrize("window,max_inner", LOOPS)
 @pytest.mark.parametrize("lens", [[37], LENS_3, LENS_16], ids=["b1", "b3", "b16"])
 @pytest.mark.parametrize("kind", list(MODELS))
-def test_same_hypotheses_as_one_utterance_search(kind, lens, window):
+def test_same_hypotheses_as_one_utterance_search(kind, lens, window, max_inner):
     for seed in (0, 1):
-        check_against_one_utterance(MODELS[kind](seed), lens, seed, window=window)
+        check_against_one_utterance(
+            MODELS[kind](seed), lens, seed, window=window, max_inner=max_inner
+        )
 
 
 @pytest.mark.parametrize("blank_decision", ["total", "symbol"])
@@ -168,13 +173,14 @@ def test_same_hypotheses_as_one_utterance_search(kind, lens, window):
 def test_blank_decisions_and_max_symbols(durations, max_sym, blank_decision):
     for seed in (2, 3):
         model = mb_model(seed, durations=durations, blank_bias=0.0)
-        for window in (1, 3):
+        for window, max_inner in ((1, UNLIMITED), (1, 2), (3, 1), (3, UNLIMITED)):
             check_against_one_utterance(
                 model,
                 LENS_16,
                 seed,
                 max_sym=max_sym,
                 window=window,
+                max_inner=max_inner,
                 blank_decision=blank_decision,
             )
 
@@ -187,7 +193,7 @@ def stay_model():
     return model
 
 
-@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("window,max_inner", [(1, UNLIMITED), (1, 2), (4, 1)])
 @pytest.mark.parametrize("max_sym", [1, 3])
 @pytest.mark.parametrize(
     "model",
@@ -198,13 +204,15 @@ def stay_model():
     ],
     ids=["multiblank", "standard", "tdt"],
 )
-def test_max_symbols_guard_hit(model, max_sym, window):
+def test_max_symbols_guard_hit(model, max_sym, window, max_inner):
     """A joint network that prefers a label (TDT: a label that stays) everywhere:
     every frame visited emits exactly ``max_sym`` labels that stay, then the guard
     forces a blank (TDT: a label that moves, except at the last frame, where no label
     may move and a blank ends the path), in the batch as alone."""
     lens = [7, 0, 1, 12]
-    hyps = check_against_one_utterance(model, lens, 0, max_sym=max_sym, window=window)
+    hyps = check_against_one_utterance(
+        model, lens, 0, max_sym=max_sym, window=window, max_inner=max_inner
+    )
     tdt = bool(getattr(model, "tdt_durations", None))
     for h, T in zip(hyps, lens):
         visited = T - h.frames_skipped  # frames where an arc moved on
@@ -227,6 +235,43 @@ def test_the_models_exercise_every_kind_of_step():
     assert sum(len(h.yseq) - 1 for h in hyps) > 10
     assert sum(h.frames_skipped for h in hyps) > 0
     assert sum(h.big_blank_emissions for h in hyps) > 0
+
+
+class CallLog(JointStepper):
+    """A JointStepper that logs its joint ("j") and prediction ("p") calls."""
+
+    def __init__(self, stepper):
+        self.__dict__.update(stepper.__dict__)
+        self.calls = []
+
+    def joint(self, enc_proj, dec_proj):
+        self.calls.append("j")
+        return super().joint(enc_proj, dec_proj)
+
+    def step(self, labels, state):
+        self.calls.append("p")
+        return super().step(labels, state)
+
+
+@pytest.mark.parametrize("kind", ["multiblank", "standard", "tdt_0_4"])
+def test_prediction_network_once_per_label_and_inner_limit(kind):
+    """Unlimited: one batched prediction step per outer iteration, i.e. per label of
+    the utterance with the most labels (+ the start symbol, + the last iteration,
+    where every utterance ends), the joint network alone in between; with
+    ``max_inner = K`` at most K joint calls between two prediction steps."""
+    enc, lens = enc_batch(7, LENS_16)
+    for window, max_inner in ((1, UNLIMITED), (4, UNLIMITED), (1, 2), (1, 1), (4, 1)):
+        _, search = searches(MODELS[kind](0), window=window, max_inner=max_inner)
+        search.stepper = log = CallLog(search.stepper)
+        hyps = search.search_batch(enc, lens)
+        most = max(len(h.yseq) - 1 for h in hyps)
+        runs = "".join(log.calls).split("p")  # joint calls between prediction steps
+        assert runs[0] == ""  # the start symbol
+        assert max(len(r) for r in runs) <= max_inner
+        if max_inner == UNLIMITED:
+            assert log.calls.count("p") == most + 2
+        else:
+            assert log.calls.count("p") >= most + 2
 
 
 def test_label_buffer_grows():
@@ -270,6 +315,8 @@ def test_bad_arguments():
         search.search_batch(enc[0], lens)
     with pytest.raises(ValueError, match="window"):
         MultiblankLabelLoopingSearch(search.stepper, search.lattice, window=0)
+    with pytest.raises(ValueError, match="max_inner"):
+        MultiblankLabelLoopingSearch(search.stepper, search.lattice, max_inner=0)
     with pytest.raises(ValueError, match="blank_decision"):
         MultiblankLabelLoopingSearch(
             search.stepper, search.lattice, blank_decision="sum"
@@ -278,11 +325,20 @@ def test_bad_arguments():
         TDTLabelLoopingSearch(search.stepper, search.lattice)
 
 
-def test_default_window():
-    assert searches(mb_model(0, durations=()))[1].window == 8
-    assert searches(mb_model(0))[1].window == 1
-    assert searches(tdt_model(0))[1].window == 1
-    assert searches(tdt_model(0, durations=(0, 1)))[1].window == 8
+def test_default_window_and_inner_limit():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    for model, window, cpu_limit in (
+        (mb_model(0, durations=()), 16, 1),
+        (mb_model(0), 1, 3),
+        (tdt_model(0), 1, 3),
+        (tdt_model(0, durations=(0, 1)), 16, 1),
+    ):
+        search = searches(model)[1]
+        assert search.window == window
+        assert search.inner_limit(cpu) == cpu_limit
+        assert search.inner_limit(gpu) == float("inf")
+        search = searches(model, max_inner=2)[1]
+        assert search.inner_limit(cpu) == search.inner_limit(gpu) == 2
 
 
 @pytest.mark.parametrize("layers", [1, 2])

@@ -7,9 +7,9 @@ emitted a label. Label-looping reorders the same steps so that the prediction ne
 runs once per emitted label, for the whole batch at once:
 
 * **outer loop**: one label per utterance. After the inner loop every active utterance
-  stands at its next label arc; the labels are recorded, and the prediction network
-  runs once, batched, for the utterances that emitted (a TDT label also moves its
-  utterance by its duration).
+  stands at its next label arc (unless the inner loop was limited, below); the labels
+  are recorded, and the prediction network runs once, batched, for the utterances that
+  emitted (a TDT label also moves its utterance by its duration).
 * **inner loop**: every utterance whose best arc is a blank takes it (the standard
   blank: 1 frame; big blank i: d_i frames; a TDT blank: its duration), and the joint
   network alone is evaluated again at the new frame, for the whole batch, until every
@@ -19,7 +19,7 @@ Each utterance takes exactly the steps of the one-utterance greedy search (the s
 arcs, the same ``max_sym_per_frame`` guard, the same end rule, the same scores): only
 the order in which the utterances' steps are computed changes. The arc of a joint row
 comes from the symbol tables (``SymbolTable``'s mask and ``decide``,
-``TDTSymbolTable.best_arcs``); the two subclasses differ only in
+``TDTSymbolTable.step``); the two subclasses differ only in
 :meth:`LabelLoopingGreedySearch.best_arcs`.
 
 **Window.** The prediction output of an utterance does not change until its next
@@ -28,9 +28,20 @@ label, so the inner loop may evaluate the joint network at ``window`` = W frames
 over the window's positions; a blank that lands past the window goes on from there at
 the next iteration). The arcs taken are the same for every W; W trades joint rows
 evaluated in vain for fewer iterations (fewer kernel launches and host syncs). W = 1
-is the paper's loop. Default: 8 frames when every blank covers one frame (the standard
-lattice, where blank runs are long), else 1 (big blanks and TDT durations already
-cover the runs in few arcs).
+is the paper's loop. Default: 16 frames when every blank covers one frame (the
+standard lattice, where blank runs are long), else 1 (big blanks and TDT durations
+already cover the runs in few arcs).
+
+**Inner-loop limit.** The inner loop runs until the slowest utterance of the batch
+finds its label, so a batch makes, per label, as many joint calls as its longest blank
+run needs (the frame-looping search needs as many as the utterance with the most steps
+in all). On a GPU that is the paper's trade: a call costs kernel launches, the
+prediction network runs once per label. On a CPU, where each call is a fixed cost of
+small operations, ``max_inner`` = K ends the inner loop after K joint calls: the
+utterances that found their label emit it and run the prediction network, the others
+go on searching in the next outer iteration (the arcs taken are the same for every
+K). Default: no limit on an accelerator; on a CPU 3 (W = 1) or 1 (W > 1), measured on
+the digits recipe's models (``docs/decoding.md``).
 
 The loops work on fixed-size batch tensors with masks (an utterance that has ended
 keeps its row, its updates are masked out), the labels go into a preallocated
@@ -131,8 +142,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
             :class:`~espnet_multiblank.decoding.base.TransducerSearch` (``nbest`` is
             1).
         window: Frames the inner loop evaluates per joint-network call and utterance
-            (module docstring); None: 8 when every blank of the lattice covers one
+            (module docstring); None: 16 when every blank of the lattice covers one
             frame, else 1.
+        max_inner: Joint-network calls per outer iteration (module docstring); None:
+            no limit on an accelerator (the paper's loop), on a CPU 1 with a window
+            > 1 and 3 without.
     """
 
     batched = True
@@ -145,12 +159,16 @@ class LabelLoopingGreedySearch(TransducerSearch):
         lattice,
         max_sym_per_frame: int = 10,
         window: Optional[int] = None,
+        max_inner: Optional[int] = None,
     ):
         super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
         self.beam_size = 1
         if window is None:
-            window = 8 if lattice.max_frames == 1 else 1
+            window = 16 if lattice.max_frames == 1 else 1
         self.window = check_positive_int("window", window)
+        self.max_inner = (
+            None if max_inner is None else check_positive_int("max_inner", max_inner)
+        )
         # pointer-doubling rounds: after k rounds a row has followed 2^k arcs, and
         # W positions hold at most W of them
         self._rounds = (self.window - 1).bit_length()
@@ -176,6 +194,14 @@ class LabelLoopingGreedySearch(TransducerSearch):
             length: (N,) long, T of each row.
             num_sym: (N,) long, labels already emitted at ``frame`` without moving.
         """
+
+    def inner_limit(self, device: torch.device) -> float:
+        """:attr:`max_inner`, or its default on ``device`` (class docstring)."""
+        if self.max_inner is not None:
+            return self.max_inner
+        if device.type != "cpu":
+            return float("inf")
+        return 1 if self.window > 1 else 3
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         """One utterance ((T, D_enc)) as a batch of one."""
@@ -298,6 +324,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         stepper = self.stepper
         blank = self.blank_id
         W = self.window
+        max_inner = self.inner_limit(device)
         enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
         ctx = _Batch(self.table(device), enc_proj, lens, W)
         dec_proj, state = self.start(B, device)  # (B, J)
@@ -329,12 +356,15 @@ class LabelLoopingGreedySearch(TransducerSearch):
             arcs = window.arcs
             searching = take(window)
             # inner loop: blank arcs, joint network only
-            while bool(searching.any()):
+            calls = 1
+            while calls < max_inner and bool(searching.any()):
                 window = self.follow_blanks(ctx, dec_proj, frame, num_sym, searching)
                 arcs = window.arcs.where(searching, arcs)
                 searching = take(window)
-            # every active row stands at a label arc: record it, one prediction step
-            emit = frame < lens
+                calls += 1
+            # every active row that is not still searching stands at a label arc:
+            # record it, one prediction step
+            emit = (frame < lens) & ~searching
             if iteration == labels.size(1):
                 labels = torch.cat([labels, torch.full_like(labels, -1)], dim=1)
             labels[:, iteration] = torch.where(emit, arcs.symbol, no_label)
@@ -386,9 +416,14 @@ class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
         max_sym_per_frame: int = 10,
         blank_decision: str = "total",
         window: Optional[int] = None,
+        max_inner: Optional[int] = None,
     ):
         super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, window=window
+            stepper,
+            lattice,
+            max_sym_per_frame=max_sym_per_frame,
+            window=window,
+            max_inner=max_inner,
         )
         self.blank_decision = check_blank_decision(blank_decision)
         self._masks: Dict[torch.device, torch.Tensor] = {}
@@ -451,9 +486,14 @@ class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
         max_sym_per_frame: int = 10,
         blank_decision: str = TDT_GREEDY_DECISION,
         window: Optional[int] = None,
+        max_inner: Optional[int] = None,
     ):
         super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, window=window
+            stepper,
+            lattice,
+            max_sym_per_frame=max_sym_per_frame,
+            window=window,
+            max_inner=max_inner,
         )
         self.blank_decision = check_blank_decision(blank_decision)
 

@@ -231,12 +231,22 @@ def test_validation_decodes_with_tdt_greedy(tmp_path):
 def test_bad_tdt_conf_names_the_key(tmp_path, conf, match):
     """At start-up through the plug-in's task (before ESPnet edits the token list)
     and through ESPnet's own ASRTask (the model's constructor)."""
+    from espnet_multiblank.espnet.task import check_args
+
     config = tdt_config()
     config["model_conf"].update(conf)
     with pytest.raises(ConfigError, match=match):
         build(tmp_path, config, task=MultiblankASRTask)
     with pytest.raises(ConfigError, match=match):
         build(tmp_path, config)
+    # the task's check alone (what the entry point runs before any model is built)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    args = MultiblankASRTask.get_parser().parse_args(
+        ["--config", str(tmp_path / "bad.yaml")]
+        + ["--token_list", str(tmp_path / "tokens.txt")]
+    )
+    with pytest.raises(ConfigError, match=match):
+        check_args(args)
 
 
 def test_joint_without_lin_out_is_refused(tmp_path):

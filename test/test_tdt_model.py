@@ -291,3 +291,28 @@ def test_default_config_lists_the_tdt_keys():
     kwargs = get_default_kwargs(MultiblankESPnetASRModel)
     assert kwargs["transducer_tdt_durations"] == []
     assert kwargs["transducer_tdt_omega"] == 0.0
+
+
+def test_example_config_builds(tmp_path):
+    """conf/train_tdt_conformer_transducer.yaml: a TDT through ESPnet's ASRTask, the
+    multi-blank example's twin but for model_conf."""
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    tdt = yaml.safe_load((conf / "train_tdt_conformer_transducer.yaml").read_text())
+    mb = yaml.safe_load(
+        (conf / "train_multiblank_conformer_transducer.yaml").read_text()
+    )
+    assert {k: v for k, v in tdt.items() if k != "model_conf"} == {
+        k: v for k, v in mb.items() if k != "model_conf"
+    }
+    (tmp_path / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
+    args = MultiblankASRTask.get_parser().parse_args(
+        ["--config", str(conf / "train_tdt_conformer_transducer.yaml")]
+        + ["--token_list", str(tmp_path / "tokens.txt")]
+        + ["--normalize", "none"]  # its global_mvn needs collect_stats' file
+    )
+    model = MultiblankASRTask.build_model(args)
+    assert model.lattice == TDTLattice(0, (0, 1, 2, 3, 4))
+    assert model.joint_network.lin_out.out_features == V + 5
+    assert model.criterion_transducer.opts.omega == 0.1

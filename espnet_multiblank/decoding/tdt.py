@@ -23,6 +23,7 @@ the utterance): here a token counts with the durations it may take (a blank's
 probability excludes duration 0), and a path ends with a blank landing on T.
 """
 
+import math
 from typing import List
 
 import torch
@@ -87,7 +88,11 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
 
     def _slot_sets(self, table: TDTSymbolTable):
         """{(min(T - t, R + 1), guarded): (blank slots, label slots)}: the allowed
-        duration slots as Python lists, from :meth:`TDTSymbolTable.allowed`."""
+        duration slots as Python lists, from :meth:`TDTSymbolTable.allowed` (cached
+        with the table)."""
+        cached = getattr(table, "_greedy_slot_sets", None)
+        if cached is not None and cached[0] == self.max_sym_per_frame:
+            return cached[1]
         R = table.max_frames
         room = torch.arange(1, R + 2, device=table.durations.device).repeat(2)
         guard = torch.arange(room.numel(), device=room.device) >= R + 1
@@ -100,6 +105,7 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
                 [j for j, ok in enumerate(b) if ok],
                 [j for j, ok in enumerate(lab) if ok],
             )
+        table._greedy_slot_sets = (self.max_sym_per_frame, out)
         return out
 
     @torch.no_grad()
@@ -120,12 +126,23 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
         max_sym = self.max_sym_per_frame
         total = self.blank_decision == "total"
         neg = float("-inf")
+        sizes = (V, table.num_durations)
 
-        def best(d, slots):  # (value, slot) of the allowed durations
+        def best(raw, ex, slots):
+            """(score, slot) of the allowed durations: their total (log of the sum of
+            their exp(raw - max) ``ex``) or the best one's raw logit; the duration
+            log-normaliser is subtracted by the caller."""
             if not slots:
                 return neg, -1
-            j = max(slots, key=d.__getitem__)
-            return (log_sum_exp([d[i] for i in slots]) if total else d[j]), j
+            j = max(slots, key=raw.__getitem__)
+            if not total:
+                return raw[j], j
+            mass = sum([ex[i] for i in slots])
+            if mass > 0.0:
+                return math.log(mass), j
+            # every allowed duration underflowed next to the best one: exact, slower
+            top = max(raw)
+            return log_sum_exp([raw[i] - top for i in slots]), j
 
         T = enc_out.size(0)
         enc_proj = stepper.project_enc(enc_out)  # (T, J)
@@ -133,13 +150,25 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
         hyp = Hypothesis(score=0.0, yseq=[blank])
         while hyp.frame < T:
             t = hyp.frame
-            tok, dur = table.log_probs(stepper.joint(enc_proj[t : t + 1], dec_proj))
-            d = dur[0].tolist()  # D floats
+            # as few torch calls per step as possible: the durations' log-softmax is
+            # taken in Python on D floats, the tokens' in torch (V may be large)
+            z_tok, z_dur = stepper.joint(
+                enc_proj[t : t + 1], dec_proj
+            ).split_with_sizes(sizes, 1)
+            raw = z_dur.tolist()[0]  # (D,) duration logits
+            top = max(raw)
+            ex = [math.exp(x - top) for x in raw]
+            # log-prob of a duration = raw - top - log(sum(ex)); of a total = the
+            # best() value (log of its ex sum) - log(sum(ex)); so subtract:
+            norm = math.log(sum(ex)) + (0.0 if total else top)
+            tok = z_tok.float().log_softmax(-1)  # (1, V)
             blank_slots, label_slots = slot_sets[
                 min(T - t, R1), hyp.num_sym_frame >= max_sym
             ]
-            b_val, b_j = best(d, blank_slots)
-            l_val, l_j = best(d, label_slots)
+            b_val, b_j = best(raw, ex, blank_slots)
+            l_val, l_j = best(raw, ex, label_slots)
+            b_val -= norm
+            l_val -= norm
             # the best label token and the blank's, from the two best tokens
             if V > 1:
                 (v0, v1), (k0, k1) = (x.tolist() for x in tok[0].topk(2))

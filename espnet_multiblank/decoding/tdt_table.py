@@ -93,6 +93,18 @@ class TDTSymbolTable:
         label = torch.zeros(self.num_tokens)
         label[self.blank] = float("-inf")
         self.label_mask = label.to(device)  # (V,), -inf on the blank
+        # allowed() as a lookup for step(): the masks depend only on the guard and
+        # on min(T - t, R + 1); row g * (R + 1) + r - 1, (blank, label) x D additive
+        R1 = self.max_frames + 1
+        room = torch.arange(1, R1 + 1, device=device).repeat(2)
+        guard = torch.arange(2 * R1, device=device) >= R1
+        ok = torch.stack(self.allowed(room, guard), 1)  # (2 (R + 1), 2, D)
+        self._mask_rows = torch.zeros(ok.shape, device=device).masked_fill(
+            ~ok, float("-inf")
+        )
+        # column of each token in (blank, label) pairs
+        self._token_kind = torch.ones(self.num_tokens, dtype=torch.long, device=device)
+        self._token_kind[self.blank] = 0
 
     def log_probs(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Token and duration log-probabilities of raw joint outputs.
@@ -151,8 +163,8 @@ class TDTSymbolTable:
         guard: torch.Tensor,
         decision: str,
     ) -> Arcs:
-        """The arc each row emits (greedy search; module docstring). A tie between the
-        blank and the best label goes to the blank.
+        """The arc each row emits (greedy search; module docstring). A tie between
+        tokens goes to the lower index.
 
         Args:
             tok: (A, V) token log-probabilities.
@@ -161,16 +173,19 @@ class TDTSymbolTable:
             guard: (A,) bool, rows whose labels must move.
             decision: ``"total"`` or ``"symbol"``.
         """
-        blank_ok, label_ok = self.allowed(room, guard)
-        b_val, b_j, l_val, l_j = self._duration_parts(dur, blank_ok, label_ok, decision)
-        label_tok, label_k = (tok + self.label_mask).max(-1)
-        label_score = label_tok + l_val
-        blank_score = tok[:, self.blank] + b_val
-        is_label = label_score > blank_score
-        symbol = torch.where(is_label, label_k, torch.full_like(label_k, self.blank))
-        slot = torch.where(is_label, l_j, b_j)
+        R1 = self.max_frames + 1
+        which = room.clamp(1, R1) - 1 + R1 * guard.long()
+        masked = dur.unsqueeze(1) + self._mask_rows[which]  # (A, 2, D): blank, label
+        slots = masked.argmax(-1)  # (A, 2)
+        if decision == "total":
+            values = masked.logsumexp(-1)
+        else:
+            values = masked.gather(2, slots.unsqueeze(2)).squeeze(2)
+        # each token with its kind's duration term (blank: column 0, labels: 1)
+        score, symbol = (tok + values[:, self._token_kind]).max(-1)
+        is_label = symbol != self.blank
+        slot = slots.gather(1, is_label.long().unsqueeze(1)).squeeze(1)
         frames = torch.minimum(self.durations[slot], room)
-        score = torch.where(is_label, label_score, blank_score)
         return Arcs(symbol, slot, frames, score, is_label)
 
     def candidates(

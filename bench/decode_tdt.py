@@ -152,9 +152,8 @@ def main():
         )
     mb, tdt = ("multiblank", "mb_greedy"), ("tdt", "tdt_greedy")
     if mb in med and tdt in med:
-        print(
-            f"tdt_greedy vs mb_greedy (search time ratio mb / tdt): {med[mb] / med[tdt]:.2f}x"
-        )
+        ratio = med[mb] / med[tdt]
+        print(f"tdt_greedy vs mb_greedy (search time ratio mb / tdt): {ratio:.2f}x")
     std = ("standard", "mb_greedy")
     if std in med and tdt in med:
         print(f"tdt_greedy vs standard (mb_greedy code): {med[std] / med[tdt]:.2f}x")

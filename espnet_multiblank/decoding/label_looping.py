@@ -115,15 +115,16 @@ class _Batch:
         B = lens.size(0)
         device = lens.device
         self.table = table
-        self.enc_proj = enc_proj  # (B, T_max, J)
+        # W frames of padding: a row reads frames t .. t + W - 1 with t <= T_b <=
+        # T_max (what it reads past T_b is ignored)
+        pad = enc_proj.new_zeros(B, W, enc_proj.size(2))
+        self.enc_proj = torch.cat([enc_proj, pad], 1)  # (B, T_max + W, J)
         self.lens = lens  # (B,)
-        self.last = (lens - 1).clamp(min=0)  # a frame every row may read
         self.rows = torch.arange(B, device=device)
         # windows of W frames
         self.offsets = torch.arange(W, device=device)  # (W,)
         self.first = self.offsets == 0
         self.rows_w = self.rows.unsqueeze(1)  # (B, 1)
-        self.last_w = self.last.unsqueeze(1)
         self.lens_w = lens.unsqueeze(1).expand(B, W)
         extra = table.max_frames  # landing points past the window
         self.after = torch.arange(W, W + extra, device=device).expand(B, extra)
@@ -233,7 +234,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         W = self.window
         table = ctx.table
         if W == 1:
-            enc_rows = ctx.enc_proj[ctx.rows, torch.minimum(frame, ctx.last)]
+            enc_rows = ctx.enc_proj[ctx.rows, frame]
             arcs = self.best_arcs(table, enc_rows, dec_proj, frame, ctx.lens, num_sym)
             blank = rows & ~arcs.is_label
             moved = torch.where(blank, arcs.frames, 0)
@@ -241,7 +242,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             return Window(moved, score, blank, moved > 1, arcs)
         offsets = ctx.offsets  # (W,)
         frames_w = frame.unsqueeze(1) + offsets  # (B, W)
-        enc_rows = ctx.enc_proj[ctx.rows_w, torch.minimum(frames_w, ctx.last_w)]
+        enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
         num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
         flat = self.best_arcs(
             table,
@@ -347,8 +348,10 @@ class LabelLoopingGreedySearch(TransducerSearch):
             score.add_(window.score)
             moves.add_(window.moves)
             big.add_(window.big)
-            num_sym.masked_fill_(window.offset > 0, 0)
-            return (window.offset >= W) & (frame < lens)
+            moved = window.offset > 0
+            num_sym.masked_fill_(moved, 0)
+            left = moved if W == 1 else window.offset >= W
+            return left & (frame < lens)
 
         active = frame < lens
         while bool(active.any()):

@@ -194,81 +194,99 @@ def run_once(search, method, batches, n):
     return time.perf_counter() - start, hyps
 
 
-def bench_model(kind, decoder, joint, lattice, encs, args, device, deadline, out):
-    """Time every contender at every batch size on ``encs``; append rows."""
-    decoder.to(device)
-    joint.to(device)
-    vocab = decoder.odim + (lattice.num_durations if kind == "tdt" else 0)
-    stepper = JointStepper(decoder, joint, vocab)
+class Model:
+    """One model's networks, lattice and encoder outputs."""
+
+    def __init__(self, kind, decoder, joint, lattice, encs, device, encoder_s=None):
+        decoder.to(device)
+        joint.to(device)
+        vocab = decoder.odim + (lattice.num_durations if kind == "tdt" else 0)
+        self.kind, self.lattice, self.encs = kind, lattice, encs
+        self.stepper = JointStepper(decoder, joint, vocab)
+        self.encoder_s = encoder_s
+
+
+def bench_config(model, batch, args, device, deadline, configs_left, out):
+    """Time every contender on ``model`` at batch size ``batch``; append rows."""
+    # small batches decode fewer utterances (one at a time is the slow case)
+    encs = model.encs
+    if args.min_utts > 0:
+        encs = encs[: max(args.min_utts, 2 * batch)]
     frames = sum(e.size(0) for e in encs)
     audio = frames * args.frame_shift
-    for batch in args.batch_sizes:
-        batches = make_batches(encs, batch, device)
-        contenders = searches(kind, stepper, lattice, batch)
-        # warm-up (and the time one round takes, to respect the budget)
-        start = time.perf_counter()
-        for _, search, method in contenders:
-            run_once(search, method, batches[:1], len(encs))
-        per_round = (time.perf_counter() - start) * len(batches)
-        rounds = args.rounds
-        if deadline is not None:
-            left = deadline - time.perf_counter()
-            rounds = min(rounds, int(left / max(per_round, 1e-9)))
-            if rounds < 1:
-                print(
-                    f"SKIPPED {kind} batch {batch}: about {per_round:.1f} s per "
-                    f"round, {left:.1f} s left",
-                    flush=True,
-                )
-                continue
-        times = {name: [] for name, _, _ in contenders}
-        hyps = {}
-        for _ in range(rounds):
-            for name, search, method in contenders:
-                seconds, hyps[name] = run_once(search, method, batches, len(encs))
-                times[name].append(seconds)
-        ref = statistics.median(times["frame"])
-        ref_labels = [h.yseq for h in hyps["frame"]]
-        labels = sum(len(h.yseq) - 1 for h in hyps["frame"]) / len(encs)
-        skipped = sum(h.frames_skipped for h in hyps["frame"]) / frames
-        for name, search, _ in contenders:
-            seconds = statistics.median(times[name])
-            row = {
-                "kind": kind,
-                "model": args.model_name,
-                "device": str(device),
-                "batch": batch,
-                "search": name,
-                "class": type(search).__name__,
-                "window": getattr(search, "window", None),
-                "utts": len(encs),
-                "frames": frames,
-                "audio_s": round(audio, 3),
-                "rounds": rounds,
-                "search_s": seconds,
-                "ms_per_utt": 1000 * seconds / len(encs),
-                "rtf": seconds / audio,
-                "speedup_vs_frame": ref / seconds,
-                "same_labels_as_frame": [h.yseq for h in hyps[name]] == ref_labels,
-                "labels_per_utt": labels,
-                "frames_skipped_pct": 100 * skipped,
-            }
-            if args.encoder_s is not None:
-                row["enc_plus_search_rtf"] = (args.encoder_s + seconds) / audio
-            out.append(row)
+    batches = make_batches(encs, batch, device)
+    contenders = searches(model.kind, model.stepper, model.lattice, batch)
+    start = time.perf_counter()  # warm-up, and the time one round takes
+    for _, search, method in contenders:
+        run_once(search, method, batches[:1], len(encs))
+    per_round = (time.perf_counter() - start) * len(batches)
+    rounds = args.rounds
+    if deadline is not None:
+        left = deadline - time.perf_counter()
+        share = left / configs_left
+        rounds = max(1, min(rounds, int(share / max(per_round, 1e-9))))
+        if per_round > left:
             print(
-                f"{kind:10s} {args.model_name:8s} b{batch:<4d} {name:9s} "
-                f"W={str(row['window']):4s} {seconds:8.4f} s {row['ms_per_utt']:8.3f} "
-                f"ms/utt  RTF {row['rtf']:.5f}  x{row['speedup_vs_frame']:.2f}  "
-                f"same={row['same_labels_as_frame']}  labels/utt {labels:.1f}  "
-                f"skip% {100 * skipped:.0f}"
-                + (
-                    f"  enc+search RTF {row['enc_plus_search_rtf']:.5f}"
-                    if "enc_plus_search_rtf" in row
-                    else ""
-                ),
+                f"SKIPPED {model.kind} batch {batch}: about {per_round:.1f} s per "
+                f"round, {left:.1f} s left",
                 flush=True,
             )
+            return
+    times = {name: [] for name, _, _ in contenders}
+    hyps = {}
+    for _ in range(rounds):
+        for name, search, method in contenders:
+            seconds, hyps[name] = run_once(search, method, batches, len(encs))
+            times[name].append(seconds)
+    ref = statistics.median(times["frame"])
+    ref_labels = [h.yseq for h in hyps["frame"]]
+    labels = sum(len(h.yseq) - 1 for h in hyps["frame"]) / len(encs)
+    skipped = sum(h.frames_skipped for h in hyps["frame"]) / frames
+    for name, search, _ in contenders:
+        seconds = statistics.median(times[name])
+        row = {
+            "kind": model.kind,
+            "model": args.model_name,
+            "device": str(device),
+            "batch": batch,
+            "search": name,
+            "class": type(search).__name__,
+            "window": getattr(search, "window", None),
+            "max_inner": (
+                search.inner_limit(device) if hasattr(search, "inner_limit") else None
+            ),
+            "utts": len(encs),
+            "frames": frames,
+            "audio_s": round(audio, 3),
+            "rounds": rounds,
+            "search_s": seconds,
+            "ms_per_utt": 1000 * seconds / len(encs),
+            "rtf": seconds / audio,
+            "speedup_vs_frame": ref / seconds,
+            "same_labels_as_frame": [h.yseq for h in hyps[name]] == ref_labels,
+            "labels_per_utt": labels,
+            "frames_skipped_pct": 100 * skipped,
+        }
+        if model.encoder_s is not None:
+            enc_s = model.encoder_s * len(encs) / len(model.encs)
+            row["enc_plus_search_rtf"] = (enc_s + seconds) / audio
+        out.append(row)
+        if row["max_inner"] == float("inf"):
+            row["max_inner"] = None  # JSON: no limit
+        print(
+            f"{model.kind:10s} {args.model_name:7s} b{batch:<4d} {name:9s} "
+            f"W={str(row['window']):4s} K={str(row['max_inner']):4s} "
+            f"{seconds:8.4f} s {row['ms_per_utt']:8.3f} ms/utt  "
+            f"RTF {row['rtf']:.5f}  x{row['speedup_vs_frame']:.2f}  "
+            f"same={row['same_labels_as_frame']}  labels/utt {labels:.1f}  "
+            f"skip% {100 * skipped:.0f}  ({len(encs)} utts, {rounds} rounds)"
+            + (
+                f"  enc+search RTF {row['enc_plus_search_rtf']:.5f}"
+                if "enc_plus_search_rtf" in row
+                else ""
+            ),
+            flush=True,
+        )
 
 
 def random_encs(n, seed, device_hint="cpu"):
@@ -280,6 +298,10 @@ def random_encs(n, seed, device_hint="cpu"):
 def trained_model(args, device):
     """(kind, decoder, joint, lattice, encoder outputs, encoder seconds)."""
     import soundfile
+
+    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+
+    # isort: split
     from espnet2.tasks.asr import ASRTask
 
     import espnet_multiblank
@@ -292,7 +314,9 @@ def trained_model(args, device):
     espnet_multiblank.register()
     exp = Path(args.exp)
     model_file = args.model_file or exp / "valid.loss.ave.pth"
-    model, _ = ASRTask.build_model_from_file(exp / "config.yaml", model_file, device)
+    model, _ = ASRTask.build_model_from_file(
+        exp / "config.yaml", model_file, str(device)
+    )
     model.eval()
     lattice = lattice_from_model(model)
     fix_decoder_blank(model.decoder, lattice)
@@ -323,13 +347,25 @@ def main():
     parser.add_argument(
         "--device", default=None, help="cuda / cpu (default: cuda if " "available)"
     )
-    parser.add_argument("--batch-sizes", default="1,16,128")
+    parser.add_argument("--batch-sizes", default="128,16,1")
     parser.add_argument(
         "--kinds",
         default="standard,multiblank,tdt",
         help="random models to run (ignored with --exp)",
     )
-    parser.add_argument("--utts", type=int, default=256)
+    parser.add_argument(
+        "--utts",
+        type=int,
+        default=256,
+        help="utterances (random models; with --exp the first N of --data)",
+    )
+    parser.add_argument(
+        "--min-utts",
+        type=int,
+        default=32,
+        help="utterances decoded at batch size B: the first max(min_utts, 2 B) "
+        "(0: all)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -379,22 +415,27 @@ def main():
             parser.error("--exp needs --data (a wav.scp)")
         kind, decoder, joint, lattice, encs, enc_s = trained_model(args, device)
         args.model_name = "trained"
-        args.encoder_s = enc_s
         print(
             f"{kind} model {args.exp}: {len(encs)} utterances, encoder "
             f"{1000 * enc_s / len(encs):.2f} ms/utt",
             flush=True,
         )
-        bench_model(kind, decoder, joint, lattice, encs, args, device, deadline, rows)
+        models = [Model(kind, decoder, joint, lattice, encs, device, enc_s)]
     else:
         args.model_name = "random"
-        args.encoder_s = None
         encs = random_encs(args.utts, args.seed)
-        for kind in args.kinds.split(","):
-            decoder, joint, lattice = random_model(kind, args.seed)
-            bench_model(
-                kind, decoder, joint, lattice, encs, args, device, deadline, rows
-            )
+        models = [
+            Model(kind, *random_model(kind, args.seed), encs, device)
+            for kind in args.kinds.split(",")
+        ]
+    # warm-up of the device and the libraries (not counted in any configuration)
+    for model in models:
+        warm = make_batches(model.encs[:2], 2, device)
+        for _, search, method in searches(model.kind, model.stepper, model.lattice, 2):
+            run_once(search, method, warm, 2)
+    configs = [(model, b) for b in args.batch_sizes for model in models]
+    for i, (model, batch) in enumerate(configs):
+        bench_config(model, batch, args, device, deadline, len(configs) - i, rows)
     if out_path:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         with open(out_path, "a", encoding="utf-8") as f:

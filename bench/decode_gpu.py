@@ -207,7 +207,8 @@ class Model:
 
 
 def bench_config(model, batch, args, device, deadline, configs_left, out):
-    """Time every contender on ``model`` at batch size ``batch``; append rows."""
+    """Time every contender on ``model`` at batch size ``batch``; ``out(row)`` for
+    each."""
     # small batches decode fewer utterances (one at a time is the slow case)
     encs = model.encs
     if args.min_utts > 0:
@@ -270,9 +271,9 @@ def bench_config(model, batch, args, device, deadline, configs_left, out):
         if model.encoder_s is not None:
             enc_s = model.encoder_s * len(encs) / len(model.encs)
             row["enc_plus_search_rtf"] = (enc_s + seconds) / audio
-        out.append(row)
         if row["max_inner"] == float("inf"):
             row["max_inner"] = None  # JSON: no limit
+        out(row)
         print(
             f"{model.kind:10s} {args.model_name:7s} b{batch:<4d} {name:9s} "
             f"W={str(row['window']):4s} K={str(row['max_inner']):4s} "
@@ -410,6 +411,15 @@ def main():
         flush=True,
     )
     rows = []
+
+    def out(row):  # written at once: a run stopped by its budget keeps what it did
+        rows.append(row)
+        if out_path:
+            with open(out_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+    if out_path:
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     if args.exp:
         if not args.data:
             parser.error("--exp needs --data (a wav.scp)")
@@ -435,12 +445,8 @@ def main():
             run_once(search, method, warm, 2)
     configs = [(model, b) for b in args.batch_sizes for model in models]
     for i, (model, batch) in enumerate(configs):
-        bench_config(model, batch, args, device, deadline, len(configs) - i, rows)
+        bench_config(model, batch, args, device, deadline, len(configs) - i, out)
     if out_path:
-        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(out_path, "a", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
         print(f"{len(rows)} rows -> {out_path}")
     print(f"done in {time.perf_counter() - start:.1f} s")
     bad = [r for r in rows if not r["same_labels_as_frame"]]

@@ -30,12 +30,13 @@ Inputs: float32 logits ~ N(0, 1), full lengths, reduction "mean". Standard loss:
 blank 0, labels uniform in [1, V). Multi-blank (durations [2, 4, 8]): blank = V - 1,
 labels uniform in [0, V - 4) (never a blank id).
 
-Time: median (``--stat min``: minimum) of ``--runs`` rounds after ``--warmup`` rounds,
-wall clock, in this process, with ``torch.set_num_threads(n)`` (our Numba kernel uses
-as many threads as torch). Slow contenders use ``--slow-runs`` runs. The machine's load
+Time: wall clock of ``--runs`` rounds after ``--warmup`` rounds, in this process, with
+``torch.set_num_threads(n)`` (our Numba kernel uses as many threads as torch); slow
+contenders use ``--slow-runs`` runs. Columns per thread count: median seconds, median
+/ median of ``log_softmax`` ("x ls"), and minimum / minimum ("min"). The machine's load
 average is printed before and after: on a loaded machine a call of a few ms is often
-preempted, which inflates medians of the slower contenders (``--stat min`` is then the
-better estimate of the undisturbed ratio).
+preempted, which inflates the medians of the slower contenders; the minimum is then
+the better estimate of the undisturbed ratio.
 
 Memory: for each (shape, contender), a fresh subprocess (first thread count) loads the
 contender (one tiny call, so that imports and kernel loading are not counted),
@@ -55,7 +56,7 @@ Usage::
     python bench/loss_cpu.py --quick          # shapes 1 and 4, 1 and 2 threads
     python bench/loss_cpu.py                  # all shapes
     python bench/loss_cpu.py --quick --espnet # + ESPnet's (very slow) CPU loss
-    python bench/loss_cpu.py --threads 1 --runs 9 --no-memory --stat min
+    python bench/loss_cpu.py --threads 1 --runs 9 --no-memory
     .anchors/bin/python bench/loss_cpu.py     # with optimized_transducer
 """
 
@@ -258,12 +259,11 @@ def probe(name: str, durations) -> Optional[str]:
 def time_interleaved(
     runs_by_name: Dict[str, Callable[[], float]],
     counts: Dict[str, Tuple[int, int]],
-    stat: str,
-) -> Dict[str, Tuple[float, float, int]]:
+) -> Dict[str, Tuple[List[float], float]]:
     """Time the contenders in interleaved rounds: round r runs every contender that
     still has runs left once, in order. ``counts[name] = (warmup, runs)``.
 
-    Returns ``{name: (statistic of the times, last loss value, runs)}``; a contender
+    Returns ``{name: (the times of the timed runs, last loss value)}``; a contender
     that raises is left out (its error printed).
     """
     value = {name: float("nan") for name in runs_by_name}
@@ -289,9 +289,8 @@ def time_interleaved(
             value[name] = v
             if rnd >= warmup:
                 times[name].append(dt)
-    reduce = min if stat == "min" else statistics.median
     return {
-        name: (reduce(ts), value[name], len(ts))
+        name: (ts, value[name])
         for name, ts in times.items()
         if ts and name not in failed
     }
@@ -413,12 +412,6 @@ def parse_args(argv=None):
         default="1,2",
         help="torch (and Numba) thread counts, comma-separated (default 1,2)",
     )
-    p.add_argument(
-        "--stat",
-        choices=("median", "min"),
-        default="median",
-        help="statistic of the timed runs (default median)",
-    )
     p.add_argument("--runs", type=int, default=5, help="timed runs (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     p.add_argument("--slow-runs", type=int, default=1, help="runs for slow contenders")
@@ -460,8 +453,8 @@ def main(argv=None):
     )
     print(
         f"torch {torch.__version__}, numba {_numba_version()}, threads {threads}, "
-        f"float32, full lengths, reduction='mean', {args.stat} of {args.runs} "
-        f"interleaved rounds after {args.warmup} warm-up "
+        f"float32, full lengths, reduction='mean', {args.runs} interleaved rounds "
+        f"after {args.warmup} warm-up "
         f"(slow contenders: {args.slow_runs} run(s))"
     )
     if not args.no_load_time:
@@ -491,7 +484,7 @@ def main(argv=None):
 
     head = f"{'shape (B,T,U,V)':<20} {'durations':<10} {'contender':<21}"
     for n in threads:
-        head += f" {f's ({n}t)':>9} {f'x ls ({n}t)':>10}"
+        head += f" {f's ({n}t)':>8} {f'x ls ({n}t)':>10} {'min':>5}"
     head += f" {'runs':>4} {'peak MB':>8} {'loss':>12}"
     print(f"\nload average before: {_load()}")
     print("\n" + head + "\n" + "-" * len(head), flush=True)
@@ -521,7 +514,7 @@ def main(argv=None):
             results = {}
             for n_threads in threads:
                 torch.set_num_threads(n_threads)
-                results[n_threads] = time_interleaved(runs_by_name, counts, args.stat)
+                results[n_threads] = time_interleaved(runs_by_name, counts)
             for name in names:
                 if not any(name in results[n] for n in threads):
                     continue
@@ -531,11 +524,14 @@ def main(argv=None):
                     res = results[n].get(name)
                     yard = results[n].get("log_softmax")
                     if res is None:
-                        row += f" {'-':>9} {'-':>10}"
+                        row += f" {'-':>8} {'-':>10} {'-':>5}"
                         continue
-                    t, value, runs = res
-                    ratio = t / yard[0] if yard else float("nan")
-                    row += f" {t:>9.4f} {ratio:>10.2f}"
+                    ts, value = res
+                    runs = len(ts)
+                    med = statistics.median(ts)
+                    ratio = med / statistics.median(yard[0]) if yard else float("nan")
+                    ratio_min = min(ts) / min(yard[0]) if yard else float("nan")
+                    row += f" {med:>8.4f} {ratio:>10.2f} {ratio_min:>5.2f}"
                 mem = (
                     float("nan")
                     if args.no_memory

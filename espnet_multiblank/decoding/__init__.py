@@ -11,6 +11,8 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
   (one utterance and batched), :class:`MultiblankBeamSearch`; for token-and-duration
   transducers :class:`TDTGreedySearch` (one utterance and batched),
   :class:`TDTBeamSearch` and their :class:`TDTSymbolTable`.
+* :class:`LabelLoopingGreedySearch`: label-looping greedy search (batched), with
+  :class:`MultiblankLabelLoopingSearch` and :class:`TDTLabelLoopingSearch`.
 
 See ``docs/decoding.md``.
 """
@@ -19,6 +21,11 @@ from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
+from espnet_multiblank.decoding.label_looping import (
+    LabelLoopingGreedySearch,
+    MultiblankLabelLoopingSearch,
+    TDTLabelLoopingSearch,
+)
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
 from espnet_multiblank.decoding.symbols import SymbolTable
 from espnet_multiblank.decoding.tdt import TDTGreedySearch
@@ -30,12 +37,15 @@ __all__ = [
     "BatchedHyps",
     "Hypothesis",
     "JointStepper",
+    "LabelLoopingGreedySearch",
     "MultiblankBeamSearch",
     "MultiblankGreedySearch",
+    "MultiblankLabelLoopingSearch",
     "Stepper",
     "SymbolTable",
     "TDTBeamSearch",
     "TDTGreedySearch",
+    "TDTLabelLoopingSearch",
     "TDTSymbolTable",
     "TransducerSearch",
     "single_thread_on_cpu",

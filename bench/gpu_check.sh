@@ -121,6 +121,16 @@ timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss_cuda_sim.py 2
     tee "$OUT/pytest_gpu.log"
 rc_test=${PIPESTATUS[0]}
 
+# The label-looping search on the GPU vs the CPU (same hypotheses). Its test module
+# builds tiny models with ESPnet's decoder and joint network: if ESPnet's own imports
+# fail on this machine, the log says so and the stage counts as not run.
+echo "=== pytest (label-looping search, GPU vs CPU), $(left) s left ==="
+B_LL=$(budget "${LL_BUDGET:-60}" 20)
+timeout "$B_LL" $PY -m pytest -q -rs -p no:cacheprovider \
+    test/test_label_looping.py -k test_cuda_matches_cpu 2>&1 |
+    tee "$OUT/pytest_label_looping.log"
+rc_ll=${PIPESTATUS[0]}
+
 echo "=== loss benchmark, $(left) s left ==="
 B_BENCH=$(budget "${BENCH_BUDGET:-200}" 40)
 # the script stops starting new configurations 30 s before its budget
@@ -139,6 +149,6 @@ if [[ -f bench/decode_gpu.py ]]; then
     rc_decode=${PIPESTATUS[0]}
 fi
 
-echo "pytest rc=$rc_test  bench rc=$rc_bench  decode rc=$rc_decode" \
+echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench  decode rc=$rc_decode" \
     "(124 = ran out of its budget); $(($(date +%s) - T0)) s in all"
 exit $((rc_test != 0 || rc_bench != 0 || rc_decode != 0))

@@ -135,7 +135,8 @@ def test_spawned_worker_sees_registration(tmp_path, monkeypatch):
     ``ASRTask.main_worker``; a worker only has what importing ``__main__`` and the
     target gives it. With ``python -m espnet_multiblank.bin.asr_train`` as main, a
     spawned process builds a multiblank model from the parent's parsed args.
-    (ESPnet's spawn mode needs --ngpu > 1, so no real DDP run on CPU.)"""
+    (Real multi-process training, CPU spawn path and torchrun included, is tested in
+    test_espnet_ddp.py.)"""
     from espnet2.tasks.asr import ASRTask
 
     from espnet_multiblank.bin import asr_train

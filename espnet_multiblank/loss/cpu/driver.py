@@ -10,7 +10,6 @@ Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses 
   ``(costs, grads)`` shared with the CUDA backend.
 """
 
-import contextlib
 import functools
 import os
 import types
@@ -78,18 +77,6 @@ def _pick(num_elements: int):
 
 
 _MAX_THREADS = numba.config.NUMBA_NUM_THREADS
-
-
-@contextlib.contextmanager
-def _kernel_set(num_elements: int):
-    """Context-manager form of :func:`_pick` (used by the TDT driver). Yields
-    ``_PARALLEL`` or ``_SERIAL`` (the TDT driver compares with ``is``)."""
-    kernels, prev = _pick(num_elements)
-    try:
-        yield kernels
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
 
 
 @functools.lru_cache(maxsize=256)

@@ -75,6 +75,7 @@ _NEG_INF = -np.inf
 # maximum, so that no exp of a row is flushed to 0 while it is above e**-46 of the
 # row's largest one
 _MIN_ROW_SUM = 2.0**-60
+_U0 = np.uint64(0)
 _U1 = np.uint64(1)
 _U2 = np.uint64(2)
 _LANES = 8
@@ -256,7 +257,7 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
         v_label = np.empty(C)
         v_big = np.empty(max(N, 1) * C)
         sb = np.uint64(b * T * U) * uK1  # this utterance's rows in ST
-        _rows_to_diagonals(STf, sb, U, K1, Tb, Ub, L, uD, uC)
+        _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC)
         # forward: alpha(n, j) = LSE of the transitions into the node, and the q of
         # each of them. Standard RNN-T: two loops per anti-diagonal; with big blanks one
         # loop per step and big blank (an inner loop over the big blanks, even one of
@@ -413,12 +414,12 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
 
 
 @njit(**_OPTS)
-def _rows_to_diagonals(STf, sb, U, K1, Tb, Ub, L, uD, uC):
-    """The K log-probs of utterance b's valid rows (row-major, from ``STf[sb:]``) to
-    the anti-diagonal planes of ``L`` (strided loads, contiguous stores; exact ranges:
-    the loads must stay inside the utterance's rows)."""
+def _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC):
+    """Slots 0 .. K - 1 of utterance b's valid rows (row-major, K1 slots per node, from
+    ``STf[sb:]``) to the K anti-diagonal planes of ``L`` (strided loads, contiguous
+    stores; exact ranges: the loads must stay inside the utterance's rows)."""
     step = np.uint64((U - 1) * K1)
-    for k in range(K1 - 1):
+    for k in range(K):
         for n in range(Tb + Ub - 1):
             jlo, jhi, jend = _diag_range(n, Tb, Ub)
             # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)

@@ -1,24 +1,20 @@
 """Host-side driver of the CPU TDT kernels (workspaces, threads, the kernel contract).
 
-Threads follow the multi-blank driver (:mod:`espnet_multiblank.loss.cpu.driver`): its
-``_kernel_set`` decides between the parallel kernels and their single-threaded twins
-(small problems, forked children, one torch thread) and sets / restores Numba's thread
-count; this module only swaps in the TDT kernels of the same kind.
+The same contract as the multi-blank driver (:mod:`espnet_multiblank.loss.cpu.driver`,
+whose thread choice it uses: parallel kernels or their single-threaded twins):
 
-Entry points, as the autograd Function of ``espnet_multiblank.loss.function`` expects:
-
-* :func:`tdt_compute` ``(acts, labels, act_lens, label_lens, opts, grad_weights,
-  need_grad) -> (costs, grads)``: all three passes;
-* ``tdt_compute.begin`` (:func:`tdt_begin`): passes 1 and 2, the gradient buffer
-  holding the exps; ``tdt_compute.finish`` (:func:`tdt_finish`): pass 3 in place with
-  per-utterance factors known only in backward (reduction weight times the incoming
-  gradient), so that any incoming gradient costs no second logits-sized buffer.
+* :func:`tdt_begin` runs passes 1 and 2 (costs; the gradient buffer holds the exps)
+  and returns the tensors pass 3 needs; :func:`tdt_finish` runs pass 3 on them in
+  place with the per-utterance factors known only in backward (reduction weight times
+  incoming gradient), so any incoming gradient costs no second logits-sized buffer;
+* :func:`tdt_compute` = ``tdt_begin`` + ``tdt_finish(grad_weights)``: the plain
+  contract ``(costs, grads)`` shared with the CUDA backend.
 """
 
-import contextlib
-from dataclasses import dataclass
+import functools
 from typing import Optional, Tuple
 
+import numba
 import numpy as np
 import torch
 
@@ -26,51 +22,75 @@ from espnet_multiblank.loss.cpu import driver, tdt_kernels
 from espnet_multiblank.loss.tdt_options import TDTOptions
 
 _PARALLEL = (
-    tdt_kernels.tdt_row_statistics,
-    tdt_kernels.tdt_alpha_beta,
-    tdt_kernels.tdt_gradients,
+    tdt_kernels.tdt_rows_forward,
+    tdt_kernels.tdt_lattice,
+    tdt_kernels.tdt_rows_backward,
 )
 _SERIAL = tuple(driver._serial_twin(k) for k in _PARALLEL)
 
 
-@contextlib.contextmanager
-def _kernels(num_elements: int):
-    """The TDT kernel triple of the kind (parallel or serial) that the multi-blank
-    driver picks, with its thread settings."""
-    with driver._kernel_set(num_elements) as chosen:
-        yield _PARALLEL if chosen is driver._PARALLEL else _SERIAL
+def _pick(num_elements: int):
+    """The TDT kernel triple of the kind the multi-blank driver picks, and the Numba
+    thread count to restore afterwards (or None)."""
+    chosen, prev = driver._pick(num_elements)
+    return (_PARALLEL if chosen is driver._PARALLEL else _SERIAL), prev
 
 
-@dataclass
-class PendingTDTGradient:
-    """What pass 3 needs; ``buffer`` becomes the gradient in place.
+@functools.lru_cache(maxsize=256)
+def _durations(opts: TDTOptions) -> np.ndarray:
+    d = np.asarray(opts.durations, dtype=np.int64)
+    d.setflags(write=False)
+    return d
 
-    Attributes:
-        buffer: (B, T, U, V + D) acts dtype: exp(x - max) of both parts at valid rows.
-        occupancy: (B, T, U, 2 + D) float64: W_blank, W_label, W_dur(0..D-1).
-        inv_sums: (B, T, U, 2) float64: 1 / sum of exps of each part.
-        log_p: (B,) float64.
-        labels, act_lens, label_lens: the kernel's int64 inputs.
+
+# pass 2 sweeps the anti-diagonals of several utterances in one vector loop: about
+# this many columns (nodes of an anti-diagonal) per group of utterances
+GROUP_COLUMNS = 512
+
+
+def _groups(B: int, U: int, parallel: bool) -> int:
+    """Number of groups of utterances of pass 2 (at least one per thread)."""
+    groups = -(-B * (U + 1) // GROUP_COLUMNS)
+    if parallel:
+        groups = max(groups, numba.get_num_threads())
+    return max(1, min(B, groups))
+
+
+def tdt_finish(
+    tensors: Tuple[torch.Tensor, ...], opts: TDTOptions, factors
+) -> torch.Tensor:
+    """Pass 3 on the tensors :func:`tdt_begin` returned (e.g. as saved by autograd):
+    the buffer becomes ``factors[b] * clip(d cost_b / d acts_b, -clamp, clamp)`` in
+    place and is returned.
+
+    Args:
+        tensors: ``(buffer (B, T, U, V + D) acts dtype: the exps of pass 1,
+            rows (B, T, U, D + 4) float64: per node W_blank, W_label, W_dur(0..D-1)
+            and the two softmax coefficients, log_p (B,) float64, labels, act_lens,
+            label_lens)``.
+        factors: (B,) per-utterance factor (any sign): a CPU tensor or numpy array.
     """
-
-    buffer: torch.Tensor
-    occupancy: torch.Tensor
-    inv_sums: torch.Tensor
-    log_p: torch.Tensor
-    labels: torch.Tensor
-    act_lens: torch.Tensor
-    label_lens: torch.Tensor
-
-    def tensors(self) -> Tuple[torch.Tensor, ...]:
-        return (
-            self.buffer,
-            self.occupancy,
-            self.inv_sums,
-            self.log_p,
-            self.labels,
-            self.act_lens,
-            self.label_lens,
+    buffer, rows, log_p, labels, act_lens, label_lens = tensors
+    V = buffer.shape[3] - opts.num_durations
+    kernels, prev = _pick(buffer.numel())
+    try:
+        kernels[2](
+            labels.numpy(),
+            act_lens.numpy(),
+            label_lens.numpy(),
+            opts.blank,
+            V,
+            rows.numpy(),
+            log_p.numpy(),
+            opts.fastemit_lambda,
+            opts.clamp,
+            np.ascontiguousarray(factors, dtype=np.float64),
+            buffer.numpy(),
         )
+    finally:
+        if prev is not None:
+            numba.set_num_threads(prev)
+    return buffer
 
 
 def tdt_begin(
@@ -80,8 +100,8 @@ def tdt_begin(
     label_lens: torch.Tensor,
     opts: TDTOptions,
     need_grad: bool,
-) -> Tuple[torch.Tensor, Optional[PendingTDTGradient]]:
-    """Passes 1 and 2: costs and, when ``need_grad``, the pending gradient.
+) -> Tuple[np.ndarray, Optional[Tuple[torch.Tensor, ...]]]:
+    """Passes 1 and 2: costs and, when ``need_grad``, what pass 3 needs.
 
     Args:
         acts: (B, T, U, V + D) contiguous float32/float64 CPU tensor of raw logits.
@@ -90,85 +110,68 @@ def tdt_begin(
         opts: TDT options (``omega`` is not looked at: the caller draws it).
         need_grad: whether the gradient will be wanted.
     Returns:
-        costs: (B,) acts.dtype, ``-(1 + lambda) log P`` (+inf if impossible, NaN if a
-            valid row holds NaN / +inf logits, or a part of only -inf).
-        pending: :class:`PendingTDTGradient`, or None (not need_grad, or NaN costs).
+        costs: (B,) float64 numpy array, ``-(1 + lambda) log P`` (+inf if impossible,
+            NaN if a valid row holds NaN / +inf logits, or a part of only -inf).
+        pending: the tensors :func:`tdt_finish` takes (the gradient buffer first), or
+            None (not need_grad, or NaN costs).
     """
     B, T, U, VD = acts.shape
     D = opts.num_durations
-    V = VD - D
     x = acts.numpy()
-    lab = labels.contiguous().numpy()
-    al = act_lens.contiguous().numpy()
-    ll = label_lens.contiguous().numpy()
-    durations = np.asarray(opts.durations, dtype=np.int64)
-
-    lp = torch.empty((B, T, U, 2 + D), dtype=torch.float64)
-    inv_sums = torch.empty((B, T, U, 2), dtype=torch.float64)
-    alpha = np.empty((B, T, U), np.float64)
-    beta = np.empty((B, T, U), np.float64) if need_grad else alpha[:0]
-    log_p = torch.empty(B, dtype=torch.float64)
+    if not labels.is_contiguous():
+        labels = labels.contiguous()
+    # numpy allocations, as in the multi-blank driver (page faults, see there)
+    rows = np.empty((B, T, U, D + 4), np.float64)
+    log_p = np.empty(B, np.float64)
     bad = np.zeros(B, np.uint8)
-    buffer = torch.empty_like(acts) if need_grad else None
-    exps = buffer.numpy() if need_grad else x[:0]
-    with _kernels(acts.numel()) as (row_statistics, alpha_beta, _):
-        row_statistics(
+    buffer = np.empty(acts.shape, x.dtype) if need_grad else x
+    al = act_lens.numpy()
+    ll = label_lens.numpy()
+    (rows_forward, lattice, _), prev = _pick(acts.numel())
+    try:
+        rows_forward(
             x,
-            lab,
+            labels.numpy(),
             al,
             ll,
             opts.blank,
-            V,
+            VD - D,
             opts.sigma,
-            lp.numpy(),
-            inv_sums.numpy(),
-            bad,
-            exps,
             need_grad,
+            buffer,
+            rows,
+            bad,
         )
         if bad.any():
-            costs = torch.zeros(B, dtype=acts.dtype)
-            costs[torch.from_numpy(bad.astype(bool))] = float("nan")
+            costs = np.zeros(B, np.float64)
+            costs[bad.astype(bool)] = np.nan
             return costs, None
-        alpha_beta(lp.numpy(), al, ll, durations, alpha, beta, log_p.numpy(), need_grad)
-    lam = opts.fastemit_lambda
-    costs = (-(1.0 + lam) * log_p + 0.0).to(acts.dtype)
-    pending = None
-    if need_grad:
-        pending = PendingTDTGradient(
-            buffer, lp, inv_sums, log_p, labels, act_lens, label_lens
-        )
-    return costs, pending
-
-
-def tdt_finish(
-    tensors: Tuple[torch.Tensor, ...], opts: TDTOptions, factors: torch.Tensor
-) -> torch.Tensor:
-    """Pass 3 on :meth:`PendingTDTGradient.tensors` (e.g. as saved by autograd): the
-    buffer becomes ``factors[b] * clip(d cost_b / d acts_b)`` in place and is returned.
-
-    Args:
-        factors: (B,) per-utterance factor (any float dtype and sign, CPU).
-    """
-    buffer, occupancy, inv_sums, log_p, labels, act_lens, label_lens = tensors
-    V = buffer.shape[3] - opts.num_durations
-    f = factors.detach().to(torch.float64).contiguous().numpy()
-    with _kernels(buffer.numel()) as (_, _, gradients):
-        gradients(
-            labels.contiguous().numpy(),
-            act_lens.contiguous().numpy(),
-            label_lens.contiguous().numpy(),
-            opts.blank,
-            V,
-            inv_sums.numpy(),
-            occupancy.numpy(),
-            log_p.numpy(),
+        lattice(
+            rows,
+            al,
+            ll,
+            _durations(opts),
             opts.fastemit_lambda,
-            opts.clamp,
-            f,
-            buffer.numpy(),
+            need_grad,
+            _groups(B, U, prev is not None or lattice is _PARALLEL[1]),
+            log_p,
         )
-    return buffer
+    finally:
+        if prev is not None:
+            numba.set_num_threads(prev)
+    costs = -(1.0 + opts.fastemit_lambda) * log_p + 0.0
+    if not need_grad:
+        return costs, None
+    from_numpy = torch.from_numpy
+    pending = (
+        from_numpy(buffer),
+        from_numpy(rows),
+        from_numpy(log_p),
+        labels,
+        act_lens,
+        label_lens,
+    )
+    return costs, pending
 
 
 def tdt_compute(
@@ -183,21 +186,19 @@ def tdt_compute(
     """TDT costs and (optionally) gradients on CPU (:func:`tdt_begin` + pass 3).
 
     Args:
-        acts: (B, T, U, V + D) contiguous float32/float64 CPU tensor of raw logits.
-        labels: (B, L) int64; act_lens, label_lens: (B,) int64.
-        opts: TDT options.
+        acts, labels, act_lens, label_lens, opts, need_grad: as for :func:`tdt_begin`.
         grad_weights: (B,) per-utterance weight applied after the clamp.
-        need_grad: whether to compute the gradient.
     Returns:
         costs: (B,) acts.dtype (see :func:`tdt_begin`).
         grads: (B, T, U, V + D) acts.dtype (zeros when a cost is NaN) or None.
     """
     costs, pending = tdt_begin(acts, labels, act_lens, label_lens, opts, need_grad)
+    costs = torch.from_numpy(costs).to(acts.dtype)
     if not need_grad:
         return costs, None
     if pending is None:  # NaN costs: the caller raises
         return costs, torch.zeros_like(acts)
-    return costs, tdt_finish(pending.tensors(), opts, grad_weights)
+    return costs, tdt_finish(pending, opts, grad_weights.detach())
 
 
 tdt_compute.begin = tdt_begin

@@ -1,39 +1,41 @@
 """Numba CPU kernels of the TDT loss: three passes, both log-softmaxes fused.
 
-Notation (utterance b; ``x = acts[b, t, u, :]`` holds V token logits then D duration
-logits; T_b frames, L_b labels, U_b = L_b + 1; the recursions are those of
-``docs/lattice.md`` section 3):
+The same kernel family as the multi-blank kernels (``kernels.py``: read its module
+docstring for the design and the performance rules, which hold here too), with the
+TDT lattice of ``docs/lattice.md`` section 3. Notation (utterance b; a row ``x =
+acts[b, t, u, :]`` holds V token logits then D duration logits; T_b frames, L_b labels,
+U_b = L_b + 1):
 
     tok(t,u,k) = x_k - LSE(x[:V]) - sigma          dur(t,u,j) = x_{V+j} - LSE(x[V:])
 
-Pass 1, :func:`tdt_row_statistics` (rows (b, t) over threads): for every valid row
-(t < T_b, u < U_b) the two log-softmax denominators, and the step log-probs the DP
-needs, in a (B, T, U, 2 + D) float64 workspace ``lp``: slot 0 ``tok(blank)``, slot 1
-``tok(y_u)`` (u < L_b), slot 2 + j ``dur(j)``. ``exp(x - max)`` of both parts is
-written once, into the gradient buffer when the gradient is wanted (pass 3 scales it
-instead of reading the logits and exponentiating again), and the reciprocals of the
-two sums of exps are kept in ``inv_sums`` (B, T, U, 2).
+Per node, a row-major (B, T, U, D + 4) float64 array carries, between the passes:
+slot 0 tok(blank), slot 1 tok(y_u) (-inf on the last row), slot 2 + j dur(j), then
+the reciprocals of the two sums of exps (slots D + 2, D + 3).
 
-Pass 2, :func:`tdt_alpha_beta` (utterances over threads, float64): alpha in raster
-order (t ascending, u ascending: a label with duration 0 goes from (t, u - 1) to
-(t, u)), log P, and when the gradient is wanted beta in the reverse order. The
-backward sweep reuses the ``exp(term - max)`` of beta's log-sum-exp to form the step
-occupancies ``W = exp(alpha(t,u) + step log-prob + beta(dest) - log P)`` and writes,
-over ``lp[b, t, u]`` (no longer needed): slot 0 the blank steps' total W_blank, slot 1
-the label steps' total W_label, slot 2 + j the total of the steps with duration j.
+Pass 1, :func:`tdt_rows_forward` (frames over threads): the logits are read once; one
+shift per frame (its largest logit, token or duration; a part whose exps all fall
+below 2**-60 with it is redone with its own maximum); ``exp(x - shift)`` of both parts
+goes into the gradient buffer (padding rows zeroed), the vectorised float32 exp of
+``row_ops``.
 
-Pass 3, :func:`tdt_gradients` (rows over threads), with p = softmax(x[:V]) and
-q = softmax(x[V:]), gamma = W_blank + W_label (= exp(alpha + beta - log P)):
+Pass 2, :func:`tdt_lattice` (utterances over threads): anti-diagonal sweeps (n = t + u)
+vectorised over u in float64 with the polynomial exp / log. Every TDT step goes to a
+later anti-diagonal (a blank with duration e >= 1 from n - e, a label with duration e
+from n - e - 1), so a whole anti-diagonal depends on earlier ones only. The forward
+sweep computes alpha and, per step, ``q = exp(alpha(src) + tok + dur - alpha(dest))``
+stored by destination (2 D planes: blank with duration j, label with duration j); the
+backward sweep needs no beta: ``gamma(end) = 1``, ``W = gamma(dest) q``, ``gamma(node)
+= sum of the W leaving it``. The node's row gets back W_blank, W_label, W_dur(j) and
+the softmax coefficients ``(gamma + lambda W_label) / S_tok`` and ``gamma / S_dur``.
 
-    g[k]     = (gamma + lambda W_label) p_k - W_blank [k = blank]
-               - (1 + lambda) W_label [k = y_u]                       (k < V)
-    g[V + j] = gamma q_j - W_dur(j)
+Pass 3, :func:`tdt_rows_backward` (frames over threads), with f_b the utterance's factor
+(reduction weight times incoming gradient) and e the exps in the buffer:
 
-clipped to [-clamp, clamp] (clamp > 0) and multiplied by the utterance's weight.
-Padding rows and impossible utterances get exactly 0.
+    g[k]     = f_b [ (gamma + lambda W_label) e_k / S_tok - W_blank [k = blank]
+                     - (1 + lambda) W_label [k = y_u] ]                   (k < V)
+    g[V + j] = f_b [ gamma e_{V+j} / S_dur - W_dur(j) ]
 
-The logits are read once (pass 1); pass 3 streams the buffer of exps once more and
-writes the gradient in place. No transcendental function runs per element in pass 3.
+clipped to [-clamp |f_b|, clamp |f_b|]. Padding rows and impossible utterances get 0.
 """
 
 import math
@@ -41,302 +43,466 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from espnet_multiblank.loss.cpu.kernels import (
+    _CHUNKS,
+    _LANES,
+    _MIN_ROW_SUM,
+    _OPTS,
+    _U0,
+    _U1,
+    _chunk,
+    _diag_range,
+)
 from espnet_multiblank.loss.cpu.row_ops import (
-    row_clamp,
-    row_exp,
-    row_has_nan_or_posinf,
-    row_max,
-    row_sum_checked,
-    row_sum_fast,
+    clamp_range,
+    exp64,
+    exp_sum,
+    log64,
+    max_and_check,
+    scale_range,
+    zero_range,
 )
 
 _NEG_INF = -np.inf
 
 
-@njit(cache=True)
-def _max_ignoring_neginf(x):
-    """max over the row (-inf entries do not count; -inf if all are -inf)."""
-    m = _NEG_INF
-    for k in range(x.size):
-        if x[k] > m:
-            m = x[k]
-    return m
-
-
-@njit(fastmath=True, cache=True)
-def _row_scale(g, c):
-    """g <- c * g in place (vectorised)."""
-    s = g.dtype.type(c)
-    for k in range(g.size):
-        g[k] = g[k] * s
-
-
-@njit(cache=True)
-def _part_log_sum_exp(x, e, ibuf):
-    """LSE of the row ``x`` with ``e <- exp(x - max)``; returns (LSE, 1 / sum e).
-
-    Returns NaN for a row with NaN / +inf or only -inf entries (a NaN cost for the
-    caller).
-    """
-    m = row_max(x)
-    if not math.isfinite(row_sum_checked(x)):
-        if row_has_nan_or_posinf(x):
-            return math.nan, math.nan
-        m = _max_ignoring_neginf(x)
-        if m == _NEG_INF:
-            return math.nan, math.nan
-    row_exp(x, m, 1.0, e, ibuf)
-    s = np.float64(row_sum_fast(e))
-    return np.float64(m) + math.log(s), 1.0 / s
-
-
-@njit(cache=True)
-def _short_log_sum_exp(x, e):
-    """:func:`_part_log_sum_exp` for the few duration logits: scalar float64 loops
-    (a vectorised row pass costs more than it saves on a handful of elements)."""
-    m = _NEG_INF
-    for k in range(x.size):
-        v = np.float64(x[k])
-        if v != v or v == np.inf:
-            return math.nan, math.nan
-        if v > m:
-            m = v
+@njit(**_OPTS)
+def _part_exps(xf, lo, hi, c, out, o0):
+    """(sum of exps, shift) of x[lo:hi] written to out[o0:]: with shift ``c`` unless
+    the sum falls below _MIN_ROW_SUM, then with the part's own maximum (sum 0 when the
+    part holds only -inf)."""
+    s = exp_sum(xf, lo, hi, c, out, o0)
+    if s >= _MIN_ROW_SUM:
+        return s, c
+    m, _ = max_and_check(xf, lo, hi)
     if m == _NEG_INF:
-        return math.nan, math.nan
-    s = 0.0
-    for k in range(x.size):
-        ek = math.exp(np.float64(x[k]) - m)
-        e[k] = ek
-        s += ek
-    return m + math.log(s), 1.0 / s
+        return 0.0, m
+    return exp_sum(xf, lo, hi, m, out, o0), m
 
 
-@njit(parallel=True, cache=True)
-def tdt_row_statistics(
-    acts,
-    labels,
-    act_lens,
-    label_lens,
-    blank,
-    num_tokens,
-    sigma,
-    lp,
-    inv_sums,
-    bad,
-    exps,
-    keep_exps,
+@njit(parallel=True, **_OPTS)
+def tdt_rows_forward(
+    acts, labels, act_lens, label_lens, blank, V, sigma, store, exps, ST, bad
 ):
-    """Pass 1: denominators, step log-probs and exps of every valid row.
+    """Pass 1.
 
-    Args:
-        acts: (B, T, U, V + D) float32/64 raw logits, C-contiguous.
-        labels: (B, L) int64; act_lens, label_lens: (B,) int64.
-        blank: blank index (< V); num_tokens: V.  sigma: float.
-        lp: (B, T, U, 2 + D) float64 out: tok(blank), tok(y_u), dur(0..D-1).
-        inv_sums: (B, T, U, 2) float64 out: 1 / sum exp(x - max) of each part.
-        bad: (B,) uint8 out: 1 when a valid row holds NaN / +inf (or a part only -inf).
-        exps: (B, T, U, V + D) acts dtype out (the gradient buffer), written with
-            exp(x - max) of each part when ``keep_exps``; unused otherwise.
-        keep_exps: bool.
+    acts: (B, T, U, V + D) float32/64 C-contiguous; labels: (B, L) int64;
+    act_lens, label_lens: (B,) int64; blank < V.
+    store: write the exps into ``exps`` (B, T, U, V + D) (acts dtype; the gradient
+        buffer), padding rows zeroed; else ``exps`` is not touched.
+    ST: (B, T, U, D + 4) float64 out, valid rows only (see the module docstring).
+    bad: (B,) uint8 out: 1 when a valid row holds NaN / +inf or a part of only -inf.
     """
     B, T, U, VD = acts.shape
-    V = num_tokens
     D = VD - V
-    for bt in prange(B * T):
-        b = bt // T
-        t = bt - b * T
-        if t >= act_lens[b]:
-            continue
-        Ub = label_lens[b] + 1
-        ibuf = np.empty(VD, np.int32)
-        scratch = np.empty(VD, acts.dtype)
-        for u in range(Ub):
-            x = acts[b, t, u]
-            e = exps[b, t, u] if keep_exps else scratch
-            d_tok, inv_tok = _part_log_sum_exp(x[:V], e[:V], ibuf[:V])
-            d_dur, inv_dur = _short_log_sum_exp(x[V:], e[V:])
-            if math.isnan(d_tok) or math.isnan(d_dur):
+    K1 = ST.shape[3]
+    xf = acts.reshape(B * T * U * VD)
+    ef = exps.reshape(exps.size)
+    STf = ST.reshape(ST.size)
+    uVD = np.uint64(VD)
+    uV = np.uint64(V)
+    uU = np.uint64(U)
+    uK1 = np.uint64(K1)
+    uDs = np.uint64(D + 2)
+    total = B * T
+    nch = min(total, _CHUNKS)
+    for ch in prange(nch):
+        lo, hi = _chunk(ch, nch, total)
+        scratch = np.empty(1 if store else U * VD, acts.dtype)
+        sums = np.ones(U + _LANES)
+        shifts = np.zeros(U + _LANES)
+        dsums = np.ones(U + _LANES)
+        dshifts = np.zeros(U + _LANES)
+        inv = np.empty(U + _LANES)
+        dinv = np.empty(U + _LANES)
+        dbuf = np.empty(U * D, acts.dtype)
+        ebuf = np.empty(U * D, acts.dtype)
+        for bt in range(lo, hi):
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uVD
+            f1 = f0 + uU * uVD
+            if t >= Tb:
+                if store:
+                    zero_range(ef, f0, f1)
+                continue
+            fe = f0 + np.uint64(Ub) * uVD
+            if store:
+                zero_range(ef, fe, f1)
+                out = ef
+                o0 = f0
+            else:
+                out = scratch
+                o0 = np.uint64(0)
+            c, isbad = max_and_check(xf, f0, fe)
+            if isbad or c == _NEG_INF:
                 bad[b] = 1
                 continue
-            inv_sums[b, t, u, 0] = inv_tok
-            inv_sums[b, t, u, 1] = inv_dur
-            off = d_tok + sigma
-            lp[b, t, u, 0] = x[blank] - off
-            if u < Ub - 1:
-                lp[b, t, u, 1] = x[labels[b, u]] - off
-            for j in range(D):
-                lp[b, t, u, 2 + j] = x[V + j] - d_dur
-
-
-@njit(parallel=True, cache=True)
-def tdt_alpha_beta(lp, act_lens, label_lens, durations, alpha, beta, log_p, need_grad):
-    """Pass 2: alpha, log P and, when need_grad, beta and the step occupancies.
-
-    Args:
-        lp: (B, T, U, 2 + D) float64 from pass 1; when need_grad, overwritten at every
-            valid cell of a possible utterance with [W_blank, W_label, W_dur(0..D-1)].
-        durations: (D,) int64, any order.
-        alpha, beta: (B, T, U) float64 out (cells t < T_b, u < U_b only).
-        log_p: (B,) float64 out: log P (0 for T_b = 0 = L_b, -inf if impossible).
-    """
-    B, T, U, K = lp.shape
-    D = durations.size
-    for b in prange(B):
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        if Tb == 0:
-            log_p[b] = 0.0 if Ub == 1 else _NEG_INF
-            continue
-        buf = np.empty(2 * D, np.float64)
-        for t in range(Tb):
+            # the duration logits of the frame gathered into one contiguous run, so
+            # that their exps vectorise (D exps per row one by one cost more than
+            # the V token exps)
             for u in range(Ub):
-                if t == 0 and u == 0:
-                    alpha[b, 0, 0] = 0.0
-                    continue
-                n = 0
-                m = _NEG_INF
+                r0 = f0 + np.uint64(u) * uVD + uV
                 for j in range(D):
-                    e = durations[j]
-                    s = t - e
-                    if s < 0:
-                        continue
-                    if e >= 1:  # blank from (s, u)
-                        v = alpha[b, s, u] + lp[b, s, u, 0] + lp[b, s, u, 2 + j]
-                        buf[n] = v
-                        n += 1
-                        m = max(m, v)
-                    if u >= 1:  # label y_{u-1} from (s, u - 1)
-                        v = alpha[b, s, u - 1] + lp[b, s, u - 1, 1]
-                        v += lp[b, s, u - 1, 2 + j]
-                        buf[n] = v
-                        n += 1
-                        m = max(m, v)
-                if m == _NEG_INF:
-                    alpha[b, t, u] = _NEG_INF
-                    continue
-                acc = 0.0
-                for i in range(n):
-                    acc += math.exp(buf[i] - m)
-                alpha[b, t, u] = m + math.log(acc)
-        # the path ends with a blank from row L_b landing exactly on T_b
-        L = Ub - 1
-        n = 0
-        m = _NEG_INF
-        for j in range(D):
-            e = durations[j]
-            s = Tb - e
-            if e >= 1 and s >= 0:
-                v = alpha[b, s, L] + lp[b, s, L, 0] + lp[b, s, L, 2 + j]
-                buf[n] = v
-                n += 1
-                m = max(m, v)
-        if m == _NEG_INF:
-            log_p[b] = _NEG_INF
+                    dbuf[u * D + j] = xf[r0 + np.uint64(j)]
+            exp_sum(dbuf, _U0, np.uint64(Ub * D), c, ebuf, _U0)
+            for u in range(Ub):
+                r0 = f0 + np.uint64(u) * uVD
+                q0 = o0 + np.uint64(u) * uVD
+                s = exp_sum(xf, r0, r0 + uV, c, out, q0)
+                sh = c
+                if s < _MIN_ROW_SUM:
+                    s, sh = _part_exps(xf, r0, r0 + uV, c, out, q0)
+                ds = 0.0
+                for j in range(D):
+                    e = ebuf[u * D + j]
+                    out[q0 + uV + np.uint64(j)] = e
+                    ds += e
+                dsh = c
+                if ds < _MIN_ROW_SUM:
+                    ds, dsh = _part_exps(xf, r0 + uV, r0 + uVD, c, out, q0 + uV)
+                if s == 0.0 or ds == 0.0:
+                    bad[b] = 1
+                    break
+                sums[u] = s
+                shifts[u] = sh
+                dsums[u] = ds
+                dshifts[u] = dsh
+            if bad[b]:
+                continue
+            for u in range(((Ub + _LANES - 1) // _LANES) * _LANES):  # vectorised
+                inv[u] = 1.0 / sums[u]
+                sums[u] = shifts[u] + log64(sums[u]) + sigma
+                dinv[u] = 1.0 / dsums[u]
+                dsums[u] = dshifts[u] + log64(dsums[u])
+            p = np.uint64(bt) * uU * uK1
+            for u in range(Ub):
+                r0 = f0 + np.uint64(u) * uVD
+                d = sums[u]
+                STf[p] = np.float64(xf[r0 + np.uint64(blank)]) - d
+                if u < Ub - 1:
+                    STf[p + _U1] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
+                else:
+                    STf[p + _U1] = _NEG_INF
+                dd = dsums[u]
+                for j in range(D):
+                    STf[p + np.uint64(2 + j)] = (
+                        np.float64(xf[r0 + uV + np.uint64(j)]) - dd
+                    )
+                STf[p + uDs] = inv[u]
+                STf[p + uDs + _U1] = dinv[u]
+                p += uK1
+
+
+@njit(parallel=True, **_OPTS)
+def tdt_lattice(
+    ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, groups, lp
+):
+    """Pass 2: log P per utterance and, when need_grad, the occupancies.
+
+    ST: (B, T, U, D + 4) float64 from pass 1; when need_grad, the valid rows of a
+        possible utterance get W_blank, W_label, W_dur(0 .. D-1) in slots 0 .. D + 1,
+        and the coefficients (gamma + lambda W_label) / S_tok and gamma / S_dur in
+        slots D + 2 and D + 3.
+    durations: (D,) int64, distinct, any order.
+    groups: number of groups of consecutive utterances swept together (over threads).
+    lp: (B,) float64 out: log P (0 for T_b = 0 = L_b, -inf for an impossible
+        utterance).
+
+    The utterances of a group sit side by side in private arrays by anti-diagonal
+    (``[n, c]``, column c = 1 + i C + j for the group's utterance i and node
+    (t = n - j + 1, u = j - 1), C = U + 1): one vector loop covers the anti-diagonal
+    of every utterance of the group (short anti-diagonals, one loop per utterance,
+    cost more in loop overhead than in arithmetic). ``L`` the D + 2 log-prob planes,
+    ``A`` alpha, ``R`` 1 / (sum of the exps of alpha's LSE), ``Q`` the 2 D planes of
+    exp(step value - max) by destination (plane j: blank with duration j, plane
+    D + j: label with duration j), ``H`` gamma * R. Node (n, c) is valid when
+    ``lo[c] <= n <= hi[c]``; the end node (T_b, L_b) is swept like a node into which
+    only blanks go: its alpha is log P. Invalid columns hold anything; the selects
+    keep it out of the valid ones.
+    """
+    B, T, U, K1 = ST.shape
+    D = durations.size
+    K = D + 2
+    C = U + 1
+    STf = ST.reshape(ST.size)
+    uK1 = np.uint64(K1)
+    dmax = 1
+    for k in range(D):
+        dmax = max(dmax, durations[k])
+    for gi in prange(groups):
+        b0 = gi * B // groups
+        b1 = (gi + 1) * B // groups
+        nb = b1 - b0
+        nmax = 0  # last anti-diagonal: the latest end node of the group
+        for b in range(b0, b1):
+            Tb = act_lens[b]
+            Ub = label_lens[b] + 1
+            if Tb == 0:
+                lp[b] = 0.0 if Ub == 1 else _NEG_INF
+            else:
+                nmax = max(nmax, Tb + Ub - 1)
+        if nmax == 0:
             continue
-        acc = 0.0
-        for i in range(n):
-            acc += math.exp(buf[i] - m)
-        lP = m + math.log(acc)
-        log_p[b] = lP
+        W = ((nb * C + 2 + _LANES - 1) // _LANES) * _LANES
+        cend = np.uint64(W)
+        uW = np.uint64(W)
+        nq = nmax + dmax + 2  # anti-diagonals of Q and H (destinations beyond nmax)
+        uP = np.uint64((nmax + 1) * W)  # one L plane
+        uPQ = np.uint64(nq * W)
+        L = np.empty(K * (nmax + 1) * W)
+        A = np.empty((nmax + 1) * W)
+        R = np.empty((nmax + 1) * W)
+        Q = np.empty(2 * D * nq * W)
+        H = np.zeros(nq * W)
+        lo = np.zeros(W)
+        hi = np.full(W, -1.0)
+        endn = np.full(W, -1.0)
+        mx = np.empty(W)
+        acc = np.empty(W)
+        wl = np.empty(W)
+        for b in range(b0, b1):
+            Tb = act_lens[b]
+            Ub = label_lens[b] + 1
+            if Tb == 0:
+                continue
+            c0 = 1 + (b - b0) * C
+            for j in range(C):
+                lo[c0 + j] = j - 1.0
+                if 1 <= j <= Ub:
+                    hi[c0 + j] = Tb + j - 2.0
+            endn[c0 + Ub] = Tb + Ub - 1.0
+            _tdt_rows_to_diagonals(
+                STf, np.uint64(b * T * U) * uK1, U, K1, K, Tb, Ub, L, uP, uW, c0
+            )
+        for b in range(b0, b1):  # alpha(0, 0) = 0 (anti-diagonal 0, column j = 1)
+            A[np.uint64(1 + (b - b0) * C + 1)] = 0.0
+        for n in range(1, nmax + 1):
+            fn = np.float64(n)
+            rq = np.uint64(n) * uW
+            for c in range(_U0, cend):
+                mx[c] = _NEG_INF
+            for k in range(D):
+                e = durations[k]
+                rd = np.uint64(2 + k) * uP
+                if e >= 1 and n >= e:  # blank from (t - e, u)
+                    rs = np.uint64(n - e) * uW
+                    qb = np.uint64(k) * uPQ + rq
+                    fs = np.float64(n - e)
+                    for c in range(_U0, cend):
+                        v = A[rs + c] + L[rs + c] + L[rd + rs + c]
+                        v = v if fs >= lo[c] else _NEG_INF
+                        Q[qb + c] = v
+                        mx[c] = v if v > mx[c] else mx[c]
+                if n >= e + 1:  # label from (t - e, u - 1); never into the end
+                    rs = np.uint64(n - e - 1) * uW - _U1
+                    ql = np.uint64(D + k) * uPQ + rq
+                    fs = np.float64(n - e)
+                    for c in range(_U1, cend):
+                        v = A[rs + c] + L[uP + rs + c] + L[rd + rs + c]
+                        ok = (lo[c] >= 1.0) & (fs >= lo[c]) & (fn <= hi[c])
+                        v = v if ok else _NEG_INF
+                        Q[ql + c] = v
+                        mx[c] = v if v > mx[c] else mx[c]
+            for c in range(_U0, cend):
+                m = mx[c]
+                mx[c] = m if m > _NEG_INF else 0.0
+                acc[c] = 0.0
+            for k in range(D):
+                e = durations[k]
+                if e >= 1 and n >= e:
+                    qb = np.uint64(k) * uPQ + rq
+                    for c in range(_U0, cend):
+                        x = exp64(Q[qb + c] - mx[c])
+                        Q[qb + c] = x
+                        acc[c] += x
+                if n >= e + 1:
+                    ql = np.uint64(D + k) * uPQ + rq
+                    for c in range(_U1, cend):
+                        x = exp64(Q[ql + c] - mx[c])
+                        Q[ql + c] = x
+                        acc[c] += x
+            for c in range(_U0, cend):
+                s = acc[c]
+                A[rq + c] = mx[c] + log64(s)  # -inf when s = 0
+                r = 1.0 / s
+                R[rq + c] = r if s > 0.0 else 0.0
+        for b in range(b0, b1):
+            Tb = act_lens[b]
+            if Tb == 0:
+                continue
+            Ub = label_lens[b] + 1
+            lp[b] = A[np.uint64(Tb + Ub - 1) * uW + np.uint64(1 + (b - b0) * C + Ub)]
         if not need_grad:
             continue
-        # buf[j]: blank step with duration j, buf[D + j]: label step with duration j
-        for t in range(Tb - 1, -1, -1):
-            for u in range(Ub - 1, -1, -1):
-                last_row = u == L
-                lpb = lp[b, t, u, 0]
-                lpl = lp[b, t, u, 1]
-                m = _NEG_INF
-                for j in range(D):
-                    e = durations[j]
-                    dest = t + e
-                    vb = _NEG_INF
-                    if e >= 1:
-                        if dest < Tb:
-                            vb = lpb + lp[b, t, u, 2 + j] + beta[b, dest, u]
-                        elif dest == Tb and last_row:
-                            vb = lpb + lp[b, t, u, 2 + j]
-                    vl = _NEG_INF
-                    if not last_row and dest < Tb:
-                        vl = lpl + lp[b, t, u, 2 + j] + beta[b, dest, u + 1]
-                    buf[j] = vb
-                    buf[D + j] = vl
-                    m = max(m, max(vb, vl))
-                if m == _NEG_INF:
-                    beta[b, t, u] = _NEG_INF
-                    for k in range(K):
-                        lp[b, t, u, k] = 0.0
-                    continue
-                acc = 0.0
-                for i in range(2 * D):
-                    buf[i] = math.exp(buf[i] - m)
-                    acc += buf[i]
-                beta[b, t, u] = m + math.log(acc)
-                c = math.exp(alpha[b, t, u] + m - lP)  # 0 for an unreachable node
-                w_blank = 0.0
-                w_label = 0.0
-                for j in range(D):
-                    wb = c * buf[j]
-                    wl = c * buf[D + j]
-                    w_blank += wb
-                    w_label += wl
-                    lp[b, t, u, 2 + j] = wb + wl
-                lp[b, t, u, 0] = w_blank
-                lp[b, t, u, 1] = w_label
+        # backward: H = gamma / S by anti-diagonal (gamma(end) = 1), a step's
+        # occupancy W = H(dest) * Q; H is 0 at invalid nodes, the selects drop the
+        # steps into them (their Q may be anything)
+        for n in range(nmax, -1, -1):
+            fn = np.float64(n)
+            un = np.uint64(n)
+            rc = un * uW
+            for c in range(_U0, cend):
+                mx[c] = 0.0  # W_blank
+                wl[c] = 0.0  # W_label
+            for k in range(D):
+                e = np.uint64(durations[k])
+                rw = np.uint64(2 + k) * uP + rc
+                rl = (un + e + _U1) * uW + _U1  # label -> (t + e, u + 1)
+                ql = np.uint64(D + k) * uPQ + rl
+                if e >= _U1:
+                    rb = (un + e) * uW  # blank -> (t + e, u)
+                    qb = np.uint64(k) * uPQ + rb
+                    for c in range(_U0, cend - _U1):
+                        h = H[rb + c]
+                        w = h * Q[qb + c]
+                        w = w if h > 0.0 else 0.0
+                        h2 = H[rl + c]
+                        w2 = h2 * Q[ql + c]
+                        w2 = w2 if h2 > 0.0 else 0.0
+                        L[rw + c] = w + w2
+                        mx[c] += w
+                        wl[c] += w2
+                else:
+                    for c in range(_U0, cend - _U1):
+                        h2 = H[rl + c]
+                        w2 = h2 * Q[ql + c]
+                        w2 = w2 if h2 > 0.0 else 0.0
+                        L[rw + c] = w2
+                        wl[c] += w2
+            for c in range(_U0, cend - _U1):
+                gam = mx[c] + wl[c]
+                ok = (fn >= lo[c]) & (fn <= hi[c])
+                g = gam if ok else 0.0
+                g = 1.0 if fn == endn[c] else g
+                H[rc + c] = g * R[rc + c]
+                L[rc + c] = mx[c]
+                L[uP + rc + c] = wl[c]
+        for b in range(b0, b1):
+            Tb = act_lens[b]
+            if Tb == 0:
+                continue
+            Ub = label_lens[b] + 1
+            _tdt_diagonals_to_rows(
+                L,
+                uP,
+                uW,
+                np.uint64(1 + (b - b0) * C),
+                Tb,
+                Ub,
+                D,
+                fastemit_lambda,
+                STf,
+                np.uint64(b * T * U) * uK1,
+                U,
+                K1,
+            )
 
 
-@njit(parallel=True, cache=True)
-def tdt_gradients(
+@njit(**_OPTS)
+def _tdt_rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uP, uW, c0):
+    """Slots 0 .. K - 1 of an utterance's valid rows (row-major, from ``STf[sb:]``) to
+    the K planes of ``L``, columns c0 + j (strided loads, contiguous stores)."""
+    step = np.uint64((U - 1) * K1)
+    for k in range(K):
+        for n in range(Tb + Ub - 1):
+            jlo, jhi, _ = _diag_range(n, Tb, Ub)
+            # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
+            src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)
+            dst = np.uint64(k) * uP + np.uint64(n) * uW + np.uint64(c0)
+            for j in range(jlo, jhi + _U1):
+                L[dst + j] = STf[src - j * step]
+
+
+@njit(**_OPTS)
+def _tdt_diagonals_to_rows(L, uP, uW, c0, Tb, Ub, D, fastemit_lambda, STf, sb, U, K1):
+    """The occupancies in ``L`` (columns c0 + j) back to an utterance's row-major rows
+    (slots 0 .. D + 1) and the two softmax coefficients (slots D + 2, D + 3, which
+    hold 1 / S_tok and 1 / S_dur from pass 1)."""
+    uK1 = np.uint64(K1)
+    uDs = np.uint64(D + 2)
+    for t in range(Tb):
+        dst = sb + np.uint64(t * U) * uK1
+        cell = np.uint64(t) * uW + c0 + _U1  # node (t, 0); (t, u) is u (W + 1) further
+        for u in range(Ub):
+            for k in range(D + 2):
+                STf[dst + np.uint64(k)] = L[np.uint64(k) * uP + cell]
+            w_blank = L[cell]
+            w_label = L[uP + cell]
+            gam = w_blank + w_label
+            STf[dst + uDs] = (gam + fastemit_lambda * w_label) * STf[dst + uDs]
+            STf[dst + uDs + _U1] = gam * STf[dst + uDs + _U1]
+            dst += uK1
+            cell += uW + _U1
+
+
+@njit(parallel=True, **_OPTS)
+def tdt_rows_backward(
     labels,
     act_lens,
     label_lens,
     blank,
-    num_tokens,
-    inv_sums,
-    occupancy,
-    log_p,
+    V,
+    ST,
+    lp,
     fastemit_lambda,
     clamp,
-    weights,
+    factors,
     grads,
 ):
-    """Pass 3: grads (B, T, U, V + D) = weighted, clamped d cost_b / d acts, in place.
+    """Pass 3: ``grads`` (B, T, U, V + D), holding the exps of pass 1, becomes
+    ``factors[b] * clip(d cost_b / d acts_b, -clamp, clamp)`` in place.
 
-    Args:
-        inv_sums: (B, T, U, 2) float64 from pass 1.
-        occupancy: (B, T, U, 2 + D) float64 from pass 2 (W_blank, W_label, W_dur).
-        log_p: (B,) float64; weights: (B,) float64 per-utterance factors, any sign
-            (folded into the coefficients and the clamp threshold |w| * clamp).
-        grads: in, exp(x - max) of both parts at the valid rows (pass 1); out, the
-            gradient, every element written (0 at padding and impossible utterances).
+    ST: (B, T, U, D + 4) occupancies and coefficients of :func:`tdt_lattice`;
+    lp: (B,) log P; factors: (B,) float64 (reduction weight times incoming gradient).
     """
     B, T, U, VD = grads.shape
-    V = num_tokens
     D = VD - V
+    K1 = ST.shape[3]
+    gf = grads.reshape(B * T * U * VD)
+    STf = ST.reshape(ST.size)
+    uVD = np.uint64(VD)
+    uV = np.uint64(V)
+    uU = np.uint64(U)
+    uK1 = np.uint64(K1)
+    uDs = np.uint64(D + 2)
     lam1 = 1.0 + fastemit_lambda
-    for bt in prange(B * T):
-        b = bt // T
-        t = bt - b * T
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        ok = math.isfinite(log_p[b])
-        w = weights[b]
-        for u in range(U):
-            g = grads[b, t, u]
-            if t >= Tb or u >= Ub or not ok:
-                g[:] = 0
+    total = B * T
+    nch = min(total, _CHUNKS)
+    for ch in prange(nch):
+        lo, hi = _chunk(ch, nch, total)
+        for bt in range(lo, hi):
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            if t >= Tb:
+                continue  # zeroed by pass 1
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uVD
+            if not math.isfinite(lp[b]):
+                zero_range(gf, f0, f0 + np.uint64(Ub) * uVD)
                 continue
-            w_blank = occupancy[b, t, u, 0]
-            w_label = occupancy[b, t, u, 1]
-            gamma = w_blank + w_label
-            _row_scale(
-                g[:V], (gamma + fastemit_lambda * w_label) * w * inv_sums[b, t, u, 0]
-            )
-            g[blank] -= w_blank * w
-            if u < Ub - 1:
-                g[labels[b, u]] -= lam1 * w_label * w
-            c_dur = gamma * w * inv_sums[b, t, u, 1]
-            for j in range(D):
-                g[V + j] = g[V + j] * c_dur - occupancy[b, t, u, 2 + j] * w
-            if clamp > 0.0:
-                row_clamp(g, g.dtype.type(clamp * abs(w)))  # w may be < 0
+            f = factors[b]
+            c_clip = clamp * abs(f)
+            p = np.uint64(bt) * uU * uK1
+            for u in range(Ub):
+                r0 = f0 + np.uint64(u) * uVD
+                c = STf[p + uDs] * f
+                cd = STf[p + uDs + _U1] * f
+                kb = r0 + np.uint64(blank)
+                g_blank = gf[kb] * c - STf[p] * f
+                has_label = u < Ub - 1
+                kl = r0 + np.uint64(labels[b, u]) if has_label else kb
+                g_label = gf[kl] * c - lam1 * STf[p + _U1] * f
+                scale_range(gf, r0, r0 + uV, c)
+                gf[kb] = g_blank
+                if has_label:
+                    gf[kl] = g_label
+                for j in range(D):
+                    kd = r0 + uV + np.uint64(j)
+                    gf[kd] = gf[kd] * cd - STf[p + np.uint64(2 + j)] * f
+                if clamp > 0.0:
+                    clamp_range(gf, r0, r0 + uVD, c_clip)
+                p += uK1

@@ -28,7 +28,9 @@ much less. The ratio columns divide by ``log_softmax`` at the same thread count.
 
 Inputs: float32 logits ~ N(0, 1), full lengths, reduction "mean". Standard loss:
 blank 0, labels uniform in [1, V). Multi-blank (durations [2, 4, 8]): blank = V - 1,
-labels uniform in [0, V - 4) (never a blank id).
+labels uniform in [0, V - 4) (never a blank id). TDT ("TDT 0-4": ``tdt_loss`` with
+durations [0, 1, 2, 3, 4]): (B, T, U, V + 5) logits, blank 0, labels in [1, V); its
+``log_softmax`` rows run over the same (B, T, U, V + 5) logits.
 
 Time: wall clock of ``--runs`` rounds after ``--warmup`` rounds, in this process, with
 ``torch.set_num_threads(n)`` (our Numba kernel uses as many threads as torch); slow
@@ -80,7 +82,9 @@ SHAPES = [
     (32, 100, 30, 500),
 ]
 QUICK_SHAPES = [SHAPES[0], SHAPES[3]]
-DURATION_SETS = [(), (2, 4, 8)]
+# durations containing 0 are a TDT case (a multi-blank duration is >= 2)
+TDT_DURATIONS = (0, 1, 2, 3, 4)
+DURATION_SETS = [(), (2, 4, 8), TDT_DURATIONS]
 CONTENDERS = [
     "log_softmax",
     "log_softmax(out=)",
@@ -98,13 +102,20 @@ STANDARD_ONLY = {"espnet", "torchaudio", "optimized_transducer", "fast_rnnt"}
 Shape = Tuple[int, int, int, int]
 
 
+def is_tdt(durations: Sequence[int]) -> bool:
+    """Whether a durations tuple names the TDT case (a multi-blank one has no 0)."""
+    return 0 in durations
+
+
 # ----------------------------------------------------------------------------- inputs
 def make_inputs(shape: Shape, durations: Sequence[int], seed: int = 0):
-    """float32 logits, int32 labels / lengths (full lengths) and the blank id."""
+    """float32 logits, int32 labels / lengths (full lengths) and the blank id. TDT:
+    (B, T, U, V + D) logits, V token logits then D duration logits."""
     B, T, U, V = shape
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, T, U, V, generator=gen)
-    if durations:
+    tdt = is_tdt(durations)
+    logits = torch.randn(B, T, U, V + (len(durations) if tdt else 0), generator=gen)
+    if durations and not tdt:
         blank = V - 1
         labels = torch.randint(0, V - 4, (B, U - 1), generator=gen, dtype=torch.int32)
     else:
@@ -155,9 +166,24 @@ def make_contender(
 
         return run_out
     if name in ("ours-numba", "ours-numba x0.7", "ours-torch"):
-        from espnet_multiblank import multiblank_rnnt_loss
+        from espnet_multiblank import multiblank_rnnt_loss, tdt_loss
 
         backend = name.split("-")[1].split()[0]
+        if is_tdt(durations):
+            return _fwd_bwd(
+                lambda x: tdt_loss(
+                    x,
+                    labels,
+                    act_lens,
+                    label_lens,
+                    blank,
+                    durations,
+                    "mean",
+                    backend=backend,
+                ),
+                logits,
+                0.7 if name.endswith("x0.7") else 1.0,
+            )
         return _fwd_bwd(
             lambda x: multiblank_rnnt_loss(
                 x,
@@ -479,6 +505,8 @@ def main(argv=None):
                 available[name, durations] = "needs --espnet"
             elif name in STANDARD_ONLY and durations:
                 available[name, durations] = "standard RNN-T only"
+            elif name == "espnet" and is_tdt(durations):
+                available[name, durations] = "no TDT"
             else:
                 available[name, durations] = probe(name, durations)
 
@@ -518,7 +546,8 @@ def main(argv=None):
             for name in names:
                 if not any(name in results[n] for n in threads):
                     continue
-                row = f"{str(shape):<20} {str(list(durations)):<10} {name:<21}"
+                dlabel = "TDT 0-4" if is_tdt(durations) else str(list(durations))
+                row = f"{str(shape):<20} {dlabel:<10} {name:<21}"
                 value, runs = float("nan"), 0
                 for n in threads:
                     res = results[n].get(name)

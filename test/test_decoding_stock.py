@@ -11,6 +11,7 @@ replaces whatever hook the environment's ``.pth`` installed by this checkout's
 bootstrap (:func:`espnet_multiblank.espnet.autoregister.pth_line`).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -127,10 +128,11 @@ def test_stock_inference_equals_plugin_inference(setup):
         out = root / f"o_plugin_{model}_{conf.split('.')[0]}"
         stats = run_inference(exps[model], scp, out, conf, "--batch_size", "1")
         plugin[model, conf] = read_outputs(out), stats
-    stock = {}
+    stock, stock_stats = {}, {}
     for key, (proc, out) in procs.items():
         _, err = proc.communicate(timeout=1800)
         stock[key] = proc.returncode, err, read_outputs(out)
+        stock_stats[key] = out / "decoding_stats.json"
 
     code, err, outputs = stock.pop(("mb", "batch"))
     assert code != 0 and "espnet_multiblank.bin.asr_inference" in err
@@ -143,6 +145,14 @@ def test_stock_inference_equals_plugin_inference(setup):
         assert got["text"] == want["text"], (model, conf)
         for utt, score in want["score"].items():
             assert float(got["score"][utt]) == pytest.approx(float(score), rel=1e-6)
+        # the stock run writes the plug-in's statistics too (for throughput reports)
+        st = json.loads(stock_stats[model, conf].read_text())
+        _, plugin_st = plugin[model, conf]
+        assert st["num_utterances"] == plugin_st["num_utterances"] == 3
+        assert st["entry_point"] == "espnet2.bin.asr_inference"
+        for key in ("total_frames", "frames_skipped", "big_blank_emissions"):
+            assert st[key] == plugin_st[key], (model, conf, key)
+        assert 0 < st["search_seconds"] <= st["decode_seconds"]
     # the cases decode labels, and the multi-blank model big blanks
     for model in ("mb", "std"):
         tokens = plugin[model, "greedy.yaml"][0]["token_int"].values()

@@ -105,3 +105,37 @@ def test_wer_vs_search_time_plot(report_modules, tmp_path):
         ("b", "greedy", 0.5, 7.5),
     ]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_throughput_section(tmp_path):
+    """Utterances per second from the decoding stats the two entry points write, the
+    ratio to the first (stock, batch 1) row and the goal line, computed by hand."""
+    import json
+
+    sys.path.insert(0, str(LOCAL))
+    try:
+        throughput = importlib.import_module("report.throughput")
+    finally:
+        sys.path.remove(str(LOCAL))
+    jobs = [
+        ("standard", "greedy", "1", "stock"),
+        ("multiblank", "mb_greedy", "32", "plugin"),
+        ("tdt", "tdt_greedy", "32", "plugin"),  # not decoded: no row
+    ]
+    for job, secs, wer in ((jobs[0], 10.0, 8.5), (jobs[1], 4.0, 7.5)):
+        d = Path(throughput.job_dir(str(tmp_path), job, "valid.loss.ave", "test"))
+        d.mkdir(parents=True)
+        (d / "decoding_stats.json").write_text(
+            json.dumps({"num_utterances": 500, "decode_seconds": secs})
+        )
+        (d / "score.json").write_text(json.dumps({"wer": wer}))
+    rows = throughput.load(str(tmp_path), jobs, "valid.loss.ave", "test")
+    decode_res = {("multiblank", "mb_greedy", "test"): ({"wer": 7.5}, {})}
+    lines = throughput.section(rows, "test", decode_res)
+    table = [line for line in lines if line.startswith("| standard")]
+    assert table and "| 50.0 | 1.00x |" in table[0]
+    mb = [line for line in lines if line.startswith("| multiblank")]
+    assert mb and "| 7.50% | 7.50% | 4.00 s | 125.0 | 2.50x |" in mb[0]
+    assert not [line for line in lines if line.startswith("| tdt")]
+    goal = [line for line in lines if "goal >= 2.0x" in line]
+    assert goal and "**2.50x**" in goal[0] and ": yes)" in goal[0]

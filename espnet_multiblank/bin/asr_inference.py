@@ -32,11 +32,9 @@ a time.
 """
 
 import inspect
-import json
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
@@ -144,7 +142,10 @@ def inference(
     from espnet2.torch_utils.set_all_random_seed import set_all_random_seed
     from espnet.nets.pytorch_backend.transformer.subsampling import TooShortUttError
 
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.speech2text import (
+        MultiblankSpeech2Text,
+        write_decoding_stats,
+    )
 
     if word_lm_train_config is not None:
         raise NotImplementedError("Word LM is not implemented")
@@ -249,20 +250,13 @@ def inference(
         "audio_seconds": audio_seconds,
         "decode_seconds": decode_seconds,
         "rtf": decode_seconds / audio_seconds if audio_seconds > 0 else None,
-        "search_seconds": st.search_seconds,
-        "total_frames": st.total_frames,
-        "frames_skipped": st.frames_skipped,
-        "frames_skipped_by_big_blanks": st.frames_skipped_by_big_blanks,
-        "big_blank_emissions": st.big_blank_emissions,
+        **st.as_dict(),
         "search": type(speech2text.beam_search_transducer).__name__,
         "batch_size": batch_size if batched else 1,
         "device": device,
         "torch_num_threads": torch.get_num_threads(),
     }
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(output_dir) / "decoding_stats.json", "w", encoding="utf-8") as f:
-        json.dump(stats, f, indent=2)
-        f.write("\n")
+    write_decoding_stats(output_dir, stats)
     skipped = 100.0 * st.frames_skipped / st.total_frames if st.total_frames else 0.0
     logger.info(
         "decoding_stats: %d utts, %.2f s audio, %.2f s wall, RTF %.4f, %d frames, "

@@ -81,6 +81,11 @@ class DecodingStats:
     """Counters for ``decoding_stats.json`` (1-best hypotheses only)."""
 
     def __init__(self):
+        # when the counting started (model loaded): the stock entry point's decoding
+        # loop is timed from here
+        self.created_at = time.perf_counter()
+        # the plug-in's search class, when the plug-in chose the search
+        self.search: Optional[str] = None
         self.num_utterances = 0
         self.total_frames = 0
         self.big_blank_emissions = 0
@@ -102,6 +107,27 @@ class DecodingStats:
         """:attr:`frames_skipped` under its first name (multi-blank models: only big
         blanks skip frames)."""
         return self.frames_skipped
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The search counters under their ``decoding_stats.json`` keys."""
+        return {
+            "search_seconds": self.search_seconds,
+            "total_frames": self.total_frames,
+            "frames_skipped": self.frames_skipped,
+            "frames_skipped_by_big_blanks": self.frames_skipped_by_big_blanks,
+            "big_blank_emissions": self.big_blank_emissions,
+        }
+
+
+def write_decoding_stats(output_dir: Any, stats: Dict[str, Any]) -> None:
+    """Write ``<output_dir>/decoding_stats.json``."""
+    import json
+    from pathlib import Path
+
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(output_dir) / "decoding_stats.json", "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=2)
+        f.write("\n")
 
 
 def _config_model_name(asr_train_config: Any) -> Optional[str]:
@@ -150,6 +176,9 @@ class PluginSearchMixin:
         plugin_search (bool): whether the plug-in chose the transducer search.
     """
 
+    #: the ``stats`` of the instance built last (see stock_inference.py)
+    last_stats = None
+
     #: "all": every transducer model; "plugin": the plug-in's models and configs that
     #: ask for a plug-in search type (ESPnet's class wrapped by the start-up hook)
     replace_search = "all"
@@ -184,6 +213,9 @@ class PluginSearchMixin:
         )
         self.stats = DecodingStats()
         self.plugin_search = False
+        # the wrapped stock inference reads the statistics of the instance built last
+        # (ESPnet's inference() drops the instance when it returns)
+        PluginSearchMixin.last_stats = self.stats
         if self.beam_search_transducer is None:
             return
         if not (replace or is_plugin_model(self.asr_model)):
@@ -200,6 +232,7 @@ class PluginSearchMixin:
             **conf,
         )
         self.plugin_search = True
+        self.stats.search = type(self.beam_search_transducer).__name__
         self.lattice = lattice_from_model(self.asr_model)
         logger.info(
             "transducer search: %s (%s)",

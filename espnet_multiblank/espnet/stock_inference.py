@@ -14,12 +14,24 @@ as soon as it has executed:
   (``python -m espnet_multiblank.bin.asr_inference``), so both give the same
   hypotheses; other models decode exactly as ESPnet does;
 * ``inference`` refuses ``batch_size > 1`` (ESPnet's own loop decodes one utterance
-  at a time) with an error naming the plug-in's entry point, which batches.
+  at a time) with an error naming the plug-in's entry point, which batches, and, when
+  it has decoded with the plug-in's search, writes ``<output_dir>/decoding_stats.json``
+  like the plug-in's entry point: ``decode_seconds`` is the wall time from the end of
+  model loading to the end of ESPnet's decoding loop (data loading, features,
+  encoder, search, writing), so the two entry points' throughputs compare;
+  ``audio_seconds`` and ``rtf`` are not known there and are left out.
 """
 
 import functools
+import time
 
-from espnet_multiblank.espnet.speech2text import plugin_speech2text
+import torch
+
+from espnet_multiblank.espnet.speech2text import (
+    PluginSearchMixin,
+    plugin_speech2text,
+    write_decoding_stats,
+)
 
 ENTRY_POINT = "python -m espnet_multiblank.bin.asr_inference"
 
@@ -34,10 +46,34 @@ def _refuse_batches(inference):
                 f"(--batch_size must be 1, got {batch_size}); for batched decoding "
                 f"of transducer models use {ENTRY_POINT} (same arguments)"
             )
-        return inference(*args, **kwargs)
+        PluginSearchMixin.last_stats = None
+        out = inference(*args, **kwargs)
+        end = time.perf_counter()
+        st = PluginSearchMixin.last_stats
+        output_dir = kwargs.get("output_dir", args[0] if args else None)
+        # only the plug-in's search path counts utterances and search time
+        if st is not None and st.search is not None and output_dir:
+            device = "cuda" if int(kwargs.get("ngpu", 0) or 0) > 0 else "cpu"
+            write_decoding_stats(output_dir, _stats(st, end, device))
+        return out
 
     wrapped.espnet_inference = inference
     return wrapped
+
+
+def _stats(st, end: float, device: str) -> dict:
+    """decoding_stats.json of a stock run from its ``DecodingStats`` (the keys the
+    plug-in's entry point writes, but for the audio duration)."""
+    return {
+        "num_utterances": st.num_utterances,
+        "decode_seconds": end - st.created_at,
+        **st.as_dict(),
+        "search": st.search,
+        "batch_size": 1,
+        "device": device,
+        "torch_num_threads": torch.get_num_threads(),
+        "entry_point": "espnet2.bin.asr_inference",
+    }
 
 
 def wrap(namespace: dict) -> None:

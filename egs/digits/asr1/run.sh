@@ -401,8 +401,18 @@ run_trainings() {
 # the same implementation on both models, which isolates the gain of the big blanks.
 decode_jobs="standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam
   tdt:tdt_greedy tdt:tdt_beam"
+# Throughput on the first test set, end to end (features, encoder, search, I/O; model
+# loading excluded): model:search:batch:entry, entry "stock" = ESPnet's own
+# `python -m espnet2.bin.asr_inference` (the start-up hook makes it decode the plug-in's
+# models right; batch 1 only), "plugin" = espnet_multiblank.bin.asr_inference (batched
+# encoder + batched search). The first job is the yardstick of the report's ratios.
+throughput_jobs="standard:greedy:1:stock standard:mb_greedy:32:plugin
+  multiblank:mb_greedy:32:plugin tdt:tdt_greedy:32:plugin"
+throughput_dir() {  # throughput_dir MODEL SEARCH BATCH ENTRY
+  echo "$exp/asr_$1/throughput_${4}_${2}_b${3}_${inference_model%.pth}"
+}
 stage_decode() {
-  local job name search s out
+  local job name search s out bs entry cmd
   for job in $decode_jobs; do
     name=${job%%:*}
     search=${job#*:}
@@ -429,11 +439,36 @@ stage_decode() {
       mv "$out.tmp" "$out"
     done
   done
+  s=${test_sets%% *}
+  for job in $throughput_jobs; do
+    IFS=: read -r name search bs entry <<< "$job"
+    out=$(throughput_dir "$name" "$search" "$bs" "$entry")/$s
+    rm -rf "$out" "$out.tmp"
+    mkdir -p "$out.tmp"
+    log "throughput: $s with $name / $search, batch $bs, $entry entry point"
+    case $entry in
+      stock) cmd=("$python" -m espnet2.bin.asr_inference) ;;
+      plugin) cmd=("${infer_cmd[@]}") ;;
+      *) die "unknown entry point $entry in throughput job $job" ;;
+    esac
+    OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
+      "${cmd[@]}" --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size "$bs" \
+      --data_path_and_name_and_type "$data/$s/wav.scp,speech,sound" \
+      --key_file "$data/$s/wav.scp" \
+      --asr_train_config "$exp/asr_$name/config.yaml" \
+      --asr_model_file "$exp/asr_$name/$inference_model" \
+      --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
+      || { tail -n 30 "$out.tmp.log" >&2; die "decoding failed: $out.tmp.log"; }
+    mv "$out.tmp.log" "$out.tmp/decode.log"
+    [ -f "$out.tmp/1best_recog/text" ] || die "no 1best_recog/text in $out.tmp"
+    [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
+    mv "$out.tmp" "$out"
+  done
 }
 
 # ------------------------------------------------------------ stage 10: score
 stage_score() {
-  local job name search s out
+  local job name search s out bs entry
   for job in $decode_jobs; do
     name=${job%%:*}
     search=${job#*:}
@@ -443,12 +478,20 @@ stage_score() {
       "$python" "$recipe/local/score.py" "$data/$s/text" "$out/1best_recog/text" "$out"
     done
   done
+  s=${test_sets%% *}
+  for job in $throughput_jobs; do
+    IFS=: read -r name search bs entry <<< "$job"
+    out=$(throughput_dir "$name" "$search" "$bs" "$entry")/$s
+    [ -d "$out" ] || continue
+    "$python" "$recipe/local/score.py" "$data/$s/text" "$out/1best_recog/text" "$out"
+  done
 }
 
 # ----------------------------------------------------------- stage 11: report
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
+    --throughput_jobs "$throughput_jobs" \
     --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
   if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"

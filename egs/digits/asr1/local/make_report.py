@@ -25,6 +25,7 @@ from report import (  # noqa: E402
     repeats,
     speed_plot,
     stages,
+    throughput,
     training,
 )
 
@@ -53,6 +54,9 @@ def main():
     p.add_argument("--inference_model", default="valid.loss.ave")
     p.add_argument("--decode_jobs", required=True, help="'model:search ...'")
     p.add_argument("--test_sets", required=True)
+    p.add_argument(
+        "--throughput_jobs", default="", help="'model:search:batch:entry ...'"
+    )
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train_jobs", type=int, default=1)
     a = p.parse_args()
@@ -79,6 +83,10 @@ def main():
     lines += repeats.section(a.exp, a.data, jobs, test_sets[0], a.inference_model)
     lines += comparison.section(res, test_sets[0])
     lines += comparison.tdt_section(res, test_sets[0])
+    if a.throughput_jobs.split():
+        tjobs = [tuple(j.split(":")) for j in a.throughput_jobs.split()]
+        rows = throughput.load(a.exp, tjobs, a.inference_model, test_sets[0])
+        lines += throughput.section(rows, test_sets[0], res)
     lines += stages.section(a.exp)
 
     training.plot(curves, os.path.join(a.exp, "valid_loss.png"))

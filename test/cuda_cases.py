@@ -4,7 +4,7 @@ Each case builds small random inputs, runs ``espnet_multiblank.loss.cuda.compute
 a given device (``cpu`` under ``NUMBA_ENABLE_CUDASIM=1``, ``cuda`` on a GPU) and
 compares the costs and gradients with the float64 PyTorch reference
 (``reference_costs`` + autograd, the gradient clamp done by LogSoftmaxGradModification
-as in ``api._ClampedReferenceFunction``), computed on the CPU.
+as in ``dispatch.ClampedReferenceFunction``), computed on the CPU.
 
 Run as a script (``python test/cuda_cases.py --sim [--cpu-kernel] [-k NAME]``) it sets
 ``NUMBA_ENABLE_CUDASIM=1`` *before* numba is imported, runs every case (then the TDT

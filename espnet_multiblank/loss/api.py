@@ -4,12 +4,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from espnet_multiblank.loss.function import FusedMultiblankRNNTFunction, reduce_costs
+from espnet_multiblank.loss.dispatch import (  # noqa: F401  (BACKENDS re-exported)
+    BACKENDS,
+    check_backend,
+    dispatch_loss,
+    valid_nodes,
+)
 from espnet_multiblank.loss.options import LossOptions, make_options
 from espnet_multiblank.loss.reference import reference_costs
 from espnet_multiblank.loss.validation import validate_inputs
-
-BACKENDS = ("auto", "numba", "torch")
 
 
 def _fused_kernel(device: torch.device):
@@ -25,54 +28,17 @@ def _fused_kernel(device: torch.device):
     return None
 
 
-class _ClampedReferenceFunction(torch.autograd.Function):
-    """Torch backend with a gradient clamp: each utterance's gradient
-    d cost_b / d acts_b is clamped (by LogSoftmaxGradModification) before the reduction
-    and before any incoming gradient scale, exactly as in the fused kernels."""
-
-    @staticmethod
-    def forward(ctx, acts, labels, act_lens, label_lens, opts):
-        with torch.enable_grad():
-            x = acts.detach().requires_grad_(True)
-            costs = reference_costs(
-                x, labels, act_lens, label_lens, opts, clamp=opts.clamp
-            )
-            finite = torch.isfinite(costs)
-            (grads,) = torch.autograd.grad(costs[finite].sum(), x, allow_unused=True)
-        if grads is None:
-            grads = torch.zeros_like(acts)
-        ctx.save_for_backward(grads)
-        return costs.detach()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grads,) = ctx.saved_tensors
-        return (
-            grads * grad_out.view(-1, 1, 1, 1).to(grads.dtype),
-            None,
-            None,
-            None,
-            None,
-        )
-
-
 def _check_valid_rows(acts, act_lens, label_lens) -> None:
     """Raise ValueError, as the fused kernels do, when a valid row (t < T_b,
     u <= L_b) of ``acts`` (B, T, U, V) holds NaN or +inf or is -inf throughout (no
     distribution); padding rows are not looked at."""
-    B, T, U, _ = acts.shape
     with torch.no_grad():
-        t = torch.arange(T, device=acts.device)
-        u = torch.arange(U, device=acts.device)
-        valid = (t.view(1, T, 1) < act_lens.view(B, 1, 1).to(acts.device)) & (
-            u.view(1, 1, U) <= label_lens.view(B, 1, 1).to(acts.device)
-        )
         bad = (
             torch.isnan(acts).any(-1)
             | (acts == float("inf")).any(-1)
             | (acts == float("-inf")).all(-1)
-        ) & valid
-        rows = bad.reshape(B, T * U).any(1).nonzero()
+        ) & valid_nodes(acts, act_lens, label_lens)
+        rows = bad.flatten(1).any(1).nonzero()
     if rows.numel():
         raise ValueError(
             "acts must be finite logits (-inf allowed for masked symbols); "
@@ -82,30 +48,21 @@ def _check_valid_rows(acts, act_lens, label_lens) -> None:
 
 
 def _loss(acts, labels, act_lens, label_lens, opts: LossOptions, backend: str):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend(backend)
     labels, act_lens, label_lens = validate_inputs(
         acts, labels, act_lens, label_lens, opts
     )
-    kernel = None if backend == "torch" else _fused_kernel(acts.device)
-    if kernel is None and backend == "numba":
-        raise ValueError(
-            "backend='numba' supports cpu and cuda tensors, "
-            f"got acts on {acts.device}; "
-            "use backend='torch' or 'auto'"
-        )
-    if kernel is not None:
-        return FusedMultiblankRNNTFunction.apply(
-            acts, labels, act_lens, label_lens, opts, kernel
-        )
-    _check_valid_rows(acts, act_lens, label_lens)
-    if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
-        costs = _ClampedReferenceFunction.apply(
-            acts, labels, act_lens, label_lens, opts
-        )
-    else:
-        costs = reference_costs(acts, labels, act_lens, label_lens, opts)
-    return reduce_costs(costs, opts, label_lens)
+    return dispatch_loss(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        opts,
+        backend,
+        kernel=_fused_kernel(acts.device),
+        reference=reference_costs,
+        check_reference_input=_check_valid_rows,
+    )
 
 
 def multiblank_rnnt_loss(
@@ -208,8 +165,7 @@ class MultiblankRNNTLoss(torch.nn.Module):
         self.opts = make_options(
             blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma
         )
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_backend(backend)
         self.backend = backend
 
     @property

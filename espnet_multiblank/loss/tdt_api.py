@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from espnet_multiblank.loss.api import BACKENDS, multiblank_rnnt_loss
-from espnet_multiblank.loss.function import FusedMultiblankRNNTFunction, reduce_costs
+from espnet_multiblank.loss.api import multiblank_rnnt_loss
+from espnet_multiblank.loss.dispatch import check_backend, dispatch_loss, valid_nodes
 from espnet_multiblank.loss.tdt_options import TDTOptions, make_tdt_options
 from espnet_multiblank.loss.tdt_reference import tdt_reference_costs
 from espnet_multiblank.loss.tdt_validation import validate_tdt_inputs
@@ -27,31 +27,6 @@ def _fused_tdt_kernel(device: torch.device):
     return None
 
 
-class _ClampedTDTReferenceFunction(torch.autograd.Function):
-    """Torch backend with a gradient clamp: d cost_b / d acts_b is clipped utterance by
-    utterance before the reduction and any incoming gradient, as in the kernels."""
-
-    @staticmethod
-    def forward(ctx, acts, labels, act_lens, label_lens, opts):
-        with torch.enable_grad():
-            x = acts.detach().requires_grad_(True)
-            costs = tdt_reference_costs(
-                x, labels, act_lens, label_lens, opts, clamp=opts.clamp
-            )
-            finite = torch.isfinite(costs)
-            (grads,) = torch.autograd.grad(costs[finite].sum(), x, allow_unused=True)
-        if grads is None:
-            grads = torch.zeros_like(acts)
-        ctx.save_for_backward(grads)
-        return costs.detach()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (grads,) = ctx.saved_tensors
-        g = grad_out.view(-1, 1, 1, 1).to(grads.dtype)
-        return grads * g, None, None, None, None
-
-
 def _raise_on_nan(costs: torch.Tensor) -> None:
     nan = torch.isnan(costs)
     if bool(nan.any()):
@@ -66,16 +41,12 @@ def _check_finite_logits(acts, act_lens, label_lens) -> None:
     """NaN / +inf logits in the valid rows raise ValueError. Used on omega's RNN-T
     branch, whose backends do not all check, and which does not read the duration
     logits (a bad joint output must not pass silently there either)."""
-    B, T, U = acts.shape[:3]
-    if B == 0 or T == 0:
+    if acts.shape[0] == 0 or acts.shape[1] == 0:
         return
     x = acts.detach()
-    t = torch.arange(T, device=acts.device)
-    u = torch.arange(U, device=acts.device)
-    valid = (t[None, :, None] < act_lens[:, None, None]) & (
-        u[None, None, :] <= label_lens[:, None, None]
+    bad = (torch.isnan(x) | (x == float("inf"))).any(dim=-1) & valid_nodes(
+        x, act_lens, label_lens
     )
-    bad = (torch.isnan(x) | (x == float("inf"))).any(dim=-1) & valid
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
         raise ValueError(
@@ -106,32 +77,24 @@ def _plain_rnnt_branch(acts, labels, act_lens, label_lens, opts: TDTOptions, bac
 
 
 def _tdt_loss(acts, labels, act_lens, label_lens, opts: TDTOptions, backend: str):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_backend(backend)
     labels, act_lens, label_lens = validate_tdt_inputs(
         acts, labels, act_lens, label_lens, opts
     )
     # One draw of torch's default (CPU) generator per call, only when omega > 0.
     if opts.omega > 0.0 and float(torch.rand(())) < opts.omega:
         return _plain_rnnt_branch(acts, labels, act_lens, label_lens, opts, backend)
-    kernel = None if backend == "torch" else _fused_tdt_kernel(acts.device)
-    if kernel is None and backend == "numba":
-        raise ValueError(
-            "backend='numba' supports cpu and cuda tensors, "
-            f"got acts on {acts.device}; use backend='torch' or 'auto'"
-        )
-    if kernel is not None:
-        return FusedMultiblankRNNTFunction.apply(
-            acts, labels, act_lens, label_lens, opts, kernel
-        )
-    if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
-        costs = _ClampedTDTReferenceFunction.apply(
-            acts, labels, act_lens, label_lens, opts
-        )
-    else:
-        costs = tdt_reference_costs(acts, labels, act_lens, label_lens, opts)
-    _raise_on_nan(costs)
-    return reduce_costs(costs, opts, label_lens)
+    return dispatch_loss(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        opts,
+        backend,
+        kernel=_fused_tdt_kernel(acts.device),
+        reference=tdt_reference_costs,
+        check_reference_costs=_raise_on_nan,
+    )
 
 
 def tdt_loss(
@@ -220,8 +183,7 @@ class TDTLoss(torch.nn.Module):
         self.opts = make_tdt_options(
             blank, durations, reduction, sigma, omega, fastemit_lambda, clamp
         )
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_backend(backend)
         self.backend = backend
 
     @property

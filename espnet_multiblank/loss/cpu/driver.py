@@ -2,12 +2,15 @@
 
 Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses them):
 
-* :func:`begin` runs passes 1 and 2 (costs; the gradient buffer holds the exps) and
-  returns the tensors pass 3 needs; :func:`finish` runs pass 3 on them in place with
+* ``begin`` runs passes 1 and 2 (costs; the gradient buffer holds the exps) and
+  returns the tensors pass 3 needs; ``finish`` runs pass 3 on them in place with
   the per-utterance factors known only in backward (reduction weight times incoming
   gradient), so any incoming gradient costs no second logits-sized buffer;
-* :func:`compute` = ``begin`` + ``finish(grad_weights)``: the plain contract
+* ``compute`` = ``begin`` + ``finish(grad_weights)``: the plain contract
   ``(costs, grads)`` shared with the CUDA backend.
+
+:class:`KernelDriver` implements them once for a kernel family; ``compute`` here is
+the multi-blank family's, ``tdt_driver.tdt_compute`` the TDT family's.
 """
 
 import functools
@@ -40,9 +43,6 @@ def _serial_twin(dispatcher):
     return numba.njit(**opts)(g)
 
 
-_PARALLEL = (kernels.rows_forward, kernels.lattice, kernels.rows_backward)
-_SERIAL = tuple(_serial_twin(k) for k in _PARALLEL)
-
 # GNU OpenMP (Numba's default "omp" threading layer here) aborts a forked child that
 # starts a parallel region once the parent has used one ("Terminating: fork() called
 # from a process already using GNU OpenMP"). Forked children (DataLoader workers,
@@ -62,21 +62,203 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 
 
 def _pick(num_elements: int):
-    """(kernels, previous Numba thread count or None): serial kernels for one torch
-    thread, small problems and forked children; otherwise the parallel ones with as
-    many Numba threads as torch may use (restore the returned count afterwards)."""
+    """(parallel, previous Numba thread count or None): the serial kernels for one
+    torch thread, small problems and forked children; otherwise the parallel ones
+    with as many Numba threads as torch may use (restore the returned count
+    afterwards)."""
     n = min(torch.get_num_threads(), _MAX_THREADS)
     if n <= 1 or _state["forked"] or num_elements < PARALLEL_MIN_ELEMENTS:
-        return _SERIAL, None
+        return False, None
     _state["parallel_used"] = True
     prev = numba.get_num_threads()
     if n == prev:
-        return _PARALLEL, None
+        return True, None
     numba.set_num_threads(n)
-    return _PARALLEL, prev
+    return True, prev
 
 
 _MAX_THREADS = numba.config.NUMBA_NUM_THREADS
+
+
+class KernelDriver:
+    """One loss's CPU kernels behind the kernel contract; calling it is ``compute``.
+
+    A kernel family is three ``parallel=True`` Numba kernels with the same calling
+    convention (the multi-blank and the TDT family share it):
+
+    * ``rows_forward(acts, labels, act_lens, label_lens, blank, symbols, sigma,
+      need_grad, buffer, rows, bad)``: pass 1, one read of the logits, per-node
+      values into ``rows`` (B, T, U, width) float64 and the exps into ``buffer``;
+    * ``lattice(rows, act_lens, label_lens, durations, fastemit_lambda, need_grad,
+      *extra, log_p)``: pass 2, the anti-diagonal sweeps;
+    * ``rows_backward(labels, act_lens, label_lens, blank, symbols, rows, log_p,
+      fastemit_lambda, clamp, factors, buffer)``: pass 3, the gradient in place.
+
+    ``symbols`` tells the kernels which logits are what (the big blank ids; the
+    number of token logits for TDT). The family-specific parts come in as functions
+    of the options: ``width(opts)``, ``symbols(opts, acts_shape)``,
+    ``durations(opts)`` (an int64 array) and ``lattice_extra(opts, B, U, parallel)``.
+    """
+
+    def __init__(self, parallel, width, symbols, durations, lattice_extra=None):
+        self.parallel = tuple(parallel)
+        self.serial = tuple(_serial_twin(k) for k in self.parallel)
+        self.width = width
+        self.symbols = symbols
+        self.durations = durations
+        self.lattice_extra = lattice_extra or (lambda opts, B, U, parallel: ())
+
+    def pick(self, num_elements: int):
+        """(kernels, Numba thread count to restore or None), as :func:`_pick`."""
+        parallel, prev = _pick(num_elements)
+        return (self.parallel if parallel else self.serial), prev
+
+    def finish(self, tensors: Tuple[torch.Tensor, ...], opts, factors) -> torch.Tensor:
+        """Pass 3 on the tensors :meth:`begin` returned (e.g. as saved by autograd):
+        the gradient buffer (the first of them) becomes ``factors[b] * clip(d cost_b
+        / d acts_b, -clamp, clamp)`` in place and is returned.
+
+        Args:
+            tensors: ``(buffer (B, T, U, V') acts dtype: the exps of pass 1,
+                rows (B, T, U, width) float64: per node the occupancies of its
+                transitions and the softmax coefficients, log_p (B,) float64,
+                labels, act_lens, label_lens)``.
+            factors: (B,) per-utterance factor (reduction weight times incoming
+                gradient, any sign): a CPU tensor or a numpy array.
+        """
+        buffer, rows, log_p, labels, act_lens, label_lens = tensors
+        kernels, prev = self.pick(buffer.numel())
+        try:
+            kernels[2](
+                labels.numpy(),
+                act_lens.numpy(),
+                label_lens.numpy(),
+                opts.blank,
+                self.symbols(opts, buffer.shape),
+                rows.numpy(),
+                log_p.numpy(),
+                opts.fastemit_lambda,
+                opts.clamp,
+                np.ascontiguousarray(factors, dtype=np.float64),
+                buffer.numpy(),
+            )
+        finally:
+            if prev is not None:
+                numba.set_num_threads(prev)
+        return buffer
+
+    def begin(
+        self,
+        acts: torch.Tensor,
+        labels: torch.Tensor,
+        act_lens: torch.Tensor,
+        label_lens: torch.Tensor,
+        opts,
+        need_grad: bool,
+    ) -> Tuple[np.ndarray, Optional[Tuple[torch.Tensor, ...]]]:
+        """Passes 1 and 2: costs and, when ``need_grad``, what pass 3 needs.
+
+        Args:
+            acts: (B, T, U, V') contiguous float32/float64 CPU tensor of raw logits.
+            labels: (B, L) int64, L <= U - 1, padding replaced by valid ids.
+            act_lens, label_lens: (B,) int64.
+            opts: the loss's options.
+            need_grad: whether the gradient will be wanted.
+        Returns:
+            costs: (B,) float64 numpy array, ``-(1 + lambda) log P`` (+inf if
+                impossible, NaN if a valid row holds NaN / +inf logits or a
+                distribution of only -inf).
+            pending: the tensors :meth:`finish` takes (the gradient buffer first),
+                or None (not need_grad, or NaN costs).
+        """
+        B, T, U, _ = acts.shape
+        x = acts.numpy()
+        if not labels.is_contiguous():
+            labels = labels.contiguous()
+        # numpy allocates: its large arrays get transparent huge pages (madvise) and
+        # glibc reuses freed heap blocks of up to 32 MB, whereas torch's aligned
+        # allocations of that size are often fresh 4 kB pages on every call, and a
+        # page fault costs about 1 ns per byte on the virtual machines measured
+        rows = np.empty((B, T, U, self.width(opts)), np.float64)
+        log_p = np.empty(B, np.float64)
+        bad = np.zeros(B, np.uint8)
+        buffer = np.empty(acts.shape, x.dtype) if need_grad else x
+        al = act_lens.numpy()
+        ll = label_lens.numpy()
+        (rows_forward, lattice, _), prev = self.pick(acts.numel())
+        try:
+            rows_forward(
+                x,
+                labels.numpy(),
+                al,
+                ll,
+                opts.blank,
+                self.symbols(opts, acts.shape),
+                opts.sigma,
+                need_grad,
+                buffer,
+                rows,
+                bad,
+            )
+            if bad.any():
+                costs = np.zeros(B, np.float64)
+                costs[bad.astype(bool)] = np.nan
+                return costs, None
+            parallel = lattice is self.parallel[1]
+            lattice(
+                rows,
+                al,
+                ll,
+                self.durations(opts),
+                opts.fastemit_lambda,
+                need_grad,
+                *self.lattice_extra(opts, B, U, parallel),
+                log_p,
+            )
+        finally:
+            if prev is not None:
+                numba.set_num_threads(prev)
+        costs = -(1.0 + opts.fastemit_lambda) * log_p + 0.0
+        if not need_grad:
+            return costs, None
+        from_numpy = torch.from_numpy
+        pending = (
+            from_numpy(buffer),
+            from_numpy(rows),
+            from_numpy(log_p),
+            labels,
+            act_lens,
+            label_lens,
+        )
+        return costs, pending
+
+    def __call__(
+        self,
+        acts: torch.Tensor,
+        labels: torch.Tensor,
+        act_lens: torch.Tensor,
+        label_lens: torch.Tensor,
+        opts,
+        grad_weights: torch.Tensor,
+        need_grad: bool,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Costs and (optionally) gradients on CPU (the CUDA backend's contract).
+
+        Args:
+            acts, labels, act_lens, label_lens, opts, need_grad: as for
+                :meth:`begin`.
+            grad_weights: (B,) per-utterance weight applied after the clamp.
+        Returns:
+            costs: (B,) acts.dtype (see :meth:`begin`).
+            grads: acts' shape and dtype, or None; zeros when a cost is NaN.
+        """
+        costs, pending = self.begin(acts, labels, act_lens, label_lens, opts, need_grad)
+        costs = torch.from_numpy(costs).to(acts.dtype)
+        if not need_grad:
+            return costs, None
+        if pending is None:  # NaN / +inf logits: the caller raises
+            return costs, torch.zeros_like(acts)
+        return costs, self.finish(pending, opts, grad_weights.detach())
 
 
 @functools.lru_cache(maxsize=256)
@@ -89,147 +271,13 @@ def _option_arrays(opts: LossOptions) -> Tuple[np.ndarray, np.ndarray]:
     return ids, durations
 
 
-def finish(
-    tensors: Tuple[torch.Tensor, ...], opts: LossOptions, factors
-) -> torch.Tensor:
-    """Pass 3 on the tensors :func:`begin` returned (e.g. as saved by autograd): the
-    gradient buffer (the first of them) becomes ``factors[b] * clip(d cost_b /
-    d acts_b, -clamp, clamp)`` in place and is returned.
-
-    Args:
-        tensors: ``(buffer (B, T, U, V) acts dtype: the exps of pass 1,
-            rows (B, T, U, N + 3) float64: per node the occupancies of its N + 2
-            transitions and the softmax coefficient, log_p (B,) float64,
-            labels, act_lens, label_lens)``.
-        factors: (B,) per-utterance factor (reduction weight times incoming
-            gradient, any sign): a CPU tensor or a numpy array.
-    """
-    buffer, rows, log_p, labels, act_lens, label_lens = tensors
-    kernels, prev = _pick(buffer.numel())
-    try:
-        kernels[2](
-            labels.numpy(),
-            act_lens.numpy(),
-            label_lens.numpy(),
-            opts.blank,
-            _option_arrays(opts)[0],
-            rows.numpy(),
-            log_p.numpy(),
-            opts.fastemit_lambda,
-            opts.clamp,
-            np.ascontiguousarray(factors, dtype=np.float64),
-            buffer.numpy(),
-        )
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
-    return buffer
-
-
-def begin(
-    acts: torch.Tensor,
-    labels: torch.Tensor,
-    act_lens: torch.Tensor,
-    label_lens: torch.Tensor,
-    opts: LossOptions,
-    need_grad: bool,
-) -> Tuple[np.ndarray, Optional[Tuple[torch.Tensor, ...]]]:
-    """Passes 1 and 2: costs and, when ``need_grad``, what pass 3 needs.
-
-    Args:
-        acts: (B, T, U, V) contiguous float32/float64 CPU tensor of raw logits.
-        labels: (B, L) int64, L <= U - 1, padding replaced by valid ids.
-        act_lens, label_lens: (B,) int64.
-        opts: loss options.
-        need_grad: whether the gradient will be wanted.
-    Returns:
-        costs: (B,) float64 numpy array, ``-(1 + lambda) log P`` (+inf if impossible,
-            NaN if a valid row holds NaN / +inf logits or only -inf).
-        pending: the tensors :func:`finish` takes (the gradient buffer first), or
-            None (not need_grad, or NaN costs).
-    """
-    B, T, U, V = acts.shape
-    K = opts.num_big_blanks + 2
-    x = acts.numpy()
-    if not labels.is_contiguous():
-        labels = labels.contiguous()
-    big_ids, durations = _option_arrays(opts)
-    # numpy allocates: its large arrays get transparent huge pages (madvise) and
-    # glibc reuses freed heap blocks of up to 32 MB, whereas torch's aligned
-    # allocations of that size are often fresh 4 kB pages on every call, and a page
-    # fault costs about 1 ns per byte on the virtual machines measured (bench/)
-    rows = np.empty((B, T, U, K + 1), np.float64)
-    log_p = np.empty(B, np.float64)
-    bad = np.zeros(B, np.uint8)
-    buffer = np.empty(acts.shape, x.dtype) if need_grad else x
-    al = act_lens.numpy()
-    ll = label_lens.numpy()
-    (rows_forward, lattice, _), prev = _pick(acts.numel())
-    try:
-        rows_forward(
-            x,
-            labels.numpy(),
-            al,
-            ll,
-            opts.blank,
-            big_ids,
-            opts.sigma,
-            need_grad,
-            buffer,
-            rows,
-            bad,
-        )
-        if bad.any():
-            costs = np.zeros(B, np.float64)
-            costs[bad.astype(bool)] = np.nan
-            return costs, None
-        lattice(rows, al, ll, durations, opts.fastemit_lambda, need_grad, log_p)
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
-    costs = -(1.0 + opts.fastemit_lambda) * log_p + 0.0
-    if not need_grad:
-        return costs, None
-    from_numpy = torch.from_numpy
-    pending = (
-        from_numpy(buffer),
-        from_numpy(rows),
-        from_numpy(log_p),
-        labels,
-        act_lens,
-        label_lens,
-    )
-    return costs, pending
-
-
-def compute(
-    acts: torch.Tensor,
-    labels: torch.Tensor,
-    act_lens: torch.Tensor,
-    label_lens: torch.Tensor,
-    opts: LossOptions,
-    grad_weights: torch.Tensor,
-    need_grad: bool,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Costs and (optionally) gradients on CPU (the CUDA backend's contract).
-
-    Args:
-        acts, labels, act_lens, label_lens, opts, need_grad: as for :func:`begin`.
-        grad_weights: (B,) per-utterance weight applied after the clamp.
-    Returns:
-        costs: (B,) acts.dtype (see :func:`begin`).
-        grads: (B, T, U, V) acts.dtype or None; zeros when a cost is NaN.
-    """
-    costs, pending = begin(acts, labels, act_lens, label_lens, opts, need_grad)
-    costs = torch.from_numpy(costs).to(acts.dtype)
-    if not need_grad:
-        return costs, None
-    if pending is None:  # NaN / +inf logits: the caller raises
-        return costs, torch.zeros_like(acts)
-    return costs, finish(pending, opts, grad_weights.detach())
-
-
-# the autograd Function runs pass 3 in backward when the kernel offers ``begin``:
-# it saves ``pending`` with save_for_backward and calls ``finish(saved, opts, factors)``
-compute.begin = begin
-compute.finish = finish
+# the multi-blank family; rows per node: the occupancies of its N + 2 transitions
+# (standard blank, label, N big blanks) and the softmax coefficient
+compute = KernelDriver(
+    (kernels.rows_forward, kernels.lattice, kernels.rows_backward),
+    width=lambda opts: opts.num_big_blanks + 3,
+    symbols=lambda opts, shape: _option_arrays(opts)[0],
+    durations=lambda opts: _option_arrays(opts)[1],
+)
+begin = compute.begin
+finish = compute.finish

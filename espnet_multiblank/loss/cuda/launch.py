@@ -10,11 +10,11 @@ takes CPU tensors and passes numpy views of them to the simulated kernels.
 
 Two contracts (see ``espnet_multiblank.loss.function``):
 
-* :func:`compute` ``-> (costs, grads)``: the four kernels in a row, no host
+* ``compute`` ``-> (costs, grads)``: the four kernels in a row, no host
   synchronisation;
-* :func:`begin` (kernels 1-3: costs, and the transition weights when the gradient
+* ``begin`` (kernels 1-3: costs, and the transition weights when the gradient
   is needed; one host synchronisation, to hand the costs over as numpy) and
-  :func:`finish` (kernel 4, in the autograd backward, with the per-utterance factors
+  ``finish`` (kernel 4, in the autograd backward, with the per-utterance factors
   = reduction weight x incoming gradient folded in), so that any incoming gradient
   costs no more than the one logits-sized gradient buffer.
 
@@ -46,7 +46,6 @@ except ImportError:  # pragma: no cover - older numba-cuda / numba's built-in cu
 
 from espnet_multiblank.loss.cuda.device_ops import SIMULATOR
 from espnet_multiblank.loss.cuda.kernels import get_kernels
-from espnet_multiblank.loss.options import LossOptions
 
 #: logits dtypes the kernels read directly
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -184,12 +183,12 @@ class PendingCudaGradient:
     """What the gradient kernel needs, kept from ``begin`` to ``finish``.
 
     Attributes:
-        buffer: (B, T, U, V) logits dtype, uninitialised; ``finish`` writes the
+        buffer: the logits' shape and dtype, uninitialised; ``finish`` writes the
             gradient into it.
-        acts: the logits (B, T, U, V), C-contiguous.
+        acts: the logits (B, T, U, V') (V' = V, or V + D for TDT), C-contiguous.
         labels: (B, max(L, 1)) int64; act_lens, label_lens: (B,) int64.
-        denom: (B, T, U) float64 row log-sum-exp.
-        wts: (B, T, U, N + 2) float64 transition weights.
+        denom: (B, T, U) or (B, T, U, 2) float64 row log-sum-exps.
+        wts: (B, T, U, W) float64 transition weights (occupancies).
         logp: (B,) float64.
     """
 
@@ -215,121 +214,6 @@ class PendingCudaGradient:
         )
 
 
-def forward(
-    acts: torch.Tensor,
-    labels: torch.Tensor,
-    act_lens: torch.Tensor,
-    label_lens: torch.Tensor,
-    opts: LossOptions,
-    need_grad: bool,
-):
-    """Kernels 1-3 (3 only when need_grad): ``(costs, pending or None)``, queued on
-    the current stream, no host synchronisation. costs: (B,) float64 for float64
-    logits, float32 otherwise."""
-    check_device(acts)
-    acts = acts.detach().contiguous()
-    B, T, U, V = acts.shape
-    dev = acts.device
-    costs = torch.empty((B,), dtype=cost_dtype(acts.dtype), device=dev)
-    N = opts.num_big_blanks
-    labels, act_lens, label_lens = prepare_ints(labels, act_lens, label_lens, B, dev)
-    ws = dict(dtype=torch.float64, device=dev)
-    denom = torch.empty((B, T, U), **ws)
-    lpw = torch.empty((B, T, U, N + 2), **ws)
-    logp = torch.empty((B,), **ws)
-    pending = None
-    if need_grad:
-        pending = PendingCudaGradient(
-            torch.empty_like(acts), acts, labels, act_lens, label_lens, denom, lpw, logp
-        )
-    if B == 0:
-        return costs, pending
-    if T == 0:  # every T_b = 0: the empty path (cost 0) or impossible (+inf)
-        lp0 = torch.where(label_lens == 0, 0.0, float("-inf")).to(**ws)
-        logp.copy_(lp0)
-        costs.copy_(-(1.0 + opts.fastemit_lambda) * lp0 + 0.0)
-        return costs, pending
-
-    rows = B * T * U
-    alphas = torch.empty((B, T, U), **ws)
-    betas = torch.empty((B, T, U) if need_grad else (1, 1, 1), **ws)
-    cfg_row = row_config(V)
-    lattice = opts.lattice
-    row_stats, alpha_beta, weights_k, _ = get_kernels(
-        storage_of(acts.dtype), lattice, cfg_row
-    )
-    k = kernel_array
-    blank = int(lattice.blank)
-    do_beta = 1 if need_grad else 0
-
-    def body(cfg):
-        a_lens, a_llens, a_lpw = k(act_lens), k(label_lens), k(lpw)
-        a_alphas, a_betas, a_logp = k(alphas), k(betas), k(logp)
-        cfg(row_stats, row_grid(rows, cfg_row), cfg_row[1])(
-            k(acts),
-            k(labels),
-            a_lens,
-            a_llens,
-            blank,
-            float(opts.sigma),
-            k(denom),
-            a_lpw,
-        )
-        cfg(alpha_beta, (B, 1 + do_beta), diag_threads(T, U))(
-            a_lpw,
-            a_lens,
-            a_llens,
-            float(opts.fastemit_lambda),
-            do_beta,
-            a_alphas,
-            a_betas,
-            a_logp,
-            k(costs),
-        )
-        if need_grad:
-            cfg(weights_k, -(-rows // CELL_BLOCK), CELL_BLOCK)(
-                a_lpw, a_lens, a_llens, a_alphas, a_betas, a_logp
-            )
-
-    run_on_stream(dev, body)
-    return costs, pending
-
-
-def gradient(
-    tensors: Tuple[torch.Tensor, ...], opts: LossOptions, factors: torch.Tensor
-) -> torch.Tensor:
-    """Kernel 4 into the pending buffer (returned): ``factors`` (B,) float64 tensor on
-    the logits' device."""
-    buffer, acts, labels, act_lens, label_lens, denom, wts, logp = tensors
-    B, T, U, V = acts.shape
-    rows = B * T * U
-    if rows == 0 or V == 0:
-        return buffer
-    cfg_row = row_config(V)
-    lattice = opts.lattice
-    *_, grad_k = get_kernels(storage_of(acts.dtype), lattice, cfg_row)
-    k = kernel_array
-
-    def body(cfg):
-        cfg(grad_k, row_grid(rows, cfg_row), cfg_row[1])(
-            k(acts),
-            k(labels),
-            k(act_lens),
-            k(label_lens),
-            int(lattice.blank),
-            float(opts.fastemit_lambda),
-            float(opts.clamp),
-            k(factors),
-            k(denom),
-            k(wts),
-            k(logp),
-            k(buffer),
-        )
-
-    run_on_stream(acts.device, body)
-    return buffer
-
-
 def factors_tensor(values, device) -> torch.Tensor:
     """(B,) float64 contiguous factors on ``device`` from a tensor or numpy array."""
     if isinstance(values, np.ndarray):
@@ -337,34 +221,187 @@ def factors_tensor(values, device) -> torch.Tensor:
     return values.detach().to(device=device, dtype=torch.float64).contiguous()
 
 
-def begin(acts, labels, act_lens, label_lens, opts: LossOptions, need_grad: bool):
-    """Kernels 1-3: ``(costs (B,) float64 numpy, pending or None)`` (one host sync).
+class CudaKernelDriver:
+    """One loss's four CUDA kernels behind both contracts; calling it is ``compute``.
 
-    ``pending.tensors()`` is what :func:`finish` takes (autograd saves them)."""
-    costs, pending = forward(acts, labels, act_lens, label_lens, opts, need_grad)
-    return costs.to("cpu", torch.float64).numpy(), pending
+    A kernel family (``get_kernels(storage, lattice, row_config) -> (row_stats,
+    alpha_beta, weights, grad)``; the multi-blank and the TDT family share the
+    calling convention) differs only in:
+
+    * ``denom_tail``: per-row shape of ``denom`` (() for one log-sum-exp, (2,) for
+      TDT's token and duration parts); ``weights_width(opts)``: transitions per node;
+    * ``num_tokens(opts, width)``: the logits a row kernel reduces (V of V + D);
+    * ``tdt``: the TDT kernels also take V after ``blank`` and a (B,) int32 flag of
+      bad rows (row_stats sets it, alpha_beta reads it).
+    """
+
+    def __init__(self, get_kernels, denom_tail, weights_width, num_tokens, tdt):
+        self.get_kernels = get_kernels
+        self.denom_tail = tuple(denom_tail)
+        self.weights_width = weights_width
+        self.num_tokens = num_tokens
+        self.tdt = tdt
+
+    def forward(self, acts, labels, act_lens, label_lens, opts, need_grad: bool):
+        """Kernels 1-3 (3 only when need_grad): ``(costs, pending or None)``, queued
+        on the current stream, no host synchronisation. costs: (B,) float64 for
+        float64 logits, float32 otherwise."""
+        check_device(acts)
+        acts = acts.detach().contiguous()
+        B, T, U, width = acts.shape
+        V = self.num_tokens(opts, width)
+        dev = acts.device
+        costs = torch.empty((B,), dtype=cost_dtype(acts.dtype), device=dev)
+        labels, act_lens, label_lens = prepare_ints(
+            labels, act_lens, label_lens, B, dev
+        )
+        ws = dict(dtype=torch.float64, device=dev)
+        denom = torch.empty((B, T, U) + self.denom_tail, **ws)
+        lpw = torch.empty((B, T, U, self.weights_width(opts)), **ws)
+        logp = torch.empty((B,), **ws)
+        pending = None
+        if need_grad:
+            pending = PendingCudaGradient(
+                torch.empty_like(acts),
+                acts,
+                labels,
+                act_lens,
+                label_lens,
+                denom,
+                lpw,
+                logp,
+            )
+        if B == 0:
+            return costs, pending
+        if T == 0:  # every T_b = 0: the empty path (cost 0) or impossible (+inf)
+            lp0 = torch.where(label_lens == 0, 0.0, float("-inf")).to(**ws)
+            logp.copy_(lp0)
+            costs.copy_(-(1.0 + opts.fastemit_lambda) * lp0 + 0.0)
+            return costs, pending
+
+        rows = B * T * U
+        alphas = torch.empty((B, T, U), **ws)
+        betas = torch.empty((B, T, U) if need_grad else (1, 1, 1), **ws)
+        cfg_row = row_config(V)
+        lattice = opts.lattice
+        row_stats, alpha_beta, weights_k, _ = self.get_kernels(
+            storage_of(acts.dtype), lattice, cfg_row
+        )
+        k = kernel_array
+        do_beta = 1 if need_grad else 0
+        # the TDT kernels take V after the blank and flag bad rows for alpha_beta
+        tokens = (V,) if self.tdt else ()
+        bad = torch.zeros((B,), dtype=torch.int32, device=dev) if self.tdt else None
+        flags = (k(bad),) if self.tdt else ()
+
+        def body(cfg):
+            a_lens, a_llens, a_lpw = k(act_lens), k(label_lens), k(lpw)
+            a_alphas, a_betas, a_logp = k(alphas), k(betas), k(logp)
+            cfg(row_stats, row_grid(rows, cfg_row), cfg_row[1])(
+                k(acts),
+                k(labels),
+                a_lens,
+                a_llens,
+                int(lattice.blank),
+                *tokens,
+                float(opts.sigma),
+                k(denom),
+                a_lpw,
+                *flags,
+            )
+            cfg(alpha_beta, (B, 1 + do_beta), diag_threads(T, U))(
+                a_lpw,
+                a_lens,
+                a_llens,
+                *flags,
+                float(opts.fastemit_lambda),
+                do_beta,
+                a_alphas,
+                a_betas,
+                a_logp,
+                k(costs),
+            )
+            if need_grad:
+                cfg(weights_k, -(-rows // CELL_BLOCK), CELL_BLOCK)(
+                    a_lpw, a_lens, a_llens, a_alphas, a_betas, a_logp
+                )
+
+        run_on_stream(dev, body)
+        return costs, pending
+
+    def gradient(self, tensors, opts, factors: torch.Tensor) -> torch.Tensor:
+        """Kernel 4 into the pending buffer (returned): ``factors`` (B,) float64
+        tensor on the logits' device."""
+        buffer, acts, labels, act_lens, label_lens, denom, wts, logp = tensors
+        B, T, U, width = acts.shape
+        V = self.num_tokens(opts, width)
+        rows = B * T * U
+        if rows == 0 or width == 0:
+            return buffer
+        cfg_row = row_config(V)
+        lattice = opts.lattice
+        *_, grad_k = self.get_kernels(storage_of(acts.dtype), lattice, cfg_row)
+        k = kernel_array
+        tokens = (V,) if self.tdt else ()
+
+        def body(cfg):
+            cfg(grad_k, row_grid(rows, cfg_row), cfg_row[1])(
+                k(acts),
+                k(labels),
+                k(act_lens),
+                k(label_lens),
+                int(lattice.blank),
+                *tokens,
+                float(opts.fastemit_lambda),
+                float(opts.clamp),
+                k(factors),
+                k(denom),
+                k(wts),
+                k(logp),
+                k(buffer),
+            )
+
+        run_on_stream(acts.device, body)
+        return buffer
+
+    def begin(self, acts, labels, act_lens, label_lens, opts, need_grad: bool):
+        """Kernels 1-3: ``(costs (B,) float64 numpy, pending or None)`` (one host
+        sync). ``pending.tensors()`` is what :meth:`finish` takes (autograd saves
+        them)."""
+        costs, pending = self.forward(
+            acts, labels, act_lens, label_lens, opts, need_grad
+        )
+        return costs.to("cpu", torch.float64).numpy(), pending
+
+    def finish(self, tensors, opts, factors: np.ndarray) -> torch.Tensor:
+        """Kernel 4: the gradient (the pending buffer itself, ``tensors[0]``),
+        utterance b's clamped gradient times ``factors[b]`` ((B,) float64 numpy)."""
+        return self.gradient(tensors, opts, factors_tensor(factors, tensors[0].device))
+
+    def __call__(
+        self, acts, labels, act_lens, label_lens, opts, grad_weights, need_grad
+    ):
+        """See :func:`espnet_multiblank.loss.cuda.compute` (same contract)."""
+        costs, pending = self.forward(
+            acts, labels, act_lens, label_lens, opts, need_grad
+        )
+        if not need_grad:
+            return costs, None
+        grads = self.gradient(
+            pending.tensors(), opts, factors_tensor(grad_weights, pending.acts.device)
+        )
+        return costs, grads
 
 
-def finish(tensors, opts: LossOptions, factors: np.ndarray) -> torch.Tensor:
-    """Kernel 4: the gradient (the pending buffer itself, ``tensors[0]``), utterance
-    b's clamped gradient times ``factors[b]`` ((B,) float64 numpy)."""
-    return gradient(tensors, opts, factors_tensor(factors, tensors[0].device))
-
-
-def compute(
-    acts: torch.Tensor,
-    labels: torch.Tensor,
-    act_lens: torch.Tensor,
-    label_lens: torch.Tensor,
-    opts: LossOptions,
-    grad_weights: torch.Tensor,
-    need_grad: bool,
-):
-    """See :func:`espnet_multiblank.loss.cuda.compute` (same contract)."""
-    costs, pending = forward(acts, labels, act_lens, label_lens, opts, need_grad)
-    if not need_grad:
-        return costs, None
-    grads = gradient(
-        pending.tensors(), opts, factors_tensor(grad_weights, pending.acts.device)
-    )
-    return costs, grads
+# the multi-blank family: one log-sum-exp per row, N + 2 transitions per node
+compute = CudaKernelDriver(
+    get_kernels,
+    denom_tail=(),
+    weights_width=lambda opts: opts.num_big_blanks + 2,
+    num_tokens=lambda opts, width: width,
+    tdt=False,
+)
+forward = compute.forward
+gradient = compute.gradient
+begin = compute.begin
+finish = compute.finish

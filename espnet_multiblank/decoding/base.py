@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Tuple, Union
 
 import torch
 
-from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.stepper import Stepper
-from espnet_multiblank.decoding.symbols import SymbolTable
+from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 Lattice = Union[MultiblankLattice, TDTLattice]
@@ -138,3 +138,113 @@ class TransducerSearch(ABC):
         """
         lens = enc_lens.tolist()
         return [self.search(enc_out[b, : lens[b]])[0] for b in range(len(lens))]
+
+
+class FrameLoopingGreedySearch(TransducerSearch):
+    """What the frame-looping greedy searches share (multi-blank and TDT): one
+    utterance at a time with :meth:`search_one`, and B at once with
+    :meth:`search_batch`, which takes one step for every active utterance per
+    iteration: one joint call, the subclass's :meth:`choose` of one symbol per row,
+    one prediction-network call for the rows that emitted a label; each utterance
+    advances by its own number of frames and leaves when it reaches its T_b.
+
+    Args: those of :class:`TransducerSearch` (``nbest`` is 1) and ``blank_decision``
+    (``"total"`` or ``"symbol"``, see :mod:`~espnet_multiblank.decoding.symbols`).
+    """
+
+    batched = True
+
+    def __init__(
+        self,
+        stepper: Stepper,
+        lattice: Lattice,
+        max_sym_per_frame: int = 10,
+        blank_decision: str = "total",
+    ):
+        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
+        self.beam_size = 1
+        self.blank_decision = check_blank_decision(blank_decision)
+
+    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
+        return [self.search_one(enc_out)]
+
+    @abstractmethod
+    def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
+        """Greedy search for one utterance; enc_out: (T, D_enc)."""
+
+    @abstractmethod
+    def choose(
+        self,
+        table,
+        enc_proj: torch.Tensor,
+        dec_proj: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One greedy step for A active rows.
+
+        Args:
+            table: :meth:`table` of the device.
+            enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
+            frame: (A,) long current frame t; length: (A,) long T_b (> t).
+            num_sym: (A,) long labels already emitted at this frame.
+
+        Returns:
+            symbol (A,) long, frames (A,) long it advances (0: stays), score (A,) the
+            log-probability added, is_label (A,) bool.
+        """
+
+    @torch.no_grad()
+    def search_batch(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """Greedy search for B utterances at once (the same symbols as
+        :meth:`search_one`, tested).
+
+        Args:
+            enc_out: (B, T_max, D_enc) padded encoder output.
+            enc_lens: (B,) encoder lengths T_b.
+
+        Returns:
+            B hypotheses, in input order.
+        """
+        device = enc_out.device
+        table = self.table(device)
+        stepper = self.stepper
+        B = enc_out.size(0)
+        lens = enc_lens.to(device=device, dtype=torch.long)
+        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
+        dec_proj, state = self.start(B, device)  # (B, J)
+        hyps = BatchedHyps(B, device)
+
+        active = (hyps.frame < lens).nonzero().squeeze(1)
+        while active.numel() > 0:
+            t = hyps.frame[active]  # (A,)
+            symbol, frames, score, is_label = self.choose(
+                table,
+                enc_proj[active, t],
+                dec_proj[active],
+                t,
+                lens[active],
+                hyps.num_sym[active],
+            )
+            hyps.record(active, symbol, frames, score, is_label)
+            if bool(is_label.any()):
+                rows = active[is_label]
+                new_proj, new_state = stepper.step(
+                    symbol[is_label], stepper.select_state(state, rows)
+                )
+                dec_proj[rows] = new_proj
+                stepper.scatter_state(state, rows, new_state)
+            active = (hyps.frame < lens).nonzero().squeeze(1)
+
+        return [
+            hyps.hypothesis(
+                b,
+                self.blank_id,
+                stepper.select_state(state, torch.tensor([b], device=device)),
+                dec_proj[b],
+            )
+            for b in range(B)
+        ]

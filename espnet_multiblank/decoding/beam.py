@@ -201,43 +201,65 @@ class MultiblankBeamSearch(TransducerSearch):
         keep = torch.isfinite(top_scores)
         top_scores, top_idx = top_scores[keep].tolist(), top_idx[keep].tolist()
 
-        # labels must beat the B-th best hypothesis already queued at frame t + 1
-        nxt = queues[t + 1] if t + 1 < len(queues) else None
-        floor = float("-inf")
-        if nxt is not None and len(nxt) >= B:
-            floor = sorted((h.score for h in nxt.values()), reverse=True)[B - 1]
-
-        label_parents, label_syms, label_scores = [], [], []
+        floor = self._label_floor(queues, t)
+        labels = []  # (parent index, symbol, score)
         for score, flat in zip(top_scores, top_idx):
             a, k = divmod(flat, V)
-            parent = current[a]
             frames = table.frames_list[k]
             if frames == 0:
-                if score < floor:
-                    continue
-                label_parents.append(a)
-                label_syms.append(k)
-                label_scores.append(score)
-                continue
-            child = Hypothesis(
-                score=score,
-                yseq=parent.yseq,
-                dec_state=parent.dec_state,
-                dec_proj=parent.dec_proj,
-                frame=t,
-                big_blank_emissions=parent.big_blank_emissions,
-                frames_skipped=parent.frames_skipped,
-            )
-            child.advance(frames)
-            self._insert(queues[child.frame], child)
+                if score >= floor:
+                    labels.append((a, k, score))
+            else:
+                self._queue_blank(queues, current[a], score, t, frames)
+        return self._label_children(current, labels, t)
 
-        if not label_parents:
+    def _label_floor(self, queues: List[Optional[Queue]], t: int) -> float:
+        """The score a label that stays at frame t must reach: that of the B-th best
+        hypothesis already queued at frame t + 1 (-inf while fewer are queued)."""
+        nxt = queues[t + 1] if t + 1 < len(queues) else None
+        if nxt is None or len(nxt) < self.beam_size:
+            return float("-inf")
+        return sorted((h.score for h in nxt.values()), reverse=True)[self.beam_size - 1]
+
+    def _queue_blank(
+        self,
+        queues: List[Optional[Queue]],
+        parent: Hypothesis,
+        score: float,
+        t: int,
+        frames: int,
+    ) -> None:
+        """Queue ``parent`` extended by a blank arc from frame t covering ``frames``
+        frames (labels unchanged, the prediction network not run)."""
+        child = Hypothesis(
+            score=score,
+            yseq=parent.yseq,
+            dec_state=parent.dec_state,
+            dec_proj=parent.dec_proj,
+            frame=t,
+            big_blank_emissions=parent.big_blank_emissions,
+            frames_skipped=parent.frames_skipped,
+        )
+        child.advance(frames)
+        self._insert(queues[child.frame], child)
+
+    def _label_children(
+        self,
+        current: List[Hypothesis],
+        labels: List[Tuple[int, int, float]],
+        t: int,
+    ) -> List[Hypothesis]:
+        """The children of the label arcs ``labels`` (parent index, symbol, score), at
+        frame t, after one prediction-network step for all of them."""
+        if not labels:
             return []
-        states = stepper.cat_states([current[a].dec_state for a in label_parents])
-        labels = torch.tensor(label_syms, dtype=torch.long, device=device)
-        new_proj, new_state = stepper.step(labels, states)  # (L, J)
+        stepper = self.stepper
+        device = current[0].dec_proj.device
+        states = stepper.cat_states([current[a].dec_state for a, _, _ in labels])
+        symbols = torch.tensor([k for _, k, _ in labels], device=device)
+        new_proj, new_state = stepper.step(symbols, states)  # (L, J)
         children = []
-        for j, (a, k, score) in enumerate(zip(label_parents, label_syms, label_scores)):
+        for j, (a, k, score) in enumerate(labels):
             parent = current[a]
             children.append(
                 Hypothesis(

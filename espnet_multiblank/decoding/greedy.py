@@ -20,38 +20,19 @@ emitted a label); each utterance has its own t and leaves when it reaches its T.
 choose the same symbols (tested).
 """
 
-from typing import List
-
 import torch
 
-from espnet_multiblank.decoding.base import TransducerSearch
-from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.symbols import check_blank_decision, log_sum_exp
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
+from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.symbols import log_sum_exp
 
 
-class MultiblankGreedySearch(TransducerSearch):
+class MultiblankGreedySearch(FrameLoopingGreedySearch):
     """Multi-blank greedy search (standard greedy search without big blanks).
 
-    Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch`
-    (``nbest`` is 1), and ``blank_decision`` (``"total"`` or ``"symbol"``, see
-    :mod:`~espnet_multiblank.decoding.symbols`).
+    Args: those of :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`
+    (``blank_decision``: ``"total"`` (default) or ``"symbol"``).
     """
-
-    batched = True
-
-    def __init__(
-        self,
-        stepper,
-        lattice,
-        max_sym_per_frame: int = 10,
-        blank_decision: str = "total",
-    ):
-        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
-        self.beam_size = 1
-        self.blank_decision = check_blank_decision(blank_decision)
-
-    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
-        return [self.search_one(enc_out)]
 
     @torch.no_grad()
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
@@ -107,54 +88,9 @@ class MultiblankGreedySearch(TransducerSearch):
         hyp.dec_proj = dec_proj[0]
         return hyp
 
-    @torch.no_grad()
-    def search_batch(
-        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
-    ) -> List[Hypothesis]:
-        """Greedy search for B utterances at once (see the module docstring).
-
-        Args:
-            enc_out: (B, T_max, D_enc) padded encoder output.
-            enc_lens: (B,) encoder lengths T_b.
-
-        Returns:
-            B hypotheses, in input order.
-        """
-        device = enc_out.device
-        table = self.table(device)
-        stepper = self.stepper
-        B = enc_out.size(0)
-        lens = enc_lens.to(device=device, dtype=torch.long)
-        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
-        dec_proj, state = self.start(B, device)  # (B, J)
-        hyps = BatchedHyps(B, device)
-
-        active = (hyps.frame < lens).nonzero().squeeze(1)
-        while active.numel() > 0:
-            t = hyps.frame[active]  # (A,)
-            logp = stepper.log_probs(enc_proj[active, t], dec_proj[active])  # (A, V)
-            masked = table.mask(
-                logp, t, lens[active], hyps.num_sym[active], self.max_sym_per_frame
-            )
-            k, score = table.decide(logp, masked, self.blank_decision)  # (A,), (A,)
-            frames = table.frames[k]  # (A,)
-            is_label = frames == 0
-            hyps.record(active, k, frames, score, is_label)
-            if bool(is_label.any()):
-                rows = active[is_label]
-                new_proj, new_state = stepper.step(
-                    k[is_label], stepper.select_state(state, rows)
-                )
-                dec_proj[rows] = new_proj
-                stepper.scatter_state(state, rows, new_state)
-            active = (hyps.frame < lens).nonzero().squeeze(1)
-
-        return [
-            hyps.hypothesis(
-                b,
-                self.blank_id,
-                stepper.select_state(state, torch.tensor([b], device=device)),
-                dec_proj[b],
-            )
-            for b in range(B)
-        ]
+    def choose(self, table, enc_proj, dec_proj, frame, length, num_sym):
+        logp = self.stepper.log_probs(enc_proj, dec_proj)  # (A, V)
+        masked = table.mask(logp, frame, length, num_sym, self.max_sym_per_frame)
+        k, score = table.decide(logp, masked, self.blank_decision)  # (A,), (A,)
+        frames = table.frames[k]  # (A,)
+        return k, frames, score, frames == 0

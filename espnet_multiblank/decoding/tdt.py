@@ -24,13 +24,12 @@ probability excludes duration 0), and a path ends with a blank landing on T.
 """
 
 import math
-from typing import List
 
 import torch
 
-from espnet_multiblank.decoding.base import TransducerSearch
-from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.symbols import check_blank_decision, log_sum_exp
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
+from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.symbols import log_sum_exp
 from espnet_multiblank.decoding.tdt_table import END_RULES, TDTSymbolTable
 from espnet_multiblank.lattice import TDTLattice
 
@@ -56,7 +55,7 @@ class TDTSearchMixin:
         )
 
 
-class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
+class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
     """TDT greedy search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch` with a
@@ -68,8 +67,6 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
     :class:`~espnet_multiblank.decoding.tdt_table.TDTSymbolTable`).
     """
 
-    batched = True
-
     def __init__(
         self,
         stepper,
@@ -78,13 +75,8 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
         blank_decision: str = TDT_GREEDY_DECISION,
         end_rule: str = "exact",
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
-        self.beam_size = 1
-        self.blank_decision = check_blank_decision(blank_decision)
+        super().__init__(stepper, lattice, max_sym_per_frame, blank_decision)
         self._set_end_rule(end_rule)
-
-    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
-        return [self.search_one(enc_out)]
 
     def _slot_sets(self, table: TDTSymbolTable):
         """{(min(T - t, R + 1), guarded): (blank slots, label slots)}: the allowed
@@ -199,52 +191,8 @@ class TDTGreedySearch(TDTSearchMixin, TransducerSearch):
         hyp.dec_proj = dec_proj[0]
         return hyp
 
-    @torch.no_grad()
-    def search_batch(
-        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
-    ) -> List[Hypothesis]:
-        """Greedy search for B utterances at once (see the module docstring).
-
-        Args:
-            enc_out: (B, T_max, D_enc) padded encoder output.
-            enc_lens: (B,) encoder lengths T_b.
-
-        Returns:
-            B hypotheses, in input order.
-        """
-        device = enc_out.device
-        table = self.table(device)
-        stepper = self.stepper
-        B = enc_out.size(0)
-        lens = enc_lens.to(device=device, dtype=torch.long)
-        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
-        dec_proj, state = self.start(B, device)  # (B, J)
-        hyps = BatchedHyps(B, device)
-
-        active = (hyps.frame < lens).nonzero().squeeze(1)
-        while active.numel() > 0:
-            t = hyps.frame[active]  # (A,)
-            tok, dur = table.log_probs(
-                stepper.joint(enc_proj[active, t], dec_proj[active])
-            )
-            guard = hyps.num_sym[active] >= self.max_sym_per_frame
-            arcs = table.step(tok, dur, lens[active] - t, guard, self.blank_decision)
-            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, arcs.is_label)
-            if bool(arcs.is_label.any()):
-                rows = active[arcs.is_label]
-                new_proj, new_state = stepper.step(
-                    arcs.symbol[arcs.is_label], stepper.select_state(state, rows)
-                )
-                dec_proj[rows] = new_proj
-                stepper.scatter_state(state, rows, new_state)
-            active = (hyps.frame < lens).nonzero().squeeze(1)
-
-        return [
-            hyps.hypothesis(
-                b,
-                self.blank_id,
-                stepper.select_state(state, torch.tensor([b], device=device)),
-                dec_proj[b],
-            )
-            for b in range(B)
-        ]
+    def choose(self, table, enc_proj, dec_proj, frame, length, num_sym):
+        tok, dur = table.log_probs(self.stepper.joint(enc_proj, dec_proj))
+        guard = num_sym >= self.max_sym_per_frame
+        arcs = table.step(tok, dur, length - frame, guard, self.blank_decision)
+        return arcs.symbol, arcs.frames, arcs.score, arcs.is_label

@@ -109,51 +109,20 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
         top_slots = slots.reshape(-1)[top_idx].tolist()
         top_rows = (top_idx // N).tolist()
 
-        # labels that stay must beat the B-th best hypothesis already queued at t + 1
-        nxt = queues[t + 1] if t + 1 < len(queues) else None
-        floor = float("-inf")
-        if nxt is not None and len(nxt) >= B:
-            floor = sorted((h.score for h in nxt.values()), reverse=True)[B - 1]
-
-        labels = []  # (parent index, token, frames, score)
+        floor = self._label_floor(queues, t)
+        labels, label_frames = [], []  # (parent index, token, score), frames
         for score, a, k, j in zip(top_scores, top_rows, top_tokens, top_slots):
-            parent = current[a]
             frames = min(table.durations_list[j], T - t)
             if k != table.blank:
                 if frames > 0 or score >= floor:
-                    labels.append((a, k, frames, score))
-                continue
-            child = Hypothesis(
-                score=score,
-                yseq=parent.yseq,
-                dec_state=parent.dec_state,
-                dec_proj=parent.dec_proj,
-                frame=t,
-                big_blank_emissions=parent.big_blank_emissions,
-                frames_skipped=parent.frames_skipped,
-            )
-            child.advance(frames)
-            self._insert(queues[child.frame], child)
-        if not labels:
-            return []
-        states = stepper.cat_states([current[a].dec_state for a, _, _, _ in labels])
-        symbols = torch.tensor([k for _, k, _, _ in labels], device=device)
-        new_proj, new_state = stepper.step(symbols, states)  # (L, J)
+                    labels.append((a, k, score))
+                    label_frames.append(frames)
+            else:
+                self._queue_blank(queues, current[a], score, t, frames)
         staying = []
-        for i, (a, k, frames, score) in enumerate(labels):
-            parent = current[a]
-            child = Hypothesis(
-                score=score,
-                yseq=parent.yseq + [k],
-                dec_state=stepper.select_state(
-                    new_state, torch.tensor([i], device=device)
-                ),
-                dec_proj=new_proj[i],
-                frame=t,
-                num_sym_frame=parent.num_sym_frame + 1,
-                big_blank_emissions=parent.big_blank_emissions,
-                frames_skipped=parent.frames_skipped,
-            )
+        for child, frames in zip(
+            self._label_children(current, labels, t), label_frames
+        ):
             if frames == 0:
                 staying.append(child)
             else:

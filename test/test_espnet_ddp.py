@@ -194,7 +194,7 @@ def test_torchrun_gpus_hidden_no_hook(data, tmp_path):
     _check_run(out, probe, recorded_world=None)
 
 
-def test_spawn_path_starts_cpu_workers_no_hook(data, tmp_path):
+def test_spawn_path_starts_cpu_workers_no_hook(data, tmp_path, monkeypatch):
     """--multiprocessing_distributed true --dist_world_size 2 --ngpu 0: two spawned CPU
     workers (ESPnet's spawn path starts GPU workers only); hook off."""
     out, probe = tmp_path / "exp", tmp_path / "probe"
@@ -207,6 +207,8 @@ def test_spawn_path_starts_cpu_workers_no_hook(data, tmp_path):
     rc, log, _ = _run(cmd, env, tmp_path / "log")
     assert rc == 0, log[-5000:]
     ranks = _check_run(out, probe, recorded_world=2)
+    # the workers ran without OMP_NUM_THREADS: expect what they computed then
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert [r["threads"] for r in ranks] == [cpu_spawn.worker_threads(2)] * 2
 
 

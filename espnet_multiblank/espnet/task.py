@@ -120,9 +120,12 @@ class MultiblankASRTask(ASRTask):
     def main_worker(cls, args: argparse.Namespace):
         """ESPnet's ``main_worker`` (one DDP rank, or the whole single-process run)
         with the backend resolved, CPU ranks' ``local_rank`` fixed, the process-group
-        timeout applied and a failed collective explained."""
+        timeout applied, a failed collective explained and the group torn down on every
+        rank at the end."""
         register()
         ddp.prepare_worker(args)
         with ddp.process_group_timeout(args.dist_timeout):
             with ddp.explain_rank_failure(args.dist_timeout):
-                return super().main_worker(args)
+                result = super().main_worker(args)
+                ddp.finish_process_group()
+        return result

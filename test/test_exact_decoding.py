@@ -118,6 +118,10 @@ def decode(exp: Path, scp: Path, out: Path, batch_size: int) -> dict:
         [
             "--config",
             str(REPO / "conf" / "decode" / "mb_greedy.yaml"),
+            # several labels per frame (the config allows one): the untrained model
+            # emits many, the harder case for batched decoding
+            "--transducer_conf",
+            "search_type=mb_greedy,max_sym_per_frame=10,blank_decision=total",
             "--asr_train_config",
             str(exp / "config.yaml"),
             "--asr_model_file",

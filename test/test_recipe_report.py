@@ -139,3 +139,40 @@ def test_throughput_section(tmp_path):
     assert not [line for line in lines if line.startswith("| tdt")]
     goal = [line for line in lines if "goal >= 2.0x" in line]
     assert goal and "**2.50x**" in goal[0] and ": yes)" in goal[0]
+
+
+def test_procs_section(tmp_path):
+    """Time per epoch (median of train + valid time=), best valid loss and the WER
+    difference to 1 process, from hand-written ESPnet logs."""
+    import json
+
+    sys.path.insert(0, str(LOCAL))
+    try:
+        procs = importlib.import_module("report.procs")
+    finally:
+        sys.path.remove(str(LOCAL))
+    runs = []
+    for n, times, losses, wer in (
+        (1, [(30.0, 2.0), (31.0, 2.0), (40.0, 3.0)], [5.0, 4.0, 4.5], 8.0),
+        (2, [(20.0, 1.0), (22.0, 1.0), (21.0, 1.0)], [5.1, 4.2, 4.1], 8.25),
+    ):
+        train = tmp_path / f"p{n}" / "exp" / "asr_multiblank"
+        train.mkdir(parents=True)
+        lines = [
+            f"[vm] 2026 (trainer:394) INFO: {e + 1}epoch results: [train] "
+            f"loss=9.0, time={tr} seconds, total_count=10, [valid] loss={lo}, "
+            f"time={va} seconds, total_count=2"
+            for e, ((tr, va), lo) in enumerate(zip(times, losses))
+        ]
+        (train / "train.log").write_text("\n".join(lines) + "\n")
+        (train / "train_seconds").write_text("100\n")
+        dec = tmp_path / f"p{n}" / "decode"
+        dec.mkdir()
+        (dec / "score.json").write_text(json.dumps({"wer": wer}))
+        runs.append(procs.row(n, str(train), str(dec)))
+    assert runs[0]["per_epoch"] == pytest.approx(33.0)  # median of 32, 33, 43
+    assert runs[1]["per_epoch"] == pytest.approx(22.0)  # median of 21, 23, 22
+    assert runs[0]["best_valid"] == 4.0 and runs[1]["best_valid"] == 4.1
+    lines = procs.section(runs, "multiblank", "mb_greedy", "test")
+    two = [line for line in lines if line.startswith("| 2 |")]
+    assert two == ["| 2 | 3 | 22.0 s | 100.0 s | 4.100 | 8.25% | +0.25 |"]

@@ -88,6 +88,11 @@ def main():
         rows = throughput.load(a.exp, tjobs, a.inference_model, test_sets[0])
         lines += throughput.section(rows, test_sets[0], res)
     lines += stages.section(a.exp)
+    # written by local/compare_procs.sh (a separate, optional run)
+    procs_md = os.path.join(a.exp, "procs_comparison.md")
+    if os.path.exists(procs_md):
+        with open(procs_md) as f:
+            lines += f.read().rstrip("\n").split("\n") + [""]
 
     training.plot(curves, os.path.join(a.exp, "valid_loss.png"))
     speed_plot.plot(

@@ -142,8 +142,10 @@ def test_throughput_section(tmp_path):
 
 
 def test_procs_section(tmp_path):
-    """Time per epoch (median of train + valid time=), best valid loss and the WER
-    difference to 1 process, from hand-written ESPnet logs."""
+    """Time per epoch (median of train + valid time=), best valid loss, WER per run;
+    with several seeds the mean WER per number of processes, its difference to 1
+    process, the goal verdict and the 1-process seeds' spread, from hand-written ESPnet
+    logs."""
     import json
 
     sys.path.insert(0, str(LOCAL))
@@ -152,11 +154,13 @@ def test_procs_section(tmp_path):
     finally:
         sys.path.remove(str(LOCAL))
     runs = []
-    for n, times, losses, wer in (
-        (1, [(30.0, 2.0), (31.0, 2.0), (40.0, 3.0)], [5.0, 4.0, 4.5], 8.0),
-        (2, [(20.0, 1.0), (22.0, 1.0), (21.0, 1.0)], [5.1, 4.2, 4.1], 8.25),
+    for n, seed, times, losses, wer in (
+        (1, 0, [(30.0, 2.0), (31.0, 2.0), (40.0, 3.0)], [5.0, 4.0, 4.5], 8.0),
+        (2, 0, [(20.0, 1.0), (22.0, 1.0), (21.0, 1.0)], [5.1, 4.2, 4.1], 8.25),
+        (1, 1, [(30.0, 1.0), (30.0, 1.0), (30.0, 1.0)], [5.0, 4.4, 4.3], 7.5),
+        (2, 1, [(20.0, 2.0), (20.0, 2.0), (20.0, 2.0)], [5.0, 4.4, 4.3], 8.75),
     ):
-        train = tmp_path / f"p{n}" / "exp" / "asr_multiblank"
+        train = tmp_path / f"p{n}s{seed}" / "exp" / "asr_multiblank"
         train.mkdir(parents=True)
         lines = [
             f"[vm] 2026 (trainer:394) INFO: {e + 1}epoch results: [train] "
@@ -166,13 +170,27 @@ def test_procs_section(tmp_path):
         ]
         (train / "train.log").write_text("\n".join(lines) + "\n")
         (train / "train_seconds").write_text("100\n")
-        dec = tmp_path / f"p{n}" / "decode"
+        dec = tmp_path / f"p{n}s{seed}" / "decode"
         dec.mkdir()
         (dec / "score.json").write_text(json.dumps({"wer": wer}))
-        runs.append(procs.row(n, str(train), str(dec)))
+        runs.append(procs.row(n, seed, str(train), str(dec)))
     assert runs[0]["per_epoch"] == pytest.approx(33.0)  # median of 32, 33, 43
     assert runs[1]["per_epoch"] == pytest.approx(22.0)  # median of 21, 23, 22
     assert runs[0]["best_valid"] == 4.0 and runs[1]["best_valid"] == 4.1
     lines = procs.section(runs, "multiblank", "mb_greedy", "test")
-    two = [line for line in lines if line.startswith("| 2 |")]
-    assert two == ["| 2 | 3 | 22.0 s | 100.0 s | 4.100 | 8.25% | +0.25 |"]
+    per_run = [line for line in lines if line.startswith("| 2 | 0 |")]
+    assert per_run == ["| 2 | 0 | 3 | 22.0 s | 100.0 s | 4.100 | 8.25% |"]
+    # means: 1 process (8.0 + 7.5) / 2 = 7.75, 2 processes (8.25 + 8.75) / 2 = 8.5
+    means = [line for line in lines if line.startswith("| 2 | 2 |")]
+    assert means == ["| 2 | 2 | 8.50% | 8.25-8.75% | 22.0 s | +0.75 |"]
+    verdict = [line for line in lines if line.startswith("- 2 processes")]
+    assert verdict == [
+        "- 2 processes: mean WER +0.75 absolute against 1 process "
+        "(goal within +-0.5: no); the 2 seeds of 1 process span 0.50."
+    ]
+    # one seed each: no spread claimed
+    one = procs.section(runs[:2], "multiblank", "mb_greedy", "test")
+    assert [line for line in one if line.startswith("- 2 processes")] == [
+        "- 2 processes: mean WER +0.25 absolute against 1 process "
+        "(goal within +-0.5: yes)."
+    ]

@@ -111,3 +111,69 @@ def test_train_procs_must_be_a_positive_integer(recipe_dir, bad):
     proc, calls = _run(recipe_dir, "--train_procs", bad)
     assert proc.returncode == 1 and calls == {}
     assert f"--train_procs must be a positive integer, got '{bad}'" in proc.stderr
+
+
+COMPARE_SH = RUN_SH.parent / "local" / "compare_procs.sh"
+
+
+def _compare(root, *args):
+    log = root / "calls.log"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(FAKE_LOG=str(log))
+    cmd = ["bash", str(COMPARE_SH), "--dir", str(root / "work")]
+    cmd += ["--python", str(root / "python"), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return proc, calls
+
+
+def test_compare_procs_trains_every_seed_and_process_count_once(recipe_dir):
+    """local/compare_procs.sh: one training per (processes, seed) in its own run dir
+    (procs/N for seed 0, procs/N_seedS otherwise) with ESPnet's --seed and run.sh's DDP
+    flags; a re-run trains nothing again."""
+    proc, calls = _compare(
+        recipe_dir, "--procs", "1 2", "--seeds", "0 3", "--out", "x.md"
+    )
+    assert proc.returncode == 0, proc.stderr
+    trains = [c for c in calls if c.startswith("asr_multiblank ")]
+    procs_dir = recipe_dir / "work" / "procs"
+    seen = {}
+    for call in trains:
+        out = call.split("--output_dir ")[1].split()[0]
+        run = Path(out).parents[1].name
+        seen[run] = call
+    assert sorted(seen) == ["1", "1_seed3", "2", "2_seed3"]
+    assert len(trains) == 4
+    for run, call in seen.items():
+        seed = run.split("_seed")[1] if "_seed" in run else "0"
+        assert call.endswith(f"--seed {seed}")
+        assert (DDP_FLAGS in call) == run.startswith("2")
+        assert str(procs_dir / run / "exp" / "asr_multiblank.tmp") in call
+    decodes = [c for c in calls if "espnet_multiblank.bin.asr_inference" in c]
+    assert len(decodes) == 4 and all("/mb_greedy.yaml" in c for c in decodes)
+    report = [c for c in calls if " -m report.procs " in c]
+    assert len(report) == 1
+    for run in seen:
+        n, seed = run.split("_seed") if "_seed" in run else (run, "0")
+        assert f"{n}={seed}={procs_dir / run / 'exp' / 'asr_multiblank'}=" in report[0]
+
+    proc, calls = _compare(
+        recipe_dir, "--procs", "1 2", "--seeds", "0 3", "--out", "x.md"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not [c for c in calls if c.startswith("asr_multiblank ")]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--seeds", "1 x"), "--seeds must be non-negative integers, got 'x'"),
+        (("--model", "ctc"), "--model must be standard, multiblank or tdt"),
+        (("--search", "nope"), "no decode config"),
+    ],
+)
+def test_compare_procs_rejects_bad_options(recipe_dir, args, message):
+    proc, calls = _compare(recipe_dir, *args)
+    assert proc.returncode != 0 and message in proc.stderr
+    assert not calls

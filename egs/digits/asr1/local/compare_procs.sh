@@ -6,11 +6,17 @@
 # scored) appends to RESULTS.md.
 #
 #   bash egs/digits/asr1/local/compare_procs.sh --dir BASE [--procs "1 2"]
-#       [--model multiblank] [--search mb_greedy]
+#       [--seeds "0 1 2"] [--model multiblank] [--search mb_greedy] [--out FILE]
+#
+# Every number of processes is trained once per seed (ESPnet's --seed; 0 is ESPnet's
+# default and the recipe's): the spread between seeds at one process is the noise that
+# a WER difference between process counts is compared with. --out writes the section
+# elsewhere (e.g. a second model's); only BASE/exp/procs_comparison.md goes into the report.
 #
 # BASE is a run dir of run.sh whose stages 1-5 are done (data, token list, stats). Each
 # training runs alone (--train_jobs 1: the processes get the machine), in
-# BASE/procs/N/ (data and stats are links into BASE). A re-run skips what is done:
+# BASE/procs/N/ for seed 0, BASE/procs/N_seedS/ for seed S (data and stats are
+# links into BASE). A re-run skips what is done:
 # run.sh's stage markers for the training, the scored decoding for the rest.
 set -euo pipefail
 
@@ -18,20 +24,27 @@ recipe=$(cd "$(dirname "$0")/.." && pwd)
 repo=$(cd "$recipe/../../.." && pwd)
 dir=""
 procs="1 2"
+seeds="0"
 model=multiblank
 search=mb_greedy
 python=$repo/.venv/bin/python
 inference_model=valid.loss.ave.pth
+out_md=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --dir|--procs|--model|--search|--python|--inference_model)
+    --dir|--procs|--seeds|--model|--search|--python|--inference_model)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
+    --out)
+      [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
+      out_md=$2; shift 2 ;;
     *) echo "unknown option: $1" >&2; exit 1 ;;
   esac
 done
 [ -n "$dir" ] || { echo "--dir BASE is required (a run dir of run.sh)" >&2; exit 1; }
 dir=$(cd "$dir" && pwd)
+report_md=$dir/exp/procs_comparison.md
+[ -n "$out_md" ] || out_md=$report_md
 case $model in
   standard) stage=6 ;;
   multiblank) stage=7 ;;
@@ -44,47 +57,59 @@ done
 decode_conf=$repo/conf/decode/$search.yaml
 [ -f "$decode_conf" ] || { echo "no decode config $decode_conf" >&2; exit 1; }
 test_set=test
+for seed in $seeds; do
+  case $seed in
+    ''|*[!0-9]*) echo "--seeds must be non-negative integers, got '$seed'" >&2; exit 1 ;;
+  esac
+done
 
 log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [compare_procs] $*"; }
 
 runs=()
-for n in $procs; do
-  run=$dir/procs/$n
-  mkdir -p "$run/exp/.done"
-  for d in data wav; do [ -e "$run/$d" ] || ln -s "$dir/$d" "$run/$d"; done
-  [ -e "$run/exp/asr_stats_word" ] || ln -s "$dir/exp/asr_stats_word" "$run/exp/asr_stats_word"
-  for k in 1 2 3 4 5; do cp -p "$dir/exp/.done/$k" "$run/exp/.done/$k"; done
-  cp -p "$dir/exp/.done/layout" "$run/exp/.done/layout" 2>/dev/null || true
-  log "training $model with $n process(es) in $run"
-  bash "$recipe/run.sh" --dir "$run" --python "$python" --stage "$stage" \
-    --stop_stage "$stage" --train_jobs 1 --train_procs "$n" \
-    --inference_model "$inference_model"
-  out=$run/exp/asr_$model/decode_${search}_${inference_model%.pth}/$test_set
-  if [ ! -f "$out/score.json" ]; then
-    rm -rf "$out" "$out.tmp"
-    mkdir -p "$out.tmp"
-    log "decoding $test_set with $model / $search"
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -m espnet_multiblank.bin.asr_inference \
-      --ngpu 0 --config "$decode_conf" --batch_size 1 \
-      --data_path_and_name_and_type "$dir/data/$test_set/wav.scp,speech,sound" \
-      --key_file "$dir/data/$test_set/wav.scp" \
-      --asr_train_config "$run/exp/asr_$model/config.yaml" \
-      --asr_model_file "$run/exp/asr_$model/$inference_model" \
-      --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
-      || { tail -n 30 "$out.tmp.log" >&2; log "ERROR: decoding failed"; exit 1; }
-    mv "$out.tmp.log" "$out.tmp/decode.log"
-    "$python" "$recipe/local/score.py" "$dir/data/$test_set/text" \
-      "$out.tmp/1best_recog/text" "$out.tmp"
-    mv "$out.tmp" "$out"
-  fi
-  runs+=("$n=$run/exp/asr_$model=$out")
+for seed in $seeds; do
+  for n in $procs; do
+    run=$dir/procs/$n
+    [ "$seed" = 0 ] || run=${run}_seed$seed
+    mkdir -p "$run/exp/.done"
+    for d in data wav; do
+      [ -e "$run/$d" ] || [ -L "$run/$d" ] || ln -s "$dir/$d" "$run/$d"
+    done
+    [ -e "$run/exp/asr_stats_word" ] || [ -L "$run/exp/asr_stats_word" ] ||
+      ln -s "$dir/exp/asr_stats_word" "$run/exp/asr_stats_word"
+    for k in 1 2 3 4 5; do cp -p "$dir/exp/.done/$k" "$run/exp/.done/$k"; done
+    cp -p "$dir/exp/.done/layout" "$run/exp/.done/layout" 2>/dev/null || true
+    log "training $model with $n process(es), seed $seed, in $run"
+    bash "$recipe/run.sh" --dir "$run" --python "$python" --stage "$stage" \
+      --stop_stage "$stage" --train_jobs 1 --train_procs "$n" \
+      --inference_model "$inference_model" --train_args "--seed $seed"
+    out=$run/exp/asr_$model/decode_${search}_${inference_model%.pth}/$test_set
+    if [ ! -f "$out/score.json" ]; then
+      rm -rf "$out" "$out.tmp"
+      mkdir -p "$out.tmp"
+      log "decoding $test_set with $model / $search"
+      OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -m espnet_multiblank.bin.asr_inference \
+        --ngpu 0 --config "$decode_conf" --batch_size 1 \
+        --data_path_and_name_and_type "$dir/data/$test_set/wav.scp,speech,sound" \
+        --key_file "$dir/data/$test_set/wav.scp" \
+        --asr_train_config "$run/exp/asr_$model/config.yaml" \
+        --asr_model_file "$run/exp/asr_$model/$inference_model" \
+        --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
+        || { tail -n 30 "$out.tmp.log" >&2; log "ERROR: decoding failed"; exit 1; }
+      mv "$out.tmp.log" "$out.tmp/decode.log"
+      "$python" "$recipe/local/score.py" "$dir/data/$test_set/text" \
+        "$out.tmp/1best_recog/text" "$out.tmp"
+      mv "$out.tmp" "$out"
+    fi
+    runs+=("$n=$seed=$run/exp/asr_$model=$out")
+  done
 done
 PYTHONPATH=$recipe/local "$python" -m report.procs --model "$model" --search "$search" \
-  --test_set "$test_set" "${runs[@]}" > "$dir/exp/procs_comparison.md.tmp"
-mv "$dir/exp/procs_comparison.md.tmp" "$dir/exp/procs_comparison.md"
-log "wrote $dir/exp/procs_comparison.md"
-cat "$dir/exp/procs_comparison.md"
-if [ -e "$dir/exp/.done/10" ]; then  # the base run is scored: report again, with it
+  --test_set "$test_set" "${runs[@]}" > "$out_md.tmp"
+mv "$out_md.tmp" "$out_md"
+log "wrote $out_md"
+cat "$out_md"
+if [ "$out_md" = "$report_md" ] && [ -e "$dir/exp/.done/10" ]; then
+  # the base run is scored: report again, with this section
   rm -f "$dir/exp/.done/11"
   bash "$recipe/run.sh" --dir "$dir" --python "$python" --stage 11 --stop_stage 11 \
     --inference_model "$inference_model" > "$dir/exp/report_again.log"

@@ -132,9 +132,8 @@ def test_compare_procs_trains_every_seed_and_process_count_once(recipe_dir):
     """local/compare_procs.sh: one training per (processes, seed) in its own run dir
     (procs/N for seed 0, procs/N_seedS otherwise) with ESPnet's --seed and run.sh's DDP
     flags; a re-run trains nothing again."""
-    proc, calls = _compare(
-        recipe_dir, "--procs", "1 2", "--seeds", "0 3", "--out", "x.md"
-    )
+    section = ("--out", str(recipe_dir / "section.md"))  # not the run's report
+    proc, calls = _compare(recipe_dir, "--procs", "1 2", "--seeds", "0 3", *section)
     assert proc.returncode == 0, proc.stderr
     trains = [c for c in calls if c.startswith("asr_multiblank ")]
     procs_dir = recipe_dir / "work" / "procs"
@@ -153,14 +152,12 @@ def test_compare_procs_trains_every_seed_and_process_count_once(recipe_dir):
     decodes = [c for c in calls if "espnet_multiblank.bin.asr_inference" in c]
     assert len(decodes) == 4 and all("/mb_greedy.yaml" in c for c in decodes)
     report = [c for c in calls if " -m report.procs " in c]
-    assert len(report) == 1
+    assert len(report) == 1 and (recipe_dir / "section.md").exists()
     for run in seen:
         n, seed = run.split("_seed") if "_seed" in run else (run, "0")
         assert f"{n}={seed}={procs_dir / run / 'exp' / 'asr_multiblank'}=" in report[0]
 
-    proc, calls = _compare(
-        recipe_dir, "--procs", "1 2", "--seeds", "0 3", "--out", "x.md"
-    )
+    proc, calls = _compare(recipe_dir, "--procs", "1 2", "--seeds", "0 3", *section)
     assert proc.returncode == 0, proc.stderr
     assert not [c for c in calls if c.startswith("asr_multiblank ")]
 

@@ -39,6 +39,7 @@ def plot(res, jobs, test_set, out_png):
     ax.set_ylabel(f"WER on {test_set} (%)")
     ax.set_title("Digits (8 kHz): WER against search time, batch 1, one thread")
     ax.grid(alpha=0.3, which="both")
+    ax.margins(x=0.15, y=0.12)  # room for the search names next to the markers
     if markers:
         ax.legend(title="model")
     fig.tight_layout()

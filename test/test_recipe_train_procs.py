@@ -44,15 +44,22 @@ def recipe_dir(tmp_path):
     return tmp_path
 
 
-def _run(root, *args, **env):
+def _call(script, root, *args, **env):
+    """Run ``script --dir root/work --python <stand-in> args`` with OMP_NUM_THREADS
+    unset; returns the process and the stand-in's recorded calls."""
     log = root / "calls.log"
     full_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     full_env.update(FAKE_LOG=str(log), **env)
-    cmd = ["bash", str(RUN_SH), "--dir", str(root / "work"), "--python"]
-    cmd += [str(root / "python"), "--stage", "6", "--stop_stage", "7", *args]
+    cmd = ["bash", str(script), "--dir", str(root / "work")]
+    cmd += ["--python", str(root / "python"), *args]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
     calls = log.read_text().splitlines() if log.exists() else []
     log.unlink(missing_ok=True)
+    return proc, calls
+
+
+def _run(root, *args, **env):
+    proc, calls = _call(RUN_SH, root, "--stage", "6", "--stop_stage", "7", *args, **env)
     return proc, {c.split()[0]: c for c in calls}
 
 
@@ -117,15 +124,7 @@ COMPARE_SH = RUN_SH.parent / "local" / "compare_procs.sh"
 
 
 def _compare(root, *args):
-    log = root / "calls.log"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update(FAKE_LOG=str(log))
-    cmd = ["bash", str(COMPARE_SH), "--dir", str(root / "work")]
-    cmd += ["--python", str(root / "python"), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    calls = log.read_text().splitlines() if log.exists() else []
-    log.unlink(missing_ok=True)
-    return proc, calls
+    return _call(COMPARE_SH, root, *args)
 
 
 def test_compare_procs_trains_every_seed_and_process_count_once(recipe_dir):

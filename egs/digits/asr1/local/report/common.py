@@ -11,6 +11,10 @@ def fmt_time(s):
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.1f} s"
 
 
+def fmt_pct(x):
+    return "-" if x is None else f"{x:.2f}%"
+
+
 def load_json(path):
     if os.path.exists(path):
         with open(path) as f:

@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 
-from report.common import fmt_time, load_json
+from report.common import fmt_pct, fmt_time, load_json
 from report.training import parse_train_log, train_seconds
 
 
@@ -51,12 +51,8 @@ def row(n, seed, train_dir, decode_dir):
     }
 
 
-def _num(x, fmt):
-    return "-" if x is None else format(x, fmt)
-
-
 def summary(rows):
-    """Per number of processes (ascending): {"procs", "seeds", "wers", "mean_wer",
+    """Per number of processes (ascending): {"procs", "wers", "mean_wer",
     "per_epoch"}; mean_wer and per_epoch (the mean of the runs' medians) are None when
     a run lacks its number."""
     out = []
@@ -67,7 +63,6 @@ def summary(rows):
         out.append(
             {
                 "procs": n,
-                "seeds": [r["seed"] for r in runs],
                 "wers": wers,
                 "mean_wer": None if None in wers else statistics.mean(wers),
                 "per_epoch": None if None in secs else statistics.mean(secs),
@@ -98,8 +93,8 @@ def section(rows, model, search, test_set, max_diff=0.5):
         L.append(
             f"| {r['procs']} | {r['seed']} | {r['epochs']} "
             f"| {fmt_time(r['per_epoch'])} | {fmt_time(r['train'])} "
-            f"| {_num(r['best_valid'], '.3f')} "
-            f"| {_num(r['wer'], '.2f')}% |"
+            f"| {'-' if r['best_valid'] is None else format(r['best_valid'], '.3f')} "
+            f"| {fmt_pct(r['wer'])} |"
         )
     L.append("")
     groups = summary(rows)
@@ -113,12 +108,12 @@ def section(rows, model, search, test_set, max_diff=0.5):
     L.append("|---|---|---|---|---|---|")
     for g in groups:
         known = [w for w in g["wers"] if w is not None]
-        span = f"{min(known):.2f}-{max(known):.2f}%" if known else "-"
+        span = f"{min(known):.2f}-{fmt_pct(max(known))}" if known else "-"
         diff = (
             "-" if g["mean_wer"] is None else f"{g['mean_wer'] - base['mean_wer']:+.2f}"
         )
         L.append(
-            f"| {g['procs']} | {len(g['wers'])} | {_num(g['mean_wer'], '.2f')}% "
+            f"| {g['procs']} | {len(g['wers'])} | {fmt_pct(g['mean_wer'])} "
             f"| {span} | {fmt_time(g['per_epoch'])} | {diff} |"
         )
     L.append("")

@@ -6,6 +6,7 @@ emitted twice, with nothing between the two labels to tell them apart)."""
 import os
 
 import score  # local/score.py (make_report.py puts local/ on sys.path)
+from report.common import fmt_pct
 
 
 def has_repeat(words):
@@ -52,9 +53,6 @@ def section(exp, data, jobs, test_set, inference_model):
     if not res:
         return L + ["- not available (decodings missing)", ""]
 
-    def pct(x):
-        return f"{x:.2f}%" if x is not None else "-"
-
     first = next(iter(res.values()))
     L.append(
         f"`{test_set}`: {n_rep} of {n_all} utterances have two adjacent identical "
@@ -64,6 +62,6 @@ def section(exp, data, jobs, test_set, inference_model):
     L.append("| model | search | WER, repeated digits | WER, other utterances |")
     L.append("|---|---|---|---|")
     for (m, search), ((w_rep, _), (w_rest, _)) in res.items():
-        L.append(f"| {m} | {search} | {pct(w_rep)} | {pct(w_rest)} |")
+        L.append(f"| {m} | {search} | {fmt_pct(w_rep)} | {fmt_pct(w_rest)} |")
     L.append("")
     return L

@@ -24,6 +24,7 @@ import yaml
 from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet import ddp
 from espnet_multiblank.espnet.task import MultiblankASRTask
 
 #: variant name -> model_conf overrides
@@ -139,5 +140,10 @@ def rank_main(rank: int, world: int, root: str, port: int) -> None:
         for variant in VARIANTS:
             out = one_step(root, variant, rank, world)
             torch.save(out, os.path.join(root, f"{variant}.rank{rank}.pt"))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # as the plug-in's entry points end a DDP rank (torch's teardown after DDP can
+    # abort a finished process)
+    ddp.finish_process_group()
+    ddp.exit_finished_rank()

@@ -457,3 +457,56 @@ def test_failed_collective_is_explained():
                 raise ValueError("unrelated")
     finally:
         dist.destroy_process_group()
+
+
+_EXIT_CASE = r"""
+import logging, sys
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+from espnet_multiblank.espnet import ddp
+
+logging.basicConfig(filename=sys.argv[2], level=logging.INFO)
+ddp.exit_finished_rank()  # no DDP training finished yet: returns
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[3],
+                        rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
+model(torch.randn(4, 3)).sum().backward()
+# left open, as ESPnet's trainer leaves it; holds every event until flushed
+writer = SummaryWriter(sys.argv[1], max_queue=1000, flush_secs=3600)
+for step in range(40):
+    writer.add_scalar("loss", float(step), step)
+logging.info("last line before the exit")
+print("stdout tail", end="")
+ddp.finish_process_group()
+ddp.exit_finished_rank()
+sys.exit(7)  # not reached
+""".replace("import logging, sys", "import logging, sys\nimport torch")
+
+
+def test_finished_rank_exits_with_status_0_and_keeps_its_output(tmp_path):
+    """After a DDP training, the plug-in's entry points end the process with
+    ``ddp.exit_finished_rank`` (skipping torch's teardown, which can abort after DDP):
+    status 0, and the tensorboard events, log and stdout written before it all kept."""
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator,
+    )
+
+    script = tmp_path / "case.py"
+    script.write_text(_EXIT_CASE)
+    board, log = tmp_path / "board", tmp_path / "log.txt"
+    env = dict(os.environ)
+    env.pop("PYTHONUNBUFFERED", None)  # stdout to a pipe: block-buffered
+    proc = subprocess.run(
+        [sys.executable, str(script), str(board), str(log), str(_free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.endswith("stdout tail")
+    assert "last line before the exit" in log.read_text()
+    events = EventAccumulator(str(board))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("loss")]
+    assert steps == list(range(40))

@@ -29,6 +29,7 @@ from espnet_multiblank.espnet.registration import register
 
 register()
 
+from espnet_multiblank.espnet import ddp  # noqa: E402
 from espnet_multiblank.espnet.task import MultiblankASRTask as ASRTask  # noqa: E402
 
 
@@ -49,6 +50,8 @@ def main(cmd: Optional[Sequence[str]] = None):
     """
     register()
     ASRTask.main(cmd=cmd)
+    # a DDP rank (torchrun) ends here: torch's teardown after DDP can abort it
+    ddp.exit_finished_rank()
 
 
 if __name__ == "__main__":

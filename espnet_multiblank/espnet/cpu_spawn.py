@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import List, Optional
 
+from espnet_multiblank.espnet import ddp
 from espnet_multiblank.espnet.ddp import DistributedTrainingError
 
 
@@ -51,6 +52,8 @@ def _worker(rank: int, task_cls, args: argparse.Namespace, nprocs: int) -> None:
     local.dist_rank = rank
     local.dist_world_size = nprocs
     task_cls.main_worker(local)
+    # the worker's normal exit can abort in torch's teardown after DDP (see there)
+    ddp.exit_finished_rank()
 
 
 def _describe(error: Exception, nprocs: int) -> str:

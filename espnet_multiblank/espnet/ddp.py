@@ -247,7 +247,9 @@ def _flush_open_writers() -> None:
     writer_type = getattr(tensorboard, "SummaryWriter", None)
     if writer_type is not None:
         for obj in gc.get_objects():
-            if isinstance(obj, writer_type):
+            # type(), not isinstance(): the latter reads __class__, which some
+            # objects turn into a warning (torch.distributed.reduce_op)
+            if issubclass(type(obj), writer_type):
                 try:
                     obj.flush()
                 except Exception as e:  # a closed writer; nothing to keep

@@ -34,12 +34,21 @@ OPTS = dict(error_model="numpy", fastmath={"nsz", "contract"})
 
 
 @njit(**OPTS)
-def _diagonal(n, T, U):
-    """(first, end) columns j = u + 1 of anti-diagonal n's nodes, end rounded up to
-    8 lanes (the arrays have spare columns for it)."""
+def _diagonal(n, T, U, base, C):
+    """Anti-diagonal n of an utterance whose (T + U - 1, C) plane starts at ``base``:
+    (first column j = u + 1, end column rounded up to 8 lanes (the arrays have spare
+    columns for it), offset of anti-diagonal n - 1, offset of anti-diagonal n), all
+    np.uint64."""
     jlo = np.uint64(max(0, n - T + 1) + 1)
     jhi = np.uint64(min(n, U - 1) + 1)
-    return jlo, jlo + ((jhi - jlo + U8) // U8) * U8
+    un = np.uint64(n)
+    uC = np.uint64(C)
+    return (
+        jlo,
+        jlo + ((jhi - jlo + U8) // U8) * U8,
+        base + (un - U1) * uC,
+        base + un * uC,
+    )
 
 
 @njit(**OPTS)
@@ -47,19 +56,15 @@ def log_per_utterance(Lb, Ll, B, T, U, C, A):
     """Lb, Ll, A: flat (B, T + U - 1, C) log-probs of the blank / label leaving node
     (n, j) and alpha. Returns the sum over b of log P."""
     nd = T + U - 1
-    uC = np.uint64(C)
     total = 0.0
     for b in range(B):
         base = np.uint64(b * nd * C)
         A[base + U1] = 0.0
         for n in range(1, nd):
-            jlo, jend = _diagonal(n, T, U)
-            un = np.uint64(n)
-            rp = base + (un - U1) * uC
-            rq = base + un * uC
+            jlo, jend, rp, rq = _diagonal(n, T, U, base, C)
             for j in range(jlo, jend):
                 v0 = A[rp + j] + Lb[rp + j]
-                v0 = v0 if j <= un else NEG_INF
+                v0 = v0 if j <= np.uint64(n) else NEG_INF
                 v1 = A[rp + j - U1] + Ll[rp + j - U1]
                 v1 = v1 if j >= U2 else NEG_INF
                 hi = v0 if v0 > v1 else v1
@@ -104,21 +109,17 @@ def probability_per_utterance(Pb, Pl, B, T, U, C, A):
     """As :func:`log_per_utterance` with probabilities; each anti-diagonal of alpha is
     divided by its maximum and the logs of the maxima are summed."""
     nd = T + U - 1
-    uC = np.uint64(C)
     total = 0.0
     for b in range(B):
         base = np.uint64(b * nd * C)
         A[base + U1] = 1.0
         log_scale = 0.0
         for n in range(1, nd):
-            jlo, jend = _diagonal(n, T, U)
-            un = np.uint64(n)
-            rp = base + (un - U1) * uC
-            rq = base + un * uC
+            jlo, jend, rp, rq = _diagonal(n, T, U, base, C)
             top = 0.0
             for j in range(jlo, jend):
                 v0 = A[rp + j] * Pb[rp + j]
-                v0 = v0 if j <= un else 0.0
+                v0 = v0 if j <= np.uint64(n) else 0.0
                 v1 = A[rp + j - U1] * Pl[rp + j - U1]
                 v1 = v1 if j >= U2 else 0.0
                 s = v0 + v1

@@ -270,9 +270,10 @@ def exit_finished_rank() -> None:
     outlives ``destroy_process_group`` (its ``pt_gloo_runloop`` and ``gloo_tcp_loop``
     threads were still running after it, after deleting the model and a garbage
     collection; plain collectives without DDP leave none), and the interpreter's normal
-    exit then sometimes aborts while C++ objects are destroyed ("terminate called
-    without an active exception", SIGABRT, in a rank of the CPU spawn path: once in
-    about 30 runs of that test here, once in the six 2-rank trainings of a CI run): a
+    exit then sometimes aborts ("terminate called without an active exception",
+    SIGABRT, in a rank of the CPU spawn path: once in about 30 runs of that test here,
+    once in the six 2-rank trainings of a CI run; most likely while C++ objects are
+    destroyed beside those threads: no failing run was caught in a debugger): a
     finished, saved training reported as a crash. ``os._exit`` skips that teardown.
     Only entry points that own their process call this (the CPU spawn path's workers,
     ``python -m espnet_multiblank.bin.asr_train``); buffered output is flushed first.

@@ -194,3 +194,30 @@ def test_procs_section(tmp_path):
         "- 2 processes: mean WER +0.25 absolute against 1 process "
         "(goal within +-0.5: yes)."
     ]
+
+
+def test_training_section_says_how_many_ddp_processes(tmp_path):
+    """A run with --train_procs 2 says its models were trained with 2 DDP processes;
+    a 1-process run keeps the plain wording."""
+    sys.path.insert(0, str(LOCAL))
+    try:
+        training = importlib.import_module("report.training")
+    finally:
+        sys.path.remove(str(LOCAL))
+    line = (
+        "[vm] 2026 (trainer:394) INFO: 1epoch results: [train] loss=9.0, "
+        "total_count=10, [valid] loss=4.0, total_count=2\n"
+    )
+    for procs in (2, 1):
+        exp = tmp_path / f"procs{procs}"
+        for m in ("standard", "multiblank"):
+            d = exp / f"asr_{m}"
+            d.mkdir(parents=True)
+            (d / "train.log").write_text(line)
+            (d / "train_seconds").write_text("10\n")
+            (d / "train_procs").write_text(f"{procs}\n")
+        text = "\n".join(training.section(str(exp), ["standard", "multiblank"], 3)[0])
+        ddp = "Each model was trained with 2 DDP processes on this machine"
+        assert (ddp in text) == (procs == 2)
+        per = "one torch thread per process" if procs == 2 else "one torch thread each"
+        assert f"at most 3 at a time, {per} (" in text

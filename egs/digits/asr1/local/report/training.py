@@ -44,9 +44,18 @@ def parse_train_log(path):
     return epochs, params
 
 
-def train_seconds(exp, model):
-    path = os.path.join(exp, f"asr_{model}", "train_seconds")
+def _read_number(exp, model, name):
+    path = os.path.join(exp, f"asr_{model}", name)
     return float(open(path).read()) if os.path.exists(path) else None
+
+
+def train_seconds(exp, model):
+    return _read_number(exp, model, "train_seconds")
+
+
+def train_procs(exp, model):
+    """DDP processes the model was trained with (run.sh --train_procs; 1 if unknown)."""
+    return int(_read_number(exp, model, "train_procs") or 1)
 
 
 def section(exp, models, train_jobs):
@@ -75,11 +84,20 @@ def section(exp, models, train_jobs):
             + f" | {fmt_time(train_seconds(exp, m))} |"
         )
     L.append("")
+    procs = sorted({train_procs(exp, m) for m in models})
+    each = "one torch thread each"
+    if procs != [1]:
+        counts = " or ".join(str(n) for n in procs)
+        L.append(
+            f"Each model was trained with {counts} DDP processes on this machine "
+            "(`--train_procs`; gloo, CPU workers started by the plug-in)."
+        )
+        L.append("")
+        each = "one torch thread per process"
     if train_jobs > 1:
         L.append(
             f"The models were trained side by side, at most {train_jobs} at a time, "
-            "one torch thread each (wall-clock training times of each, sharing the "
-            "machine)."
+            f"{each} (wall-clock training times of each, sharing the machine)."
         )
         L.append("")
     L.append(

@@ -11,6 +11,7 @@ from espnet_multiblank import (
     MultiblankRNNTLossNumba,
     multiblank_rnnt_loss,
 )
+from espnet_multiblank.loss.options import make_options
 
 backends = pytest.mark.parametrize("backend", ["torch", "numba"])
 
@@ -158,6 +159,16 @@ def test_padding_may_hold_anything(bad):
     assert torch.equal(call(acts, labels, act_lens, label_lens), ref)
 
 
+@backends
+def test_callers_labels_are_not_modified(backend):
+    """The checks zero the padding of their own copy of the labels."""
+    acts, labels, act_lens, label_lens = inputs()
+    labels[1, 1:] = -3
+    kept = labels.clone()
+    call(acts, labels, act_lens, label_lens, backend)
+    assert torch.equal(labels, kept)
+
+
 def test_labels_id_5_is_valid_without_a_third_big_blank():
     """Sanity check of the fixture: with 2 big blanks, id BLANK - 3 is an ordinary
     label."""
@@ -204,6 +215,23 @@ def test_labels_id_5_is_valid_without_a_third_big_blank():
 def test_bad_options(kw, exc, name):
     with pytest.raises(exc, match=name):
         call(*inputs(), **kw)
+
+
+def test_options_cache_is_neither_stale_nor_lenient():
+    """make_options caches validated options by the exact arguments: a mutated list
+    gives new options, and 7.0 / True are refused after 7 / 1 were accepted."""
+    durations = [2, 4]
+    first = make_options(BLANK, durations)
+    assert make_options(BLANK, [2, 4]) is first
+    durations.append(6)
+    assert make_options(BLANK, durations).big_blank_durations == (2, 4, 6)
+    with pytest.raises(TypeError, match="blank"):
+        make_options(float(BLANK), [2, 4])
+    make_options(BLANK, [2, 4], "mean", 1)
+    with pytest.raises(TypeError, match="big_blank_durations"):
+        make_options(BLANK, [2, True])
+    with pytest.raises(ValueError, match="reduction"):
+        make_options(BLANK, [2, 4], "MEAN")
 
 
 @pytest.mark.parametrize("backend", ["cuda-numba", "", "Torch", None])

@@ -1,9 +1,10 @@
 """Validated, hashable loss options shared by every backend."""
 
+import functools
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Tuple
+from typing import Callable, Tuple, TypeVar
 
 from espnet_multiblank.lattice import MultiblankLattice
 
@@ -33,7 +34,7 @@ class LossOptions:
     clamp: float = 0.0
     sigma: float = 0.0
 
-    @property
+    @functools.cached_property  # per-call validation reads the blank ids
     def lattice(self) -> MultiblankLattice:
         return MultiblankLattice(self.blank, self.big_blank_durations)
 
@@ -68,6 +69,47 @@ def check_reduction(reduction) -> str:
     return reduction
 
 
+# the plain Python scalar types whose values identify a validated option exactly
+_PLAIN = (bool, int, float, str)
+_MAX_CACHED = 256
+_Options = TypeVar("_Options")
+
+
+def _tagged(value):
+    """A hashable key that tells ``1`` from ``1.0`` and ``True`` (each is validated
+    differently), or None when ``value`` is not built of plain scalars, lists and
+    tuples (numpy scalars, tensors...: those are always validated afresh)."""
+    if type(value) in _PLAIN:
+        return (type(value), value)
+    if type(value) in (list, tuple):
+        items = tuple(_tagged(v) for v in value)
+        return None if None in items else (type(value), items)
+    return None
+
+
+def memoize_options(make: Callable[..., _Options]) -> Callable[..., _Options]:
+    """Cache ``make``'s validated (frozen) options by the exact arguments, so that the
+    functional API (which builds its options on every call) does not re-validate
+    them on every training step; arguments that raise are never cached."""
+    cache = {}
+
+    @functools.wraps(make)
+    def cached(*args, **kwargs):
+        key = _tagged((args, tuple(sorted(kwargs.items()))))
+        if key is None:
+            return make(*args, **kwargs)
+        opts = cache.get(key)
+        if opts is None:
+            opts = make(*args, **kwargs)
+            if len(cache) >= _MAX_CACHED:
+                cache.clear()
+            cache[key] = opts
+        return opts
+
+    return cached
+
+
+@memoize_options
 def make_options(
     blank,
     big_blank_durations=(),

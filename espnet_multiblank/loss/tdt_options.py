@@ -1,12 +1,17 @@
 """Validated, hashable options of the TDT loss (``docs/lattice.md`` section 3)."""
 
+import functools
 import math
 from dataclasses import dataclass
 from numbers import Real
 from typing import Tuple
 
 from espnet_multiblank.lattice import TDTLattice
-from espnet_multiblank.loss.options import check_nonneg_float, check_reduction
+from espnet_multiblank.loss.options import (
+    check_nonneg_float,
+    check_reduction,
+    memoize_options,
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class TDTOptions:
     fastemit_lambda: float = 0.0
     clamp: float = 0.0
 
-    @property
+    @functools.cached_property  # per-call validation reads it
     def lattice(self) -> TDTLattice:
         return TDTLattice(self.blank, self.durations)
 
@@ -58,6 +63,7 @@ def check_probability(name: str, value) -> float:
     return value
 
 
+@memoize_options
 def make_tdt_options(
     blank,
     durations,

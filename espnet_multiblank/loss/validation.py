@@ -185,41 +185,41 @@ def check_lengths_and_labels(
 def _check_on_host(
     T, U, labels, act_lens, label_lens, V, blank_ids, vocab_text, blank_text
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`check_lengths_and_labels` for CPU tensors (B > 0), same messages."""
+    """:func:`check_lengths_and_labels` for CPU tensors (B > 0), same messages, the
+    checks compiled (``espnet_multiblank.loss.cpu.host_checks``)."""
+    from espnet_multiblank.loss.cpu import host_checks as hc
+
     act_lens = act_lens.numpy().astype(np.int64)
     label_lens = label_lens.numpy().astype(np.int64)
     max_label = min(U - 1, labels.shape[1])
-    if (act_lens < 0).any():
+    # a copy: its padding is zeroed, the caller's labels stay as they are
+    lab = np.array(labels.numpy()[:, :max_label], dtype=np.int64, order="C")
+    code, b, j = hc.scan_lengths_and_labels(
+        T, max_label, act_lens, label_lens, lab, V, hc.blank_id_array(blank_ids)
+    )
+    if code == hc.ACT_LEN_NEGATIVE:
         raise ValueError(f"act_lens must be >= 0, got {act_lens.tolist()}")
-    if (act_lens > T).any():
+    if code == hc.ACT_LEN_ABOVE_T:
         raise ValueError(
             f"act_lens must be <= acts.shape[1] (T = {T}), got {act_lens.tolist()}"
         )
-    if (label_lens < 0).any():
+    if code == hc.LABEL_LEN_NEGATIVE:
         raise ValueError(f"label_lens must be >= 0, got {label_lens.tolist()}")
-    if (label_lens > max_label).any():
+    if code == hc.LABEL_LEN_TOO_LARGE:
         raise ValueError(
             f"label_lens must be <= acts.shape[2] - 1 (U - 1 = {U - 1}) and <= "
             f"labels.shape[1] = {labels.shape[1]}, got {label_lens.tolist()}"
         )
-    lab = labels.numpy()[:, :max_label].astype(np.int64)
-    valid = np.arange(max_label)[None, :] < label_lens[:, None]
-    if max_label > 0:
-        out_of_range = valid & ((lab < 0) | (lab >= V))
-        if out_of_range.any():
-            b, j = np.argwhere(out_of_range)[0].tolist()
-            raise ValueError(
-                f"labels must be ids in [0, {vocab_text}) within label_lens; "
-                f"labels[{b}, {j}] = {int(lab[b, j])}"
-            )
-        is_blank = valid & np.isin(lab, np.asarray(list(blank_ids), dtype=np.int64))
-        if is_blank.any():
-            b, j = np.argwhere(is_blank)[0].tolist()
-            raise ValueError(
-                f"labels must not contain a blank id ({blank_text}); "
-                f"labels[{b}, {j}] = {int(lab[b, j])}"
-            )
-    lab[~valid] = 0
+    if code == hc.LABEL_OUT_OF_RANGE:
+        raise ValueError(
+            f"labels must be ids in [0, {vocab_text}) within label_lens; "
+            f"labels[{b}, {j}] = {int(lab[b, j])}"
+        )
+    if code == hc.LABEL_IS_BLANK:
+        raise ValueError(
+            f"labels must not contain a blank id ({blank_text}); "
+            f"labels[{b}, {j}] = {int(lab[b, j])}"
+        )
     return (
         torch.from_numpy(lab),
         torch.from_numpy(act_lens),

@@ -1,0 +1,66 @@
+"""The value checks of the loss inputs for CPU tensors, compiled (Numba).
+
+The same checks in numpy cost about 0.1-0.2 ms per call (a dozen small array
+operations), a tenth of a whole small loss; compiled, one pass over the lengths and
+the labels costs microseconds. ``espnet_multiblank.loss.validation`` turns the
+returned code into the error message.
+"""
+
+import numpy as np
+from numba import njit
+
+OK = 0
+ACT_LEN_NEGATIVE = 1
+ACT_LEN_ABOVE_T = 2
+LABEL_LEN_NEGATIVE = 3
+LABEL_LEN_TOO_LARGE = 4
+LABEL_OUT_OF_RANGE = 5
+LABEL_IS_BLANK = 6
+
+
+@njit(cache=True)
+def scan_lengths_and_labels(T, max_label, act_lens, label_lens, labels, V, blank_ids):
+    """Check, in this order, act_lens >= 0, act_lens <= T, label_lens >= 0, label_lens
+    <= max_label, then the valid labels (j < label_lens[b]) in row-major order: in
+    [0, V), then not in ``blank_ids``; when all pass, zero the padding of ``labels``.
+
+    Args:
+        T, max_label, V: ints.
+        act_lens, label_lens: (B,) int64.
+        labels: (B, max_label) int64, C-contiguous; its padding is zeroed in place.
+        blank_ids: (N,) int64.
+    Returns:
+        (code, b, j): the first failed check (one of this module's constants; OK
+        when none) and, for the label checks, the offending position.
+    """
+    B = act_lens.shape[0]
+    for b in range(B):
+        if act_lens[b] < 0:
+            return ACT_LEN_NEGATIVE, b, 0
+    for b in range(B):
+        if act_lens[b] > T:
+            return ACT_LEN_ABOVE_T, b, 0
+    for b in range(B):
+        if label_lens[b] < 0:
+            return LABEL_LEN_NEGATIVE, b, 0
+    for b in range(B):
+        if label_lens[b] > max_label:
+            return LABEL_LEN_TOO_LARGE, b, 0
+    for b in range(B):
+        for j in range(label_lens[b]):
+            if labels[b, j] < 0 or labels[b, j] >= V:
+                return LABEL_OUT_OF_RANGE, b, j
+    for b in range(B):
+        for j in range(label_lens[b]):
+            for k in range(blank_ids.shape[0]):
+                if labels[b, j] == blank_ids[k]:
+                    return LABEL_IS_BLANK, b, j
+    for b in range(B):
+        for j in range(label_lens[b], max_label):
+            labels[b, j] = 0
+    return OK, 0, 0
+
+
+def blank_id_array(blank_ids) -> np.ndarray:
+    """``blank_ids`` as the int64 array :func:`scan_lengths_and_labels` takes."""
+    return np.asarray(list(blank_ids), dtype=np.int64).reshape(-1)

@@ -839,6 +839,23 @@ def check_large_logits(device, backend, dtype, scale):
     torch.testing.assert_close(g.double(), ref_grad, rtol=0.0, atol=atol)
 
 
+def check_vocabulary_size(device, backend, dtype, V: int, scale: float):
+    """A vocabulary of ``V`` symbols (the CPU kernel computes the exps of small
+    vocabularies frame by frame, of large ones row by row), logits of magnitude
+    ``scale`` (1e4: most rows far below the frame's maximum, redone with their own),
+    big blanks [2, 4], clamp and FastEmit: equal to the float64 reference."""
+    c = Case(
+        f"v{V}", 9, 4, V, V - 1, (9, 6), (3, 2), (2, 4), 0.05, 0.1, 0.5, 101, scale
+    )
+    acts, labels, act_lens, label_lens = make_inputs(c, device, dtype)
+    kw = c.kwargs(reduction="none", backend=backend)
+    loss, g = loss_and_grad(acts, labels, act_lens, label_lens, **kw)
+    ref_loss, ref_grad = reference64(c, acts, labels, act_lens, label_lens, "none")
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=tol, atol=tol)
+    assert_grads_close(g, ref_grad, tol, tol)
+
+
 def check_long_utterance(device, durations: Sequence[int]):
     """T = 2000, U = 501, V = 8, B = 1 with the numba backend: float32 and float64
     finite and equal to the float64 NumPy forward recursion of ``oracles.py``; the

@@ -616,6 +616,36 @@ def check_large_logits(device, backend, dtype, scale):
     torch.testing.assert_close(g.double(), ref_grad, rtol=0.0, atol=atol)
 
 
+def check_vocabulary_size(device, backend, dtype, width: int, scale: float):
+    """Joint outputs ``width`` = V + D wide (the CPU kernel computes the exps of
+    narrow rows frame by frame, of wide ones row by row), logits of magnitude
+    ``scale`` (1e4: most parts far below the frame's maximum, redone with their own),
+    sigma, FastEmit and clamp: equal to the float64 reference."""
+    D = 4
+    c = Case(
+        f"w{width}",
+        9,
+        4,
+        width - D,
+        2,
+        (9, 6),
+        (3, 2),
+        (0, 1, 2, 3),
+        0.05,
+        0.1,
+        0.5,
+        102,
+        scale,
+    )
+    acts, labels, act_lens, label_lens = make_inputs(c, device, dtype)
+    kw = c.kwargs(reduction="none", backend=backend)
+    loss, g = loss_and_grad(acts, labels, act_lens, label_lens, **kw)
+    ref_loss, ref_grad = reference64(c, acts, labels, act_lens, label_lens, "none")
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=tol, atol=tol)
+    assert_grads_close(g, ref_grad, tol, tol)
+
+
 # --------------------------------------------------------------------- dtypes / layouts
 def check_half_precision(device, backend, dtype):
     """float16 / bfloat16: computed in float32, loss float32, gradient in ``dtype``."""

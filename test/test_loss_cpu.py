@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from espnet_multiblank import multiblank_rnnt_loss
+from espnet_multiblank.loss.cpu.kernels import FRAME_WIDE_BELOW_V
 
 DEVICE = "cpu"
 backends = pytest.mark.parametrize("backend", impl.BACKENDS)
@@ -156,6 +157,16 @@ def test_masked_symbol(backend):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_large_logits(backend, dtype, scale):
     impl.check_large_logits(DEVICE, backend, dtype, scale)
+
+
+@backends
+@pytest.mark.parametrize("scale", [1.0, 1e4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "V", [FRAME_WIDE_BELOW_V - 1, FRAME_WIDE_BELOW_V, FRAME_WIDE_BELOW_V + 61]
+)
+def test_vocabulary_sizes_around_the_frame_wide_limit(backend, dtype, scale, V):
+    impl.check_vocabulary_size(DEVICE, backend, dtype, V, scale)
 
 
 def test_long_utterance():

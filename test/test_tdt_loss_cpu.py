@@ -6,6 +6,7 @@ import tdt_loss_impl as impl
 import torch
 
 from espnet_multiblank import tdt_loss
+from espnet_multiblank.loss.cpu.kernels import FRAME_WIDE_BELOW_V
 
 DEVICE = "cpu"
 backends = pytest.mark.parametrize("backend", impl.BACKENDS)
@@ -119,6 +120,16 @@ def test_masked_token(backend):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_large_logits(backend, dtype, scale):
     impl.check_large_logits(DEVICE, backend, dtype, scale)
+
+
+@backends
+@pytest.mark.parametrize("scale", [1.0, 1e4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "width", [FRAME_WIDE_BELOW_V - 1, FRAME_WIDE_BELOW_V, FRAME_WIDE_BELOW_V + 61]
+)
+def test_vocabulary_sizes_around_the_frame_wide_limit(backend, dtype, scale, width):
+    impl.check_vocabulary_size(DEVICE, backend, dtype, width, scale)
 
 
 @backends

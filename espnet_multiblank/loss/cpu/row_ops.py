@@ -12,7 +12,8 @@ bit casts (``f32_bits`` & co., LLVM ``bitcast`` instructions: Numba has none):
 * range primitives over a flat array and a ``[lo, hi)`` range of np.uint64 indices,
   used by ``kernels.py``: :func:`max_and_check` (max and NaN/+inf detection with
   integer operations: LLVM vectorises integer max reductions but not float ones),
-  :func:`exp_sum`, :func:`scale_range`, :func:`zero_range`, :func:`clamp_range`.
+  :func:`exp_sum`, :func:`exp_range`, :func:`sum_range`, :func:`scale_range`,
+  :func:`zero_range`, :func:`clamp_range`.
   Unsigned indices need no negative-index wraparound (which stops vectorisation), and
   ranges of one flat array create no array views (each view costs two atomic
   reference-count updates);
@@ -350,6 +351,39 @@ def _exp_sum_overload(x, lo, hi, shift, out, olo):
         return s
 
     return impl64
+
+
+def exp_range(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overload
+    """out[olo + k] = exp(x[lo + k] - shift) for k < hi - lo, as :func:`exp_sum`
+    without the sum (one long loop over several rows: no per-row loop overhead)."""
+    raise NotImplementedError
+
+
+@overload(exp_range, jit_options={"fastmath": True, "error_model": "numpy"})
+def _exp_range_overload(x, lo, hi, shift, out, olo):
+    if x.dtype == types.float32:
+
+        def impl32(x, lo, hi, shift, out, olo):
+            sh = np.float32(shift)
+            for k in range(hi - lo):
+                out[olo + k] = exp32(x[lo + k] - sh)
+
+        return impl32
+
+    def impl64(x, lo, hi, shift, out, olo):
+        for k in range(hi - lo):
+            out[olo + k] = _exp_exact(x[lo + k] - shift)
+
+    return impl64
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def sum_range(x, lo, hi):
+    """sum(x[lo:hi]) in x's dtype, vectorised (x finite or +-0 / exps)."""
+    s = x.dtype.type(0.0)
+    for k in range(lo, hi):
+        s += x[k]
+    return s
 
 
 @njit(error_model="numpy", cache=True)

@@ -50,16 +50,19 @@ from espnet_multiblank.loss.cpu.kernels import (
     _OPTS,
     _U0,
     _U1,
+    FRAME_WIDE_BELOW_V,
     _chunk,
     _diag_range,
 )
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
     exp64,
+    exp_range,
     exp_sum,
     log64,
     max_and_check,
     scale_range,
+    sum_range,
     zero_range,
 )
 
@@ -106,6 +109,7 @@ def tdt_rows_forward(
     uDs = np.uint64(D + 2)
     total = B * T
     nch = min(total, _CHUNKS)
+    frame_wide = VD < FRAME_WIDE_BELOW_V
     for ch in prange(nch):
         lo, hi = _chunk(ch, nch, total)
         scratch = np.empty(1 if store else U * VD, acts.dtype)
@@ -140,25 +144,34 @@ def tdt_rows_forward(
             if isbad or c == _NEG_INF:
                 bad[b] = 1
                 continue
-            # the duration logits of the frame gathered into one contiguous run, so
-            # that their exps vectorise (D exps per row one by one cost more than
-            # the V token exps)
-            for u in range(Ub):
-                r0 = f0 + np.uint64(u) * uVD + uV
-                for j in range(D):
-                    dbuf[u * D + j] = xf[r0 + np.uint64(j)]
-            exp_sum(dbuf, _U0, np.uint64(Ub * D), c, ebuf, _U0)
+            if frame_wide:  # all exps of the frame in one loop (see kernels.py)
+                exp_range(xf, f0, fe, c, out, o0)
+            else:
+                # the duration logits of the frame gathered into one contiguous run,
+                # so that their exps vectorise (D exps per row one by one cost more
+                # than the V token exps)
+                for u in range(Ub):
+                    r0 = f0 + np.uint64(u) * uVD + uV
+                    for j in range(D):
+                        dbuf[u * D + j] = xf[r0 + np.uint64(j)]
+                exp_sum(dbuf, _U0, np.uint64(Ub * D), c, ebuf, _U0)
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uVD
                 q0 = o0 + np.uint64(u) * uVD
-                s = exp_sum(xf, r0, r0 + uV, c, out, q0)
+                if frame_wide:
+                    s = np.float64(sum_range(out, q0, q0 + uV))
+                else:
+                    s = exp_sum(xf, r0, r0 + uV, c, out, q0)
                 sh = c
                 if s < _MIN_ROW_SUM:
                     s, sh = _part_exps(xf, r0, r0 + uV, c, out, q0)
                 ds = 0.0
                 for j in range(D):
-                    e = ebuf[u * D + j]
-                    out[q0 + uV + np.uint64(j)] = e
+                    if frame_wide:
+                        e = out[q0 + uV + np.uint64(j)]
+                    else:
+                        e = ebuf[u * D + j]
+                        out[q0 + uV + np.uint64(j)] = e
                     ds += e
                 dsh = c
                 if ds < _MIN_ROW_SUM:

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Side virtual environment for the CPU loss benchmark's anchor, optimized_transducer 1.4
-# (k2-fsa; the fastest compiled CPU RNN-T loss we know of; standard RNN-T only).
+# Side virtual environment for the benchmarks' anchors (standard RNN-T only, both from
+# k2-fsa): optimized_transducer 1.4, the fastest compiled CPU RNN-T loss we know of, and
+# fast_rnnt 1.3, k2's pruned RNN-T loss (the memory-lean approximate anchor of the
+# joint + loss benchmark).
 #
 #   bash bench/anchor_venv.sh [DIR]          # default DIR: .anchors (repository root)
 #   DIR/bin/python bench/loss_cpu.py ...     # optimized_transducer then runs side by side
+#   bench/joint_loss.py --anchor-python DIR/bin/python   # fast_rnnt, optimized_transducer
 #
 # Why a separate environment: optimized_transducer ships no wheels, only a source
 # distribution whose CMake build needs a CPU build of torch (the project's .venv holds
@@ -12,9 +15,11 @@
 # find one by default, set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu),
 # numba and numpy; optimized_transducer compiled from its sdist with three adjustments
 # (C++17, which torch >= 2.1 headers need; CUDA off; pybind11 given as a local sdist
-# instead of the download its CMake would attempt); this repository installed in
-# editable mode without dependencies. Needs python3 (3.10+), a C++ compiler, about a
-# minute and ~1 GB. The directory ignores itself in git (DIR/.gitignore).
+# instead of the download its CMake would attempt); fast_rnnt compiled from its sdist
+# the same way (C++17, CUDA off, pybind11 local, its googletest download turned off
+# with FT_BUILD_TESTS=OFF); this repository installed in editable mode without
+# dependencies. Needs python3 (3.10+), a C++ compiler, about four minutes and ~1 GB.
+# The directory ignores itself in git (DIR/.gitignore).
 set -euo pipefail
 
 dir=${1:-.anchors}
@@ -38,7 +43,7 @@ if "$dir/bin/python" -c "import torch, sys; sys.exit(0 if torch.version.cuda els
 fi
 
 "${pip[@]}" download -q --no-deps --no-binary :all: -d "$tmp" \
-    "optimized_transducer==1.4" "pybind11==3.1.0"
+    "optimized_transducer==1.4" "fast_rnnt==1.3" "pybind11==3.1.0"
 tar -xzf "$tmp"/optimized_transducer-1.4.tar.gz -C "$tmp"
 tar -xzf "$tmp"/pybind11-3.1.0.tar.gz -C "$tmp"
 src=$tmp/optimized_transducer-1.4
@@ -52,8 +57,18 @@ export OT_CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Release -DOT_WITH_CUDA=OFF \
 -DFETCHCONTENT_SOURCE_DIR_PYBIND11=$tmp/pybind11-3.1.0 -DCMAKE_CXX_FLAGS=-I$pyinc"
 (cd "$src" && "${pip[@]}" install -q --no-build-isolation --no-deps .)
 
+# fast_rnnt: CUDA off explicitly (a machine with nvcc would otherwise build it), no
+# tests (their CMake downloads googletest), C++17 through the cache variable
+tar -xzf "$tmp"/fast_rnnt-1.3.tar.gz -C "$tmp"
+export FT_CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Release -DFT_BUILD_TESTS=OFF -DFT_WITH_CUDA=OFF \
+-DCMAKE_CXX_STANDARD=17 -DFETCHCONTENT_SOURCE_DIR_PYBIND11=$tmp/pybind11-3.1.0 \
+-DCMAKE_CXX_FLAGS=-I$pyinc"
+export FT_MAKE_ARGS="-j$(nproc)"
+(cd "$tmp/fast_rnnt-1.3" && "${pip[@]}" install -q --no-build-isolation --no-deps .)
+
 "${pip[@]}" install -q --no-deps -e "$repo"
 (cd / && "$dir/bin/python" -c "
-import torch, numba, optimized_transducer, espnet_multiblank
+import torch, numba, optimized_transducer, fast_rnnt, espnet_multiblank
 print('anchor venv ready:', torch.__version__, 'numba', numba.__version__,
-      'optimized_transducer', getattr(optimized_transducer, '__version__', '1.4'))")
+      'optimized_transducer', getattr(optimized_transducer, '__version__', '1.4'),
+      'fast_rnnt', getattr(fast_rnnt, '__version__', '1.3'))")

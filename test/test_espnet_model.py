@@ -117,7 +117,9 @@ def test_build_from_yaml_contract(tmp_path):
     crit = model.criterion_transducer
     assert isinstance(crit, espnet_multiblank.MultiblankRNNTLoss)
     assert (crit.blank, tuple(crit.big_blank_durations)) == (3, (2, 4, 8))
-    assert crit.opts.sigma == 0.05 and crit.opts.reduction == "mean"
+    # per-utterance costs, reduced by the model over the utterances with a path
+    assert crit.opts.sigma == 0.05 and crit.opts.reduction == "none"
+    assert model.transducer_conf.reduction == "mean"
 
 
 def test_stock_espnet_has_the_wrong_blank(tmp_path):

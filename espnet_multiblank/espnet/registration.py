@@ -41,6 +41,10 @@ ENTRIES: Dict[str, Dict[str, str]] = {
     },
 }
 
+#: ``model`` choice names of the plug-in's models: configs naming one get the
+#: plug-in's config checks (task.py) and searches (speech2text.py)
+PLUGIN_MODELS = tuple(ENTRIES["model"])
+
 
 def _load(path: str) -> Type:
     import importlib

@@ -390,3 +390,4 @@ def test_example_config_builds(tmp_path):
     assert model.lattice == TDTLattice(0, (0, 1, 2, 3, 4))
     assert model.joint_network.lin_out.out_features == V + 5
     assert model.criterion_transducer.opts.omega == 0.1
+    assert model.criterion_transducer.opts.sigma == 0.05  # transducer_tdt_sigma

@@ -226,5 +226,5 @@ def test_warning_reasons():
     text = record.getMessage()
     assert "T=0, L=1 (no encoder frames)" in text
     assert "T=1, L=0 (no path covers exactly 1 frames)" in text
-    assert "T=5, L=3 (at most 1 labels fit 5 frames)" in text
+    assert "T=5, L=3 (L > 1, the most labels 5 frames fit)" in text
     assert "3 of 4 utterances" in text

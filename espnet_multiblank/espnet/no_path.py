@@ -105,7 +105,8 @@ def _why(lattice, num_frames: int, num_labels: int) -> str:
         return "no encoder frames"
     if num_frames not in reachable_lengths(lattice):
         return f"no path covers exactly {num_frames} frames"
-    return f"at most {max_labels(lattice, num_frames)} labels fit {num_frames} frames"
+    most = max_labels(lattice, num_frames)
+    return f"L > {most}, the most labels {num_frames} frames fit"
 
 
 class NoPathWarnings:

@@ -45,27 +45,18 @@ def _text(model, rows):
 
 def _plugin_loss(model, logits, target, t_len, u_len, reduction):
     """The loss's own reduction (espnet_multiblank's public functions)."""
-    opts = model.criterion_transducer.opts
+    args = (logits, target, t_len, u_len)
+    kwargs = dict(
+        blank=model.blank_id,
+        sigma=model.criterion_transducer.opts.sigma,
+        reduction=reduction,
+    )
     if model.tdt_durations:
         return espnet_multiblank.tdt_loss(
-            logits,
-            target,
-            t_len,
-            u_len,
-            blank=model.blank_id,
-            durations=model.tdt_durations,
-            sigma=opts.sigma,
-            reduction=reduction,
+            *args, durations=model.tdt_durations, **kwargs
         )
     return espnet_multiblank.multiblank_rnnt_loss(
-        logits,
-        target,
-        t_len,
-        u_len,
-        blank=model.blank_id,
-        big_blank_durations=model.big_blank_durations,
-        sigma=opts.sigma,
-        reduction=reduction,
+        *args, big_blank_durations=model.big_blank_durations, **kwargs
     )
 
 

@@ -112,7 +112,8 @@ def _why(lattice, num_frames: int, num_labels: int) -> str:
 class NoPathWarnings:
     """Logs a warning for the batches with utterances that have no path: at the 1st,
     2nd, 4th, 8th, ... such batch of this process, with that batch's count, up to
-    three examples and the totals so far (the stats give the share of every epoch)."""
+    three examples and the totals so far (the stats give the share of every epoch).
+    It reads the batch's count on the host: one device synchronisation per batch."""
 
     def __init__(self) -> None:
         self.batches = 0

@@ -108,8 +108,6 @@ def _durations(name: str, value: Any, check, expected: str) -> Tuple[int, ...]:
     try:
         if value is not None and not isinstance(value, (list, tuple)):
             raise TypeError(f"got {type(value).__name__} {value!r}")
-        if name == "transducer_tdt_durations" and not value:
-            return ()
         return check(value, key(name))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{key(name)} must be {expected}: {e}") from None
@@ -199,7 +197,7 @@ def check_model_conf(
     tdt = _durations(
         "transducer_tdt_durations",
         transducer_tdt_durations,
-        check_tdt_durations,
+        lambda value, name: check_tdt_durations(value, name) if value else (),
         "a list of distinct integers >= 0 with at least one >= 1 (e.g. "
         "[0, 1, 2, 3, 4]; [] for no TDT)",
     )

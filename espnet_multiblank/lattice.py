@@ -30,9 +30,12 @@ gradients and the conventions are written out in ``docs/lattice.md``.
 Nothing here imports torch or ESPnet.
 """
 
+import heapq
+import itertools
+import math
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 #: :func:`step_target` results
 NODE, END, NOWHERE = "node", "end", "nowhere"
@@ -323,3 +326,194 @@ def lattice_from_config(
             )
         return TDTLattice.create(blank, tdt_durations, durations_name=tdt_name)
     return MultiblankLattice.create(blank, big, durations_name=big_blank_name)
+
+
+# ---------------------------------------------------------------------------
+# Which (frames, labels) pairs have a path at all
+#
+# A complete path is a sequence of blank moves (at least one: the last step) and
+# exactly L label moves whose frames add up to T; every order of the moves that ends
+# with a blank is a valid path (the end rule only forbids a label landing on T, and a
+# path that ends with a blank of >= 1 frame visits frames < T only). So whether an
+# utterance of T frames and L labels has a path depends only on the frames each kind
+# of move may cover, not on their order.
+
+
+def move_frames(lattice) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """``(blank_frames, label_frames)``: the frames a blank move and a label move of
+    ``lattice`` may cover (distinct, ascending).
+
+    Standard / multi-blank: blanks cover 1 or ``d_i`` frames, labels 0. TDT: blanks
+    take the durations >= 1, labels every duration (0 keeps the frame).
+    """
+    if isinstance(lattice, MultiblankLattice):
+        return tuple(sorted({1, *lattice.big_blank_durations})), (0,)
+    if isinstance(lattice, TDTLattice):
+        durations = tuple(sorted(lattice.durations))
+        return tuple(d for d in durations if d >= 1), durations
+    raise TypeError(
+        f"lattice must be a MultiblankLattice or a TDTLattice, got "
+        f"{type(lattice).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class ReachableLengths:
+    """The encoder lengths T >= 1 that some complete path of a lattice fits (with a
+    suitable number of labels), and the ones no path fits.
+
+    The reachable lengths are the sums of one blank move and any number of blank and
+    label moves: only multiples of ``period`` (the gcd of the frames the moves cover)
+    are reachable, and among those all but finitely many (the semigroup they
+    generate has finitely many gaps). Built by :func:`reachable_lengths`.
+
+    Attributes:
+        period: g = gcd of the frames of every blank and label move; a T that is not
+            a multiple of g is never reachable (g = 1: no such restriction).
+        smallest: ``smallest[r]`` is the smallest reachable T / g that is congruent
+            to r modulo ``len(smallest)`` (the fewest frames / g that a move covers):
+            a multiple T of g is reachable exactly when T / g >= smallest[(T / g) %
+            len(smallest)], because adding that move to a path keeps it complete.
+    """
+
+    period: int
+    smallest: Tuple[int, ...]
+
+    def __contains__(self, num_frames: int) -> bool:
+        """Whether an utterance of ``num_frames`` (>= 1) frames can have a path."""
+        if num_frames < 1 or num_frames % self.period:
+            return False
+        n = num_frames // self.period
+        return n >= self.smallest[n % len(self.smallest)]
+
+    @property
+    def all_reachable(self) -> bool:
+        """True when every T >= 1 has a path (standard, multi-blank, TDT with 1)."""
+        return self.period == 1 and not self.gap_count
+
+    @property
+    def gap_count(self) -> int:
+        """How many multiples of ``period`` (>= 1) cannot be reached."""
+        step = len(self.smallest)
+        return sum(len(range(r or step, m, step)) for r, m in enumerate(self.smallest))
+
+    def gaps(self) -> Iterator[int]:
+        """The multiples of ``period`` (>= 1) that cannot be reached, ascending (a
+        finite sequence: every larger multiple is reachable; generated lazily, one
+        arithmetic progression per residue merged)."""
+        step = len(self.smallest)
+        runs = (range(r or step, m, step) for r, m in enumerate(self.smallest))
+        return (n * self.period for n in heapq.merge(*runs))
+
+    def describe(self, max_listed: int = 8) -> str:
+        """The unreachable lengths in words, e.g. ``"every T that is not a multiple
+        of 2 (T = 1, 3, 5, ...)"``, ``"T = 1, 2, 4, 7"`` or both; ``"none"``."""
+        parts = []
+        if self.period > 1:
+            first = ", ".join(
+                str(t) for t in range(1, 2 * self.period + 2) if t % self.period
+            )
+            parts.append(
+                f"every T that is not a multiple of {self.period} (T = {first}, ...)"
+            )
+        count = self.gap_count
+        if count:
+            listed = [str(t) for t in itertools.islice(self.gaps(), max_listed)]
+            if count > max_listed:
+                largest = (max(self.smallest) - len(self.smallest)) * self.period
+                listed.append(f"... ({count} lengths, the largest {largest})")
+            parts.append("T = " + ", ".join(listed))
+        return " and ".join(parts) or "none"
+
+
+def reachable_lengths(lattice) -> ReachableLengths:
+    """The encoder lengths T >= 1 for which ``lattice`` has a complete path.
+
+    Examples: every T for the standard and multi-blank lattices (the standard blank
+    covers 1 frame) and for a TDT with duration 1; TDT durations [0, 2, 4]: the even
+    T only; [0, 3, 5]: all but T = 1, 2, 4, 7; [2, 3]: all but T = 1.
+
+    Returns:
+        :class:`ReachableLengths` (cheap to build: a shortest-path search over
+        ``min(frames) / g`` residues).
+    """
+    blank_frames, label_frames = move_frames(lattice)
+    moves = sorted(set(blank_frames) | {d for d in label_frames if d > 0})
+    period = 0
+    for d in moves:
+        period = math.gcd(period, d)
+    moves = [d // period for d in moves]
+    step = moves[0]
+    # Dijkstra over residues mod `step`: a path starts with one blank move (any
+    # order of the moves gives a complete path), then adds any moves.
+    inf = math.inf
+    smallest = [inf] * step
+    heap = []
+    for d in blank_frames:
+        n = d // period
+        if n < smallest[n % step]:
+            smallest[n % step] = n
+            heapq.heappush(heap, (n, n % step))
+    while heap:
+        n, r = heapq.heappop(heap)
+        if n > smallest[r]:
+            continue
+        for d in moves:
+            m = n + d
+            if m < smallest[m % step]:
+                smallest[m % step] = m
+                heapq.heappush(heap, (m, m % step))
+    return ReachableLengths(period, tuple(int(m) for m in smallest))
+
+
+def max_labels(lattice, num_frames: int) -> Optional[int]:
+    """The most labels an utterance of ``num_frames`` frames can have a path with.
+
+    Every smaller number of labels has a path too. ``None``: no limit (a label may
+    keep its frame: standard, multi-blank, TDT with duration 0, and ``num_frames`` is
+    reachable). ``-1``: no number of labels works (``num_frames`` is not reachable,
+    see :func:`reachable_lengths`). ``num_frames = 0``: 0 (only the empty utterance,
+    whose cost is 0, has a path).
+
+    Without duration 0 each label covers at least ``min(durations)`` frames and the
+    path needs a final blank, so ``L <= (T - min) / min``; the exact limit comes from a
+    dynamic programme over the frames (O(T * D)).
+    """
+    num_frames = _as_int("num_frames", num_frames)
+    if num_frames < 0:
+        raise ValueError(f"num_frames must be >= 0, got {num_frames}")
+    if num_frames == 0:
+        return 0
+    blank_frames, label_frames = move_frames(lattice)
+    if 0 in label_frames:
+        return None if num_frames in reachable_lengths(lattice) else -1
+    # most labels in a split of n frames into label moves only (no_blank) or into
+    # label moves and at least one blank move (with_blank); -1 = no split
+    no_blank = [-1] * (num_frames + 1)
+    with_blank = [-1] * (num_frames + 1)
+    no_blank[0] = 0
+    for n in range(1, num_frames + 1):
+        best = -1
+        for d in label_frames:
+            if d <= n and no_blank[n - d] >= 0:
+                best = max(best, no_blank[n - d] + 1)
+        no_blank[n] = best
+        best = -1
+        for d in blank_frames:
+            if d <= n:
+                best = max(best, no_blank[n - d], with_blank[n - d])
+        for d in label_frames:
+            if d <= n and with_blank[n - d] >= 0:
+                best = max(best, with_blank[n - d] + 1)
+        with_blank[n] = best
+    return with_blank[num_frames]
+
+
+def has_path(lattice, num_frames: int, num_labels: int) -> bool:
+    """Whether an utterance of ``num_frames`` frames and ``num_labels`` labels has a
+    complete path in ``lattice`` (its loss is finite), from the lengths alone."""
+    num_labels = _as_int("num_labels", num_labels)
+    if num_labels < 0:
+        raise ValueError(f"num_labels must be >= 0, got {num_labels}")
+    limit = max_labels(lattice, num_frames)
+    return limit is None or num_labels <= limit

@@ -117,7 +117,9 @@ def test_build_from_yaml_contract(tmp_path):
     crit = model.criterion_transducer
     assert isinstance(crit, espnet_multiblank.MultiblankRNNTLoss)
     assert (crit.blank, tuple(crit.big_blank_durations)) == (3, (2, 4, 8))
-    assert crit.opts.sigma == 0.05 and crit.opts.reduction == "mean"
+    # per-utterance costs, reduced by the model over the utterances with a path
+    assert crit.opts.sigma == 0.05 and crit.opts.reduction == "none"
+    assert model.transducer_conf.reduction == "mean"
 
 
 def test_stock_espnet_has_the_wrong_blank(tmp_path):
@@ -397,6 +399,30 @@ def test_default_config_lists_the_plugin_keys():
         assert kwargs[key] == 0.0
     assert kwargs["transducer_reduction"] == "mean"
     assert kwargs["transducer_loss_backend"] == "auto"
+    assert kwargs["batch_exact_encoding"] is True
+
+
+def test_task_check_uses_the_constructor_defaults(monkeypatch, tmp_path):
+    """check_args fills the keys a config leaves out from the model constructor's
+    signature (one definition of the defaults): a changed default reaches it."""
+    from espnet_multiblank.espnet import model as plugin_model
+    from espnet_multiblank.espnet import task
+
+    defaults = plugin_model.model_conf_defaults()
+    assert defaults["transducer_multi_blank_sigma"] == 0.05
+    assert defaults["transducer_reduction"] == "mean"
+    monkeypatch.setattr(
+        task,
+        "model_conf_defaults",
+        lambda: dict(defaults, transducer_reduction="avg"),
+    )
+    config = tiny_config()
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    args = MultiblankASRTask.get_parser().parse_args(
+        ["--config", str(tmp_path / "c.yaml")]
+    )
+    with pytest.raises(ConfigError, match=r"transducer_reduction must be one of"):
+        task.check_args(args)
 
 
 def test_ctc_cer_treats_big_blanks_as_blank(tmp_path):

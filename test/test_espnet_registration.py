@@ -1,7 +1,10 @@
 """register(), the .pth start-up hook and registration in spawned workers."""
 
 import multiprocessing
+import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -157,3 +160,34 @@ def test_spawned_worker_sees_registration(tmp_path, monkeypatch):
     proc.start()
     proc.join(timeout=300)
     assert proc.exitcode == 0
+
+
+QUIET = textwrap.dedent("""
+    import sys
+    import nltk
+    own = nltk.download
+    import espnet_multiblank.espnet.quiet   # imports g2p_en with downloads off
+    assert "g2p_en" in sys.modules
+    assert nltk.download is own, "nltk.download not restored"
+    import espnet2.tasks.asr  # noqa: F401
+    print("ok")
+    """)
+
+
+def test_quiet_import_without_nltk_data(tmp_path):
+    """With no nltk data installed (an empty NLTK_DATA), ESPnet's import through the
+    plug-in prints no nltk download error (and tries no download), and nltk.download
+    is nltk's own afterwards."""
+    env = dict(os.environ, NLTK_DATA=str(tmp_path), PYTHONWARNINGS="ignore")
+    env[_hook.ENV_DISABLE] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", QUIET],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok"
+    assert "nltk_data" not in out.stderr and "nltk_data" not in out.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -24,14 +24,17 @@ N_EPOCHS = 4
 TEXTS = ["ab c", "ba", "cab", "c a", "abc", "b", "ca b", "aa"]
 
 
-def _data(root):
+def _data(root, short=()):
+    """TEXTS as utterances of 3200, 3600 or 4000 samples; ``short`` adds utterances
+    of 300 samples (3 STFT frames: too short for conv2d subsampling, 0 encoder
+    frames) with those texts."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "wav.scp", "w") as scp, open(root / "text", "w") as txt:
-        for i, text in enumerate(TEXTS):
+        for i, text in enumerate(list(TEXTS) + list(short)):
             key = f"utt{i}"
             path = root / f"{key}.wav"
-            n = 3200 + 400 * (i % 3)
+            n = 3200 + 400 * (i % 3) if i < len(TEXTS) else 300
             soundfile.write(path, 0.1 * rng.standard_normal(n), 16000, subtype="PCM_16")
             scp.write(f"{key} {path}\n")
             txt.write(f"{key} {text}\n")
@@ -67,11 +70,8 @@ def _common(root):
     ]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mb_train")
-    _data(root)
-    config = tiny_config(report_cer=True, report_wer=True, ctc_weight=0.3)
+def _train_config(**model_conf):
+    config = tiny_config(**model_conf)
     config.update(
         optim="adam",
         optim_conf=dict(lr=0.005),
@@ -83,20 +83,31 @@ def trained(tmp_path_factory):
         use_tensorboard=False,
         best_model_criterion=[["valid", "loss", "min"]],
     )
-    (root / "train.yaml").write_text(yaml.safe_dump(config))
+    return config
 
-    asr_train.main(
+
+def _collect_stats_and_train(root, main=asr_train.main):
+    main(
         _common(root)
         + ["--collect_stats", "true", "--output_dir", f"{root}/stats"]
         + ["--train_shape_file", f"{root}/wav.scp"]
         + ["--valid_shape_file", f"{root}/wav.scp"]
     )
-    asr_train.main(
+    main(
         _common(root)
         + ["--output_dir", f"{root}/exp"]
         + ["--train_shape_file", f"{root}/stats/train/speech_shape"]
         + ["--valid_shape_file", f"{root}/stats/valid/speech_shape"]
     )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mb_train")
+    _data(root)
+    config = _train_config(report_cer=True, report_wer=True, ctc_weight=0.3)
+    (root / "train.yaml").write_text(yaml.safe_dump(config))
+    _collect_stats_and_train(root)
     return root
 
 
@@ -198,3 +209,59 @@ def autoregister_env() -> str:
 
 def test_backend_is_known():
     assert loss_backend() in ("auto", "torch")
+
+
+def _stats(root):
+    ckpt = torch.load(
+        root / "exp/checkpoint.pth", map_location="cpu", weights_only=False
+    )
+    return ckpt["reporter"]["stats"]
+
+
+def test_standard_model_with_an_impossible_utterance_trains(tmp_path):
+    """A standard transducer (labels cover no frame: only an utterance without
+    encoder frames is impossible) with one such utterance among 9: finite losses,
+    its share reported, a best model with a finite loss."""
+    _data(tmp_path, short=["ab"])
+    config = _train_config(durations=(), transducer_multi_blank_sigma=0.0)
+    config["batch_size"] = 9
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    _collect_stats_and_train(tmp_path)
+    stats = _stats(tmp_path)
+    valid = []
+    for e in range(1, N_EPOCHS + 1):
+        for phase in ("train", "valid"):
+            assert np.isfinite(stats[e][phase]["loss"]), (e, phase, stats[e][phase])
+            assert stats[e][phase]["transducer_no_path_fraction"] == pytest.approx(
+                1 / 9
+            )
+        valid.append(stats[e]["valid"]["loss"])
+    best = (tmp_path / "exp/valid.loss.best.pth").resolve().name
+    assert best == f"{int(np.argmin(valid)) + 1}epoch.pth"
+
+
+def test_nan_criterion_stops_stock_training(tmp_path):
+    """A valid loss that is NaN in every epoch (CTC without zero_infinity: the
+    utterance without frames makes each batch's loss infinite, and ESPnet averages
+    finite batches only) through ESPnet's own ASRTask.main (the stock
+    espnet2.bin.asr_train; the plug-in registered as the start-up hook does): the
+    guard stops the run at epoch 1 instead of linking the NaN epoch as the best."""
+    from espnet2.tasks.asr import ASRTask
+
+    from espnet_multiblank.espnet.best_model_guard import NaNCriterionError
+
+    _data(tmp_path, short=["ab"])
+    config = _train_config(durations=(), transducer_multi_blank_sigma=0.0)
+    config["batch_size"] = 9
+    config["ctc_conf"] = {"zero_infinity": False}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(
+        NaNCriterionError,
+        match=r"valid\.loss \(min\) is NaN in every epoch so far \(1\)",
+    ):
+        _collect_stats_and_train(tmp_path, main=lambda cmd: ASRTask.main(cmd=cmd))
+    stats = _stats(tmp_path)
+    assert list(stats) == [1] and np.isnan(stats[1]["valid"]["loss"])
+    assert stats[1]["valid"]["transducer_no_path_fraction"] == pytest.approx(1 / 9)
+    assert (tmp_path / "exp/1epoch.pth").exists()
+    assert not (tmp_path / "exp/valid.loss.best.pth").exists()

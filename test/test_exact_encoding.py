@@ -256,20 +256,27 @@ def test_stock_espnet_model_is_not_padding_invariant_until_made_exact(
     assert wrong_lengths == 0 and worst < ATOL
 
 
-def _train_config(root: Path, stock: bool, monkeypatch) -> dict:
+def _train_config(root: Path, model: str, monkeypatch) -> dict:
+    """The recipe's multi-blank config without dropout or SpecAugment, for the
+    plug-in's model ("plugin"), the same with ``batch_exact_encoding: false``
+    ("plugin_not_exact") or ESPnet's own model ("stock")."""
     config = load_config(CONFIGS[-1], root, specaug=None)
     for key in list(config["encoder_conf"]):
         if "dropout" in key:
             config["encoder_conf"][key] = 0.0
-    return stock_espnet(config, monkeypatch) if stock else config
+    if model == "plugin_not_exact":
+        config["model_conf"]["batch_exact_encoding"] = False
+    return stock_espnet(config, monkeypatch) if model == "stock" else config
 
 
-@pytest.mark.parametrize("stock", [False, True])
-def test_training_mode_ignores_padding(stock, tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", ["plugin", "plugin_not_exact", "stock"])
+def test_training_mode_ignores_padding(model, tmp_path, monkeypatch):
     """In training (batch-norm batch statistics, no dropout or SpecAugment), the
     valid frames and the running statistics do not depend on what the padding holds;
-    ESPnet's model fails this."""
-    config = _train_config(tmp_path, stock, monkeypatch)
+    ESPnet's model fails this, and so does the plug-in's with
+    ``batch_exact_encoding: false`` (ESPnet's encoder layers as they are)."""
+    stock = model != "plugin"
+    config = _train_config(tmp_path, model, monkeypatch)
     model = build_model(config, tmp_path / "m").train()
     speech, lengths = waveforms(5, 8000, seed=7)
     noisy, _ = waveforms(5, 8000, seed=7, noise_padding=True)
@@ -573,3 +580,34 @@ def test_exact_utterance_mvn_equals_espnet_alone(norm_means, norm_vars):
         differs |= not torch.allclose(espnet_batched[b, :n], alone[0])
     # ESPnet subtracts the mean from the padded frames too, then counts them
     assert differs == (norm_means and norm_vars)
+
+
+def test_switch_off_keeps_espnet_layers_and_decoding_makes_them_exact(tmp_path):
+    """``model_conf.batch_exact_encoding: false``: ESPnet's layers (the padded batch
+    differs from each utterance alone, as in ESPnet) and the state dict of the
+    default; the plug-in's batched decoding (its Speech2Text's batch_exactness,
+    run on the first batch) still makes the loaded model exact."""
+    from espnet_multiblank.espnet.speech2text import PluginSearchMixin
+
+    config = load_config(CONFIGS[-1], tmp_path)
+    config["model_conf"]["batch_exact_encoding"] = False
+    model = build_model(config, tmp_path / "off").eval()
+    assert model.batch_exact_encoding == exact_encoding.BatchExactness(
+        False, "model_conf.batch_exact_encoding is false"
+    )
+    assert type(model.frontend.stft) is Stft
+    assert not any(
+        type(m) in (MaskedConformerEncoderLayer, MaskedConvolutionModule)
+        for m in model.modules()
+    )
+    default = build_model(load_config(CONFIGS[-1], tmp_path), tmp_path / "on")
+    assert model.state_dict().keys() == default.state_dict().keys()
+    speech, lengths = waveforms(8, 8000, seed=0)
+    worst, wrong_lengths = padded_vs_alone(model, speech, lengths)
+    assert wrong_lengths > 0 and worst > 1e-2
+
+    decoding = types.SimpleNamespace(asr_model=model)
+    assert PluginSearchMixin.batch_exactness(decoding).exact
+    assert model.batch_exact_encoding.exact
+    worst, wrong_lengths = padded_vs_alone(model, speech, lengths)
+    assert wrong_lengths == 0 and worst < ATOL

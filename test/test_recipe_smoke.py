@@ -136,6 +136,10 @@ def test_configs_differ_only_in_loss_keys():
     # the same largest jump as the multi-blank model's <blank8>
     assert tdt["model_conf"].pop("transducer_tdt_durations") == list(range(9))
     assert tdt["model_conf"].pop("transducer_tdt_omega") == 0.1
+    # the same sigma, under the TDT's own key
+    assert tdt["model_conf"].pop("transducer_tdt_sigma") == 0.05
+    assert mb["model_conf"].pop("transducer_multi_blank_sigma") == 0.05
+    assert std["model_conf"].pop("transducer_multi_blank_sigma") == 0.05
     assert mb == std == tdt
 
 

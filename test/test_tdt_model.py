@@ -91,7 +91,7 @@ def test_blank_not_first(tmp_path):
             transducer_fastemit_lambda=0.5,
             transducer_clamp=0.3,
             transducer_reduction="mean_volume",
-            transducer_multi_blank_sigma=0.0,
+            transducer_tdt_sigma=0.0,
         ),
         dict(transducer_tdt_durations=[3, 0, 1], transducer_reduction="sum"),
     ],
@@ -125,7 +125,7 @@ def test_model_loss_equals_tdt_loss(tmp_path, options):
         u_len,
         blank=0,
         durations=durations,
-        sigma=options.get("transducer_multi_blank_sigma", 0.05),
+        sigma=options.get("transducer_tdt_sigma", 0.05),
         reduction=options.get("transducer_reduction", "mean"),
         fastemit_lambda=options.get("transducer_fastemit_lambda", 0.0),
         clamp=options.get("transducer_clamp", 0.0),
@@ -226,6 +226,38 @@ def test_validation_decodes_with_tdt_greedy(tmp_path):
         (dict(transducer_tdt_omega=1.5), r"model_conf\.transducer_tdt_omega must"),
         (dict(transducer_tdt_omega="x"), r"model_conf\.transducer_tdt_omega must"),
         (dict(transducer_tdt_omega=True), r"model_conf\.transducer_tdt_omega must"),
+        (
+            dict(transducer_tdt_durations=[0, 2, 4]),
+            r"model_conf\.transducer_tdt_durations=\[0, 2, 4\]: no path of this TDT "
+            r"covers exactly T encoder frames for every T that is not a multiple of "
+            r"2 \(T = 1, 3, 5, \.\.\.\).*model_conf\.transducer_allow_unreachable_"
+            r"lengths: true",
+        ),
+        (
+            dict(transducer_tdt_durations=[4, 2]),
+            r"transducer_tdt_durations=\[4, 2\]: .* not a multiple of 2",
+        ),
+        (
+            dict(transducer_tdt_durations=[0, 3, 5]),
+            r"transducer_tdt_durations=\[0, 3, 5\]: .* for T = 1, 2, 4, 7, .*Add "
+            r"duration 1 \(e\.g\. \[0, 1, 3, 5\]\)",
+        ),
+        (
+            dict(
+                transducer_tdt_durations=[2, 4], transducer_allow_unreachable_lengths=1
+            ),
+            r"model_conf\.transducer_allow_unreachable_lengths must be true or false",
+        ),
+        (
+            dict(transducer_tdt_sigma=0.1, transducer_multi_blank_sigma=0.2),
+            r"model_conf\.transducer_tdt_sigma=0\.1 and model_conf\.transducer_multi_"
+            r"blank_sigma=0\.2 disagree",
+        ),
+        (
+            dict(transducer_tdt_sigma=-1.0),
+            r"model_conf\.transducer_tdt_sigma must be a finite float >= 0",
+        ),
+        (dict(batch_exact_encoding="no"), r"model_conf\.batch_exact_encoding must be"),
     ],
 )
 def test_bad_tdt_conf_names_the_key(tmp_path, conf, match):
@@ -291,6 +323,48 @@ def test_default_config_lists_the_tdt_keys():
     kwargs = get_default_kwargs(MultiblankESPnetASRModel)
     assert kwargs["transducer_tdt_durations"] == []
     assert kwargs["transducer_tdt_omega"] == 0.0
+    assert kwargs["transducer_tdt_sigma"] is None
+    assert kwargs["transducer_allow_unreachable_lengths"] is False
+
+
+@pytest.mark.parametrize("durations", [[0, 2, 4], [2, 4], [0, 3, 5]])
+def test_unreachable_lengths_accepted_when_asked(tmp_path, durations):
+    """The opt-in builds the model (the loss then leaves the utterances without a
+    path out: test_espnet_no_path.py)."""
+    config = tdt_config(durations, transducer_allow_unreachable_lengths=True)
+    for task in (ASRTask, MultiblankASRTask):
+        model = build(tmp_path, config, task=task)
+        assert model.tdt_durations == tuple(durations)
+        assert model.transducer_conf.allow_unreachable_lengths
+
+
+@pytest.mark.parametrize(
+    "conf, sigma",
+    [
+        (dict(), 0.05),  # both absent: the old key's default
+        (dict(transducer_tdt_sigma=0.2), 0.2),
+        (dict(transducer_multi_blank_sigma=0.3), 0.3),  # the old key still works
+        (dict(transducer_tdt_sigma=0.2, transducer_multi_blank_sigma=0.2), 0.2),
+        (dict(transducer_tdt_sigma=0.0, transducer_multi_blank_sigma=0.05), 0.0),
+    ],
+)
+def test_tdt_sigma_key(tmp_path, conf, sigma):
+    """transducer_tdt_sigma is the TDT's sigma; transducer_multi_blank_sigma is used
+    when it is absent (the old key left at its default 0.05 does not disagree)."""
+    config = tdt_config()
+    config["model_conf"].pop("transducer_multi_blank_sigma")
+    config["model_conf"].update(conf)
+    for task in (ASRTask, MultiblankASRTask):
+        model = build(tmp_path, config, task=task)
+        assert model.criterion_transducer.opts.sigma == sigma
+        assert model.transducer_conf.sigma == sigma
+
+
+def test_tdt_sigma_refused_without_tdt(tmp_path):
+    config = tiny_config(transducer_tdt_sigma=0.1)
+    for task in (ASRTask, MultiblankASRTask):
+        with pytest.raises(ConfigError, match=r"model_conf\.transducer_tdt_sigma is"):
+            build(tmp_path, config, task=task)
 
 
 def test_example_config_builds(tmp_path):
@@ -316,3 +390,4 @@ def test_example_config_builds(tmp_path):
     assert model.lattice == TDTLattice(0, (0, 1, 2, 3, 4))
     assert model.joint_network.lin_out.out_features == V + 5
     assert model.criterion_transducer.opts.omega == 0.1
+    assert model.criterion_transducer.opts.sigma == 0.05  # transducer_tdt_sigma

@@ -1,13 +1,14 @@
 """ESPnet ASR model whose transducer branch uses the espnet-multiblank loss.
 
 Selected from YAML with ``model: multiblank_espnet`` once
-:func:`espnet_multiblank.espnet.registration.register` has run.
+:func:`espnet_multiblank.espnet.registration.register` has run. Its ``model_conf``
+keys are checked by :mod:`espnet_multiblank.espnet.model_conf`; the training loss
+leaves utterances without a path out (:mod:`espnet_multiblank.espnet.no_path`);
+validation CER/WER come from :mod:`espnet_multiblank.espnet.error_calculators`.
 """
 
-import logging
-import math
-from numbers import Real
-from typing import Any, List, Optional, Sequence, Tuple, Union
+import inspect
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from espnet2.asr.ctc import CTC
@@ -18,135 +19,42 @@ from espnet2.asr.frontend.abs_frontend import AbsFrontend
 from espnet2.asr.postencoder.abs_postencoder import AbsPostEncoder
 from espnet2.asr.preencoder.abs_preencoder import AbsPreEncoder
 from espnet2.asr.specaug.abs_specaug import AbsSpecAug
-from espnet2.asr.transducer.error_calculator import ErrorCalculatorTransducer
 from espnet2.asr_transducer.utils import get_transducer_task_io
 from espnet2.layers.abs_normalize import AbsNormalize
-from espnet.nets.e2e_asr_common import ErrorCalculator
+from espnet2.torch_utils.device_funcs import force_gatherable
 from typeguard import typechecked
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankGreedySearch,
-    TDTGreedySearch,
+from espnet_multiblank.espnet import exact_encoding
+from espnet_multiblank.espnet.error_calculators import (  # noqa: F401  (re-exported)
+    MultiblankCTCErrorCalculator,
+    MultiblankErrorCalculatorTransducer,
 )
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.exact_encoding import make_batch_exact
-from espnet_multiblank.lattice import (
-    MultiblankLattice,
-    TDTLattice,
-    check_big_blank_durations,
-    check_tdt_durations,
-    lattice_from_config,
+from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
+from espnet_multiblank.espnet.model_conf import (
+    KEYS,
+    MULTI_BLANK_SIGMA_DEFAULT,
+    TransducerConf,
+    check_model_conf,
+    key,
 )
-from espnet_multiblank.loss.api import BACKENDS, MultiblankRNNTLoss
-from espnet_multiblank.loss.options import REDUCTIONS
+from espnet_multiblank.espnet.no_path import NoPathWarnings, reduce_over_paths
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
+from espnet_multiblank.loss.api import MultiblankRNNTLoss
 from espnet_multiblank.loss.tdt_api import TDTLoss
-
-logger = logging.getLogger(__name__)
-
-#: transducer_reduction values (the loss's reductions that give a scalar)
-MODEL_REDUCTIONS = tuple(r for r in REDUCTIONS if r != "none")
 
 #: ctc_conf.ctc_type values whose blank index can be set (torch.nn.CTCLoss).
 _CTC_TYPES_WITH_BLANK = ("builtin", "builtin2")
 
-
-def _key(name: str) -> str:
-    return f"model_conf.{name}"
-
-
-def check_model_conf(
-    transducer_multi_blank_durations: Any,
-    transducer_multi_blank_sigma: Any,
-    transducer_fastemit_lambda: Any,
-    transducer_clamp: Any,
-    transducer_reduction: Any,
-    transducer_loss_backend: Any,
-    transducer_tdt_durations: Any = (),
-    transducer_tdt_omega: Any = 0.0,
-) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-    """Validate the plug-in's ``model_conf`` keys.
-
-    Returns:
-        The big-blank durations and the TDT durations, as tuples (at most one of
-        them non-empty).
-
-    Raises:
-        ConfigError: naming the offending ``model_conf.<key>``.
-    """
-    key = _key("transducer_multi_blank_durations")
-    value = transducer_multi_blank_durations
-    try:
-        if value is not None and not isinstance(value, (list, tuple)):
-            raise TypeError(f"got {type(value).__name__} {value!r}")
-        durations = check_big_blank_durations(value, key)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(
-            f"{key} must be a list of distinct integers >= 2 (e.g. [2, 4, 8]; [] for "
-            f"a standard transducer): {e}"
-        ) from None
-    tdt_key = _key("transducer_tdt_durations")
-    value = transducer_tdt_durations
-    tdt: Tuple[int, ...] = ()
-    try:
-        if value is not None and not isinstance(value, (list, tuple)):
-            raise TypeError(f"got {type(value).__name__} {value!r}")
-        if value:
-            tdt = check_tdt_durations(value, tdt_key)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(
-            f"{tdt_key} must be a list of distinct integers >= 0 with at least one "
-            f">= 1 (e.g. [0, 1, 2, 3, 4]; [] for no TDT): {e}"
-        ) from None
-    if tdt and durations:
-        try:  # the lattice module owns the rule (any valid blank index will do here)
-            lattice_from_config(len(durations), durations, tdt, key, tdt_key)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    omega = transducer_tdt_omega
-    if (
-        isinstance(omega, bool)
-        or not isinstance(omega, Real)
-        or not math.isfinite(omega)
-        or not 0.0 <= omega <= 1.0
-    ):
-        raise ConfigError(
-            f"{_key('transducer_tdt_omega')} must be a probability in [0, 1] (how "
-            f"often a batch is trained with the plain RNN-T loss), got {omega!r}"
-        )
-    for name, value in (
-        ("transducer_multi_blank_sigma", transducer_multi_blank_sigma),
-        ("transducer_fastemit_lambda", transducer_fastemit_lambda),
-        ("transducer_clamp", transducer_clamp),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, Real)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            hint = " (0 disables it)" if name == "transducer_clamp" else ""
-            raise ConfigError(
-                f"{_key(name)} must be a finite number >= 0{hint}, got {value!r}"
-            )
-    if transducer_reduction not in MODEL_REDUCTIONS:
-        raise ConfigError(
-            f"{_key('transducer_reduction')} must be one of {list(MODEL_REDUCTIONS)} "
-            f"(the trainer needs a scalar), got {transducer_reduction!r}"
-        )
-    if transducer_loss_backend not in BACKENDS:
-        raise ConfigError(
-            f"{_key('transducer_loss_backend')} must be one of {list(BACKENDS)}, got "
-            f"{transducer_loss_backend!r}"
-        )
-    return durations, tdt
+#: the stat (ESPnet's train/valid logs) with the share of utterances left out of the
+#: transducer loss for having no path
+NO_PATH_STAT = "transducer_no_path_fraction"
 
 
 def _check_token_layout(
     token_list: Sequence[str],
     sym_blank: str,
-    durations: Tuple[int, ...],
-    tdt_durations: Tuple[int, ...] = (),
+    conf: TransducerConf,
 ) -> Union[MultiblankLattice, TDTLattice]:
     """The model's lattice; checks the token list has the blanks where it says.
 
@@ -156,122 +64,61 @@ def _check_token_layout(
     """
     if sym_blank not in token_list:
         raise ConfigError(
-            f"{_key('sym_blank')}={sym_blank!r} is not in token_list: a transducer "
+            f"{key('sym_blank')}={sym_blank!r} is not in token_list: a transducer "
             "needs a blank symbol"
         )
     blank = list(token_list).index(sym_blank)
+    durations, tdt_durations = conf.big_blank_durations, conf.tdt_durations
     blank_name = f"the index of {sym_blank!r} in token_list"
-    key = _key("transducer_multi_blank_durations")
+    durations_key = key("transducer_multi_blank_durations")
     if tdt_durations:  # check_model_conf refused big blanks next to TDT durations
         return TDTLattice.create(
             blank,
             tdt_durations,
             blank_name=blank_name,
-            durations_name=_key("transducer_tdt_durations"),
+            durations_name=key("transducer_tdt_durations"),
         )
     try:
         lattice = MultiblankLattice.create(
-            blank, durations, blank_name=blank_name, durations_name=key
+            blank, durations, blank_name=blank_name, durations_name=durations_key
         )
     except ValueError as e:
-        raise ConfigError(f"{key}={list(durations)}: {e}") from None
+        raise ConfigError(f"{durations_key}={list(durations)}: {e}") from None
     for index, token in lattice.token_layout(sym_blank)[1:]:
         if token_list[index] != token:
             raise ConfigError(
-                f"{key}={list(durations)}: token_list[{index}] must be {token!r} (big "
-                f"blank i sits at index blank - 1 - i), got {token_list[index]!r}; "
+                f"{durations_key}={list(durations)}: token_list[{index}] must be "
+                f"{token!r} (big blank i sits at index blank - 1 - i), got "
+                f"{token_list[index]!r}; "
                 "ESPnet's ASRTask inserts these tokens when model_conf lists the "
                 "durations"
             )
     return lattice
 
 
-class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
-    """ESPnet's transducer CER/WER calculator with the right (multi-)blank handling.
-
-    ESPnet's calculator decodes with ``BeamSearchTransducer`` (which treats
-    ``decoder.blank_id`` as the only blank, so big blanks would be emitted as labels)
-    and strips blanks by string replacement. This one decodes the whole batch with the
-    plug-in's batched greedy search of the model's lattice (multi-blank: big blanks
-    skip their frames; TDT, ``tdt_durations`` set: TDT greedy search over the joint
-    network's V + D outputs) over the valid frames only, and drops every blank id
-    (standard and big) from hypotheses and references before scoring.
-    """
-
-    def __init__(
-        self,
-        decoder: AbsDecoder,
-        joint_network: torch.nn.Module,
-        token_list: List[str],
-        sym_space: str,
-        sym_blank: str,
-        blank_id: int,
-        big_blank_durations: Sequence[int] = (),
-        report_cer: bool = False,
-        report_wer: bool = False,
-        tdt_durations: Sequence[int] = (),
-    ):
-        super().__init__(
-            decoder,
-            joint_network,
-            token_list,
-            sym_space,
-            sym_blank,
-            report_cer=report_cer,
-            report_wer=report_wer,
+def _check_transducer_parts(
+    decoder: Optional[AbsDecoder],
+    joint_network: Optional[torch.nn.Module],
+    ctc_weight: float,
+) -> None:
+    """The model needs ESPnet's transducer decoder and joint network."""
+    if joint_network is None or decoder is None:
+        raise ConfigError(
+            "model: multiblank_espnet is a transducer: set decoder: transducer "
+            "(and joint_net_conf)"
         )
-        if tdt_durations:
-            lattice = TDTLattice.create(blank_id, tdt_durations)
-            self.beam_search = TDTGreedySearch(
-                JointStepper(
-                    decoder, joint_network, len(token_list) + lattice.num_durations
-                ),
-                lattice,
-                max_sym_per_frame=5,
-            )
-        else:
-            lattice = MultiblankLattice.create(blank_id, big_blank_durations)
-            self.beam_search = MultiblankGreedySearch(
-                JointStepper(decoder, joint_network, len(token_list)),
-                lattice,
-                max_sym_per_frame=5,
-            )
-        self.blank_ids = frozenset(lattice.blank_ids)
+    if not 0.0 <= ctc_weight <= 1.0:
+        raise ConfigError(f"{key('ctc_weight')} must be in [0, 1], got {ctc_weight}")
 
-    def convert_to_char(self, pred, target) -> Tuple[List[str], List[str]]:
-        """Token ids to strings, dropping all blanks (and padding) by id."""
 
-        def to_str(ids) -> str:
-            tokens = [
-                self.token_list[int(i)]
-                for i in ids
-                if int(i) >= 0 and int(i) not in self.blank_ids
-            ]
-            return "".join(tokens).replace(self.space, " ")
-
-        return [to_str(p) for p in pred], [to_str(r) for r in target]
-
-    def __call__(
-        self,
-        encoder_out: torch.Tensor,
-        target: torch.Tensor,
-        encoder_out_lens: torch.Tensor,
-    ) -> Tuple[Optional[float], Optional[float]]:
-        """Sentence-level CER and WER of greedy hypotheses.
-
-        Args:
-            encoder_out: Encoder output sequences. (B, T, D_enc)
-            target: Target label ID sequences. (B, L)
-            encoder_out_lens: Valid frames per utterance. (B,)
-        """
-        device = next(self.decoder.parameters()).device
-        encoder_out = encoder_out.to(device)
-        hyps = self.beam_search.search_batch(encoder_out, encoder_out_lens)
-        pred = [h.yseq[1:] for h in hyps]
-        char_pred, char_target = self.convert_to_char(pred, target)
-        cer = self.calculate_cer(char_pred, char_target) if self.report_cer else None
-        wer = self.calculate_wer(char_pred, char_target) if self.report_wer else None
-        return cer, wer
+def _check_ctc_blank(ctc: CTC, ctc_weight: float, blank_id: int) -> None:
+    """ESPnet's other CTC implementations hard-code blank 0."""
+    if ctc_weight > 0 and ctc.ctc_type not in _CTC_TYPES_WITH_BLANK and blank_id:
+        raise ConfigError(
+            f"ctc_conf.ctc_type={ctc.ctc_type!r} always uses blank 0, but the "
+            f"standard blank is {blank_id}: use ctc_type "
+            f"{' or '.join(_CTC_TYPES_WITH_BLANK)}, or model_conf.ctc_weight: 0"
+        )
 
 
 def _add_duration_outputs(
@@ -290,10 +137,10 @@ def _add_duration_outputs(
             or V + D outputs.
     """
     lin_out = getattr(joint_network, "lin_out", None)
-    key = _key("transducer_tdt_durations")
+    tdt_key = key("transducer_tdt_durations")
     if not isinstance(lin_out, torch.nn.Linear):
         raise ConfigError(
-            f"{key}: a TDT needs a joint network whose output layer is a "
+            f"{tdt_key}: a TDT needs a joint network whose output layer is a "
             f"torch.nn.Linear named lin_out (ESPnet's JointNetwork), got "
             f"{type(joint_network).__name__}"
         )
@@ -301,8 +148,8 @@ def _add_duration_outputs(
         return
     if lin_out.out_features != vocab_size:
         raise ConfigError(
-            f"{key}: the joint network's lin_out has {lin_out.out_features} outputs; "
-            f"expected the vocabulary size {vocab_size} (or {vocab_size} + "
+            f"{tdt_key}: the joint network's lin_out has {lin_out.out_features} "
+            f"outputs; expected the vocabulary size {vocab_size} (or {vocab_size} + "
             f"{num_durations} duration logits)"
         )
     joint_network.lin_out = torch.nn.Linear(
@@ -312,21 +159,6 @@ def _add_duration_outputs(
         device=lin_out.weight.device,
         dtype=lin_out.weight.dtype,
     )
-
-
-class MultiblankCTCErrorCalculator(ErrorCalculator):
-    """ESPnet's CTC CER calculator that also treats big blanks as blank."""
-
-    def __init__(self, *args, big_blank_ids: Sequence[int] = (), **kwargs):
-        super().__init__(*args, **kwargs)
-        self.big_blank_ids = tuple(big_blank_ids)
-
-    def __call__(self, ys_hat, ys_pad, is_ctc=False):
-        if is_ctc and self.big_blank_ids and self.idx_blank is not None:
-            ys_hat = ys_hat.clone()
-            for i in self.big_blank_ids:
-                ys_hat[ys_hat == i] = self.idx_blank
-        return super().__call__(ys_hat, ys_pad, is_ctc=is_ctc)
 
 
 class MultiblankESPnetASRModel(ESPnetASRModel):
@@ -339,21 +171,36 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
       ``[]`` = standard RNN-T (no ``warprnnt_pytorch`` needed). ESPnet's
       ``ASRTask.build_model`` reads this key from ``model_conf`` (whatever the model)
       and inserts ``<blank{d}>`` before ``<blank>`` in the token list.
+    * ``transducer_multi_blank_sigma`` (default 0.05): logit under-normalisation of a
+      standard or multi-blank model.
     * ``transducer_tdt_durations``: a token-and-duration transducer (TDT) with these
       durations, e.g. ``[0, 1, 2, 3, 4]`` (distinct ints >= 0, one >= 1 at least; not
       together with big blanks); ``[]`` (default) = no TDT. The joint network's output
       layer ``lin_out`` gets V + D units (V token logits, then D duration logits); the
-      token list is not changed. Loss: :class:`~espnet_multiblank.TDTLoss`.
+      token list is not changed. Loss: :class:`~espnet_multiblank.TDTLoss`. Durations
+      that leave some encoder lengths without any path (e.g. ``[0, 2, 4]``: every odd
+      length) are refused unless ``transducer_allow_unreachable_lengths`` is true.
+    * ``transducer_tdt_sigma`` (default: ``transducer_multi_blank_sigma``'s value, the
+      key a TDT read before it had its own): a TDT's sigma, subtracted from the token
+      log-probabilities (not from the durations).
     * ``transducer_tdt_omega`` (default 0): probability that a training batch uses the
       plain RNN-T loss on the token logits instead (NeMo's omega; validation always
       uses the TDT loss).
-    * ``transducer_multi_blank_sigma`` (default 0.05): logit under-normalisation (for a
-      TDT: subtracted from the token log-probabilities, not from the durations).
     * ``transducer_fastemit_lambda`` (default 0): FastEmit weight.
     * ``transducer_clamp`` (default 0 = off): clip the loss gradient to [-c, c].
-    * ``transducer_reduction`` (default "mean" = sum / batch, ESPnet's): also "sum",
-      "mean_volume" (NeMo's mean of cost / target length).
+    * ``transducer_reduction`` (default "mean"): over the K utterances of the batch
+      that have a path, "mean" = their sum / K (ESPnet's sum / batch when every
+      utterance has one), "sum", "mean_volume" (mean of cost / target length).
     * ``transducer_loss_backend`` (default "auto"): "auto", "numba" or "torch".
+    * ``transducer_allow_unreachable_lengths`` (default false): accept TDT durations
+      that some encoder lengths cannot be reached with.
+    * ``batch_exact_encoding`` (default true): make the encoder padding-invariant in
+      training and decoding (:mod:`espnet_multiblank.espnet.exact_encoding`); false
+      trains ESPnet's encoder layers as they are.
+
+    Utterances without a path (see :mod:`espnet_multiblank.espnet.no_path`) are left
+    out of the transducer loss with a warning; the stats hold their share of the
+    batch as ``transducer_no_path_fraction``.
 
     Attributes (the contract used by espnet-multiblank's searches and inference):
         blank_id (int): index of the standard blank ``sym_blank`` in ``token_list``.
@@ -365,6 +212,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             (multi-blank) RNN-T.
         lattice (MultiblankLattice | TDTLattice): the model's lattice
             (``docs/lattice.md``).
+        transducer_conf (TransducerConf): the validated plug-in keys.
         decoder (TransducerDecoder): ESPnet's prediction network; its ``blank_id`` is
             set to ``blank_id`` (ESPnet leaves 0, i.e. the longest big blank) and its
             embedding's ``padding_idx`` is the standard blank (the start symbol has a
@@ -374,7 +222,8 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             duration logits.
         token_list (List[str]): vocabulary, big blanks included.
         criterion_transducer (MultiblankRNNTLoss | TDTLoss): the loss (raw logits
-            in).
+            in), with reduction "none": per-utterance costs (B,), which the model
+            reduces with ``transducer_conf.reduction``.
         transducer_multi_blank_durations (List[int]): same as ``big_blank_durations``
             (ESPnet's attribute name, read by ESPnet's ``Speech2Text``).
         batch_exact_encoding (BatchExactness): whether ``encode`` gives each
@@ -412,48 +261,40 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         sym_space: str = "<space>",
         sym_blank: str = "<blank>",
         transducer_multi_blank_durations: Any = (),
-        transducer_multi_blank_sigma: Any = 0.05,
+        transducer_multi_blank_sigma: Any = MULTI_BLANK_SIGMA_DEFAULT,
         transducer_tdt_durations: Any = (),
+        transducer_tdt_sigma: Any = None,
         transducer_tdt_omega: Any = 0.0,
         transducer_fastemit_lambda: Any = 0.0,
         transducer_clamp: Any = 0.0,
         transducer_reduction: Any = "mean",
         transducer_loss_backend: Any = "auto",
+        transducer_allow_unreachable_lengths: Any = False,
+        batch_exact_encoding: Any = True,
         sym_sos: str = "<sos/eos>",
         sym_eos: str = "<sos/eos>",
         autocast_frontend: bool = False,
         extract_feats_in_collect_stats: bool = True,
         lang_token_id: int = -1,
     ):
-        durations, tdt_durations = check_model_conf(
-            transducer_multi_blank_durations,
-            transducer_multi_blank_sigma,
-            transducer_fastemit_lambda,
-            transducer_clamp,
-            transducer_reduction,
-            transducer_loss_backend,
-            transducer_tdt_durations,
-            transducer_tdt_omega,
+        conf = check_model_conf(
+            transducer_multi_blank_durations=transducer_multi_blank_durations,
+            transducer_multi_blank_sigma=transducer_multi_blank_sigma,
+            transducer_tdt_durations=transducer_tdt_durations,
+            transducer_tdt_sigma=transducer_tdt_sigma,
+            transducer_tdt_omega=transducer_tdt_omega,
+            transducer_fastemit_lambda=transducer_fastemit_lambda,
+            transducer_clamp=transducer_clamp,
+            transducer_reduction=transducer_reduction,
+            transducer_loss_backend=transducer_loss_backend,
+            transducer_allow_unreachable_lengths=transducer_allow_unreachable_lengths,
+            batch_exact_encoding=batch_exact_encoding,
         )
-        if joint_network is None or decoder is None:
-            raise ConfigError(
-                "model: multiblank_espnet is a transducer: set decoder: transducer "
-                "(and joint_net_conf)"
-            )
-        if not 0.0 <= ctc_weight <= 1.0:
-            raise ConfigError(
-                f"{_key('ctc_weight')} must be in [0, 1], got {ctc_weight}"
-            )
-        lattice = _check_token_layout(token_list, sym_blank, durations, tdt_durations)
-        blank_id = lattice.blank
-        if tdt_durations:
-            _add_duration_outputs(joint_network, vocab_size, len(tdt_durations))
-        if ctc_weight > 0 and ctc.ctc_type not in _CTC_TYPES_WITH_BLANK and blank_id:
-            raise ConfigError(
-                f"ctc_conf.ctc_type={ctc.ctc_type!r} always uses blank 0, but the "
-                f"standard blank is {blank_id}: use ctc_type "
-                f"{' or '.join(_CTC_TYPES_WITH_BLANK)}, or model_conf.ctc_weight: 0"
-            )
+        _check_transducer_parts(decoder, joint_network, ctc_weight)
+        lattice = _check_token_layout(token_list, sym_blank, conf)
+        if conf.tdt_durations:
+            _add_duration_outputs(joint_network, vocab_size, len(conf.tdt_durations))
+        _check_ctc_blank(ctc, ctc_weight, lattice.blank)
 
         # ESPnet's constructor imports warprnnt_pytorch for an empty duration list; a
         # non-empty list makes it build its own (unused) Numba loss instead, which
@@ -480,57 +321,74 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             report_wer=report_wer,
             sym_space=sym_space,
             sym_blank=sym_blank,
-            transducer_multi_blank_durations=list(durations) or [2],
-            transducer_multi_blank_sigma=float(transducer_multi_blank_sigma),
+            transducer_multi_blank_durations=list(conf.big_blank_durations) or [2],
+            transducer_multi_blank_sigma=conf.sigma,
             sym_sos=sym_sos,
             sym_eos=sym_eos,
             autocast_frontend=autocast_frontend,
             extract_feats_in_collect_stats=extract_feats_in_collect_stats,
             lang_token_id=lang_token_id,
         )
-        assert self.blank_id == blank_id, (self.blank_id, blank_id)
+        assert self.blank_id == lattice.blank, (self.blank_id, lattice.blank)
+        self._set_lattice(lattice, conf)
+        self._build_criteria(conf)
+        self._use_standard_blank()
+        self._build_error_calculators(
+            list(token_list), sym_space, sym_blank, report_cer, report_wer
+        )
+        self._set_batch_exact_encoding(conf.batch_exact_encoding)
 
+    def _set_lattice(
+        self, lattice: Union[MultiblankLattice, TDTLattice], conf: TransducerConf
+    ) -> None:
+        """The lattice attributes of the contract (class docstring)."""
         self.lattice = lattice
-        self.big_blank_durations: Tuple[int, ...] = durations
+        self.transducer_conf = conf
+        self.big_blank_durations: Tuple[int, ...] = conf.big_blank_durations
         self.big_blank_ids: Tuple[int, ...] = tuple(
             getattr(lattice, "big_blank_ids", ())
         )
-        self.tdt_durations: Tuple[int, ...] = tdt_durations
-        self.transducer_multi_blank_durations = list(durations)
-        loss_options = dict(
-            blank=blank_id,
-            reduction=transducer_reduction,
-            fastemit_lambda=float(transducer_fastemit_lambda),
-            clamp=float(transducer_clamp),
-            sigma=float(transducer_multi_blank_sigma),
-            backend=transducer_loss_backend,
+        self.tdt_durations: Tuple[int, ...] = conf.tdt_durations
+        self.transducer_multi_blank_durations = list(conf.big_blank_durations)
+        self._no_path_warnings = NoPathWarnings()
+        self._no_path_fraction: Optional[torch.Tensor] = None
+
+    def _build_criteria(self, conf: TransducerConf) -> None:
+        """The transducer loss (per-utterance costs) and, for a TDT trained with
+        omega > 0, a deterministic (omega = 0) one for validation."""
+        options = dict(
+            blank=self.blank_id,
+            reduction="none",  # reduced over the utterances with a path (no_path)
+            fastemit_lambda=conf.fastemit_lambda,
+            clamp=conf.clamp,
+            sigma=conf.sigma,
+            backend=conf.loss_backend,
         )
         self.criterion_transducer_eval = None
-        if tdt_durations:
+        if conf.tdt_durations:
             self.criterion_transducer = TDTLoss(
-                durations=tdt_durations,
-                omega=float(transducer_tdt_omega),
-                **loss_options,
+                durations=conf.tdt_durations, omega=conf.tdt_omega, **options
             )
-            if transducer_tdt_omega > 0:  # a deterministic validation loss
+            if conf.tdt_omega > 0:
                 self.criterion_transducer_eval = TDTLoss(
-                    durations=tdt_durations, omega=0.0, **loss_options
+                    durations=conf.tdt_durations, omega=0.0, **options
                 )
         else:
             self.criterion_transducer = MultiblankRNNTLoss(
-                big_blank_durations=durations, **loss_options
+                big_blank_durations=conf.big_blank_durations, **options
             )
 
-        # The prediction network starts from, and searches treat as blank, the
-        # standard blank (ESPnet leaves decoder.blank_id = embed_pad = 0).
+    def _use_standard_blank(self) -> None:
+        """The prediction network starts from, and searches treat as blank, the
+        standard blank (ESPnet leaves decoder.blank_id = embed_pad = 0), and so does
+        CTC (torch.nn.CTCLoss defaults to blank 0, the longest big blank here)."""
+        blank_id = self.blank_id
         self.decoder.blank_id = blank_id
         embed = getattr(self.decoder, "embed", None)
         if isinstance(embed, torch.nn.Embedding) and embed.padding_idx != blank_id:
             embed.padding_idx = blank_id
             with torch.no_grad():
                 embed.weight[blank_id].zero_()
-
-        # CTC: torch.nn.CTCLoss defaults to blank 0 (the longest big blank here).
         if self.ctc is not None and self.ctc.ctc_type in _CTC_TYPES_WITH_BLANK:
             old = self.ctc.ctc_loss
             self.ctc.ctc_loss = torch.nn.CTCLoss(
@@ -539,22 +397,31 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
                 zero_infinity=old.zero_infinity,
             )
 
+    def _build_error_calculators(
+        self,
+        token_list: List[str],
+        sym_space: str,
+        sym_blank: str,
+        report_cer: bool,
+        report_wer: bool,
+    ) -> None:
+        """Validation CER/WER that treat every blank as blank."""
         if report_cer or report_wer:
             self.error_calculator_trans = MultiblankErrorCalculatorTransducer(
                 self.decoder,
                 self.joint_network,
-                list(token_list),
+                token_list,
                 sym_space,
                 sym_blank,
-                blank_id=blank_id,
-                big_blank_durations=durations,
+                blank_id=self.blank_id,
+                big_blank_durations=self.big_blank_durations,
                 report_cer=report_cer,
                 report_wer=report_wer,
-                tdt_durations=tdt_durations,
+                tdt_durations=self.tdt_durations,
             )
         elif self.error_calculator is not None:
             self.error_calculator = MultiblankCTCErrorCalculator(
-                list(token_list),
+                token_list,
                 sym_space,
                 sym_blank,
                 report_cer,
@@ -562,8 +429,49 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
                 big_blank_ids=self.big_blank_ids,
             )
 
-        # Padded utterances encoded as alone, in training as in (batched) decoding.
-        make_batch_exact(self)
+    def _set_batch_exact_encoding(self, enabled: bool) -> None:
+        """Padded utterances encoded as alone, in training as in (batched) decoding;
+        or ESPnet's encoder as it is (the plug-in's batched decoding still makes the
+        model exact when it loads it: Speech2Text.batch_exactness)."""
+        if enabled:
+            make_batch_exact(self)
+        else:
+            setattr(
+                self,
+                exact_encoding.ATTRIBUTE,
+                BatchExactness(False, f"{key('batch_exact_encoding')} is false"),
+            )
+
+    def forward(
+        self,
+        speech: torch.Tensor,
+        speech_lengths: torch.Tensor,
+        text: torch.Tensor,
+        text_lengths: torch.Tensor,
+        **kwargs,
+    ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
+        """ESPnet's forward (frontend, encoder, CTC and transducer losses); the stats
+        also hold ``transducer_no_path_fraction``, the share of the batch's
+        utterances left out of the transducer loss for having no path (ESPnet
+        weights stats by the batch size, so an epoch's value is its share too).
+
+        Args:
+            speech: (B, L, ...) input.
+            speech_lengths: (B,) input lengths.
+            text: (B, L_max) label ids, padded with -1 / ``ignore_id``.
+            text_lengths: (B,) label counts.
+
+        Returns:
+            ``(loss, stats, weight)`` as ESPnet's ``ESPnetASRModel.forward``.
+        """
+        self._no_path_fraction = None
+        loss, stats, weight = super().forward(
+            speech, speech_lengths, text, text_lengths, **kwargs
+        )
+        if self._no_path_fraction is not None:
+            stats[NO_PATH_STAT] = force_gatherable(self._no_path_fraction, loss.device)
+            self._no_path_fraction = None
+        return loss, stats, weight
 
     def joint_logits(
         self, encoder_out: torch.Tensor, decoder_out: torch.Tensor
@@ -571,6 +479,36 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         """Raw joint-network logits (B, T, U, V) for encoder (B, T, D) and decoder
         (B, U, D) outputs ((B, T, U, V + D) for a TDT: token, then duration logits)."""
         return self.joint_network(encoder_out.unsqueeze(2), decoder_out.unsqueeze(1))
+
+    def _transducer_costs(
+        self,
+        encoder_out: torch.Tensor,
+        decoder_out: torch.Tensor,
+        target: torch.Tensor,
+        t_len: torch.Tensor,
+        u_len: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-utterance transducer costs: the joint network and the loss.
+
+        Args:
+            encoder_out: (B, T, D_enc) encoder output.
+            decoder_out: (B, U, D_dec) prediction network output (U = L_max + 1).
+            target: (B, L_max) int32 labels.
+            t_len: (B,) int32 encoder lengths T_b.
+            u_len: (B,) int32 label counts L_b.
+
+        Returns:
+            (B,) float32 costs, ``+inf`` for an utterance without a path.
+        """
+        joint_out = self.joint_logits(encoder_out, decoder_out)
+        # The loss computes in float32 whatever autocast chose for the joint network.
+        if joint_out.dtype not in (torch.float32, torch.float64):
+            joint_out = joint_out.float()
+        criterion = self.criterion_transducer
+        if not self.training and self.criterion_transducer_eval is not None:
+            criterion = self.criterion_transducer_eval
+        with torch.autocast(device_type=joint_out.device.type, enabled=False):
+            return criterion(joint_out, target, t_len, u_len)
 
     def _calc_transducer_loss(
         self,
@@ -586,7 +524,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             labels: Label ID sequences, padded with ``ignore_id``. (B, L)
 
         Returns:
-            loss_transducer, cer_transducer, wer_transducer
+            loss_transducer (the configured reduction over the utterances that have
+            a path; 0 with zero gradient when none has), cer_transducer,
+            wer_transducer
         """
         decoder_in, target, t_len, u_len = get_transducer_task_io(
             labels,
@@ -596,16 +536,12 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         )
         self.decoder.set_device(encoder_out.device)
         decoder_out = self.decoder(decoder_in)
-        joint_out = self.joint_logits(encoder_out, decoder_out)
-
-        # The loss computes in float32 whatever autocast chose for the joint network.
-        if joint_out.dtype not in (torch.float32, torch.float64):
-            joint_out = joint_out.float()
-        criterion = self.criterion_transducer
-        if not self.training and self.criterion_transducer_eval is not None:
-            criterion = self.criterion_transducer_eval
-        with torch.autocast(device_type=joint_out.device.type, enabled=False):
-            loss_transducer = criterion(joint_out, target, t_len, u_len)
+        costs = self._transducer_costs(encoder_out, decoder_out, target, t_len, u_len)
+        loss_transducer, no_path = reduce_over_paths(
+            costs, u_len, self.transducer_conf.reduction
+        )
+        self._no_path_warnings(self.lattice, no_path, t_len, u_len)
+        self._no_path_fraction = no_path.to(torch.float32).mean()
 
         cer_transducer, wer_transducer = None, None
         if not self.training and self.error_calculator_trans is not None:
@@ -613,3 +549,10 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
                 encoder_out, target, encoder_out_lens
             )
         return loss_transducer, cer_transducer, wer_transducer
+
+
+def model_conf_defaults() -> Dict[str, Any]:
+    """The defaults of the keys :func:`check_model_conf` validates: the constructor's
+    (their one definition, also what ESPnet's ``--print_config`` shows)."""
+    params = inspect.signature(MultiblankESPnetASRModel.__init__).parameters
+    return {name: params[name].default for name in KEYS}

@@ -17,7 +17,9 @@ It must run, before the parser is built or a model is rebuilt, in every process:
 started with ``spawn``, which re-import ``__main__``, do it too); the ``.pth`` hook of
 :mod:`espnet_multiblank.espnet.autoregister` does it whenever ``espnet2.tasks.asr``
 is imported (stock ``espnet2.bin.*`` scripts included); any other program calls
-``espnet_multiblank.register()`` first.
+``espnet_multiblank.register()`` first. It also installs
+:mod:`~espnet_multiblank.espnet.best_model_guard` (NaN epochs are never chosen as the
+best model), so that both training entry points get it.
 
 This module imports nothing from ESPnet at import time, so the start-up hook can
 import it while ``espnet2.tasks.asr`` is being set up.
@@ -41,6 +43,10 @@ ENTRIES: Dict[str, Dict[str, str]] = {
     },
 }
 
+#: ``model`` choice names of the plug-in's models: configs naming one get the
+#: plug-in's config checks (task.py) and searches (speech2text.py)
+PLUGIN_MODELS = tuple(ENTRIES["model"])
+
 
 def _load(path: str) -> Type:
     import importlib
@@ -52,16 +58,20 @@ def _load(path: str) -> Type:
 def register() -> None:
     """Add the plug-in's classes to ``espnet2.tasks.asr``'s class choices.
 
-    Idempotent and thread-safe; cheap after the first call. Raises RuntimeError when
-    another class already owns one of the names.
+    Also keeps NaN epochs out of ESPnet's best-model selection in this process
+    (:mod:`~espnet_multiblank.espnet.best_model_guard`). Idempotent and thread-safe;
+    cheap after the first call. Raises RuntimeError when another class already owns
+    one of the names.
     """
     import importlib
 
     import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 
     asr = importlib.import_module("espnet2.tasks.asr")
+    from espnet_multiblank.espnet import best_model_guard
 
     with _LOCK:
+        best_model_guard.install()
         for kind, entries in ENTRIES.items():
             choices = getattr(asr, f"{kind}_choices")
             for name, path in entries.items():

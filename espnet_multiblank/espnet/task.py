@@ -22,7 +22,7 @@ import sys
 from typing import Optional, Sequence
 
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet.registration import register
+from espnet_multiblank.espnet.registration import PLUGIN_MODELS, register
 
 register()
 
@@ -31,10 +31,8 @@ from espnet2.tasks.asr import ASRTask  # noqa: E402
 
 from espnet_multiblank.espnet import cpu_spawn, ddp  # noqa: E402
 from espnet_multiblank.espnet.errors import ConfigError  # noqa: E402
-from espnet_multiblank.espnet.model import check_model_conf  # noqa: E402
-
-#: model choice names whose model_conf this task validates
-PLUGIN_MODELS = ("multiblank_espnet",)
+from espnet_multiblank.espnet.model import model_conf_defaults  # noqa: E402
+from espnet_multiblank.espnet.model_conf import KEYS, check_model_conf  # noqa: E402
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -42,15 +40,9 @@ def check_args(args: argparse.Namespace) -> None:
     if (getattr(args, "model", None) or "").lower() not in PLUGIN_MODELS:
         return
     conf = dict(getattr(args, "model_conf", None) or {})
+    # the keys the config leaves out take the model constructor's defaults
     check_model_conf(
-        conf.get("transducer_multi_blank_durations", ()),
-        conf.get("transducer_multi_blank_sigma", 0.05),
-        conf.get("transducer_fastemit_lambda", 0.0),
-        conf.get("transducer_clamp", 0.0),
-        conf.get("transducer_reduction", "mean"),
-        conf.get("transducer_loss_backend", "auto"),
-        conf.get("transducer_tdt_durations", ()),
-        conf.get("transducer_tdt_omega", 0.0),
+        **{**model_conf_defaults(), **{k: conf[k] for k in KEYS if k in conf}}
     )
     sym_blank = conf.get("sym_blank", "<blank>")
     token_list = args.token_list

@@ -90,6 +90,9 @@ def make_fused_options(
     return FusedOptions(loss, joint_activation(activation), tile_bytes, backend)
 
 
+_ENC = "projected encoder output (B, T, J)"
+
+
 def _check_float(name: str, x, ndim: int, what: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(
@@ -115,7 +118,7 @@ def validate_fused_inputs(enc, pred, weight, bias, labels, act_lens, label_lens,
     """Shapes, dtypes and devices of the joint's tensors against each other, then the
     dense losses' checks of labels and lengths. Returns validated (labels, act_lens,
     label_lens) (int64, padding of labels replaced by 0)."""
-    _check_float("enc", enc, 3, "projected encoder output (B, T, J)")
+    _check_float("enc", enc, 3, _ENC)
     _check_float("pred", pred, 3, "projected prediction-network output (B, U, J)")
     _check_float("weight", weight, 2, "the joint's output layer (V', J)")
     B, T, J = enc.shape
@@ -144,10 +147,11 @@ def validate_fused_inputs(enc, pred, weight, bias, labels, act_lens, label_lens,
 
 def _loss(enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOptions):
     opts = fo.loss
+    _check_float("enc", enc, 3, _ENC)  # its device picks the stages
+    stages = stages_for(enc.device, fo.backend)
     labels, act_lens, label_lens = validate_fused_inputs(
         enc, pred, weight, bias, labels, act_lens, label_lens, opts
     )
-    stages = stages_for(enc.device, fo.backend)
     tile_bytes = fo.tile_bytes or default_tile_bytes(enc.device)
     # TDT omega: one draw of torch's default (CPU) generator per call, only when
     # omega > 0, as the dense TDT loss draws it

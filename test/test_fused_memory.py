@@ -29,8 +29,11 @@ def kb(field):
 
 kind, dtype = sys.argv[1], getattr(torch, sys.argv[2])
 torch.set_num_threads(1)
-opts = {"standard": dict(blank=0), "multiblank": dict(blank=3, big_blank_durations=(2, 4, 8)),
-        "tdt": dict(blank=0, tdt_durations=(0, 1, 2, 3, 4))}[kind]
+opts = {
+    "standard": dict(blank=0),
+    "multiblank": dict(blank=3, big_blank_durations=(2, 4, 8)),
+    "tdt": dict(blank=0, tdt_durations=(0, 1, 2, 3, 4)),
+}[kind]
 D = 5 if kind == "tdt" else 0
 
 def inputs(B, T, U, J, V):
@@ -48,10 +51,11 @@ def fused(x):
 def dense(x):
     enc, pred, w, b, labels, al, ll = x
     z = torch.tanh(enc[:, :, None] + pred[:, None]) @ w.t() + b
-    kw = {k: v for k, v in opts.items() if k != "tdt_durations"}
     if D:
-        return tdt_loss(z, labels, al, ll, durations=opts["tdt_durations"], blank=0)
-    return multiblank_rnnt_loss(z, labels, al, ll, **kw) * 0.7
+        loss = tdt_loss(z, labels, al, ll, durations=opts["tdt_durations"], blank=0)
+    else:
+        loss = multiblank_rnnt_loss(z, labels, al, ll, **opts)
+    return loss * 0.7
 
 def peak_mb(step, x):
     with open("/proc/self/clear_refs", "w") as f:
@@ -67,7 +71,8 @@ x = inputs(B, T, U, J, V)
 out = {"fused_mb": peak_mb(fused, x)}
 x = inputs(B, T, U, J, V)
 out["dense_mb"] = peak_mb(dense, x)
-out["logits_mb"] = B * T * U * (V + D) * torch.empty((), dtype=dtype).element_size() / 2**20
+size = torch.empty((), dtype=dtype).element_size()
+out["logits_mb"] = B * T * U * (V + D) * size / 2**20
 print(json.dumps(out))
 """
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers.planes_oracle import brute_force_planes
+from helpers.planes_oracle import brute_force_planes, random_planes
 
 from espnet_multiblank.fused import loss_package as lp
 
@@ -32,25 +32,6 @@ def _opts(kind, durations, lam):
     if kind == "tdt":
         return lp.make_tdt_options(0, durations, fastemit_lambda=lam)
     return lp.make_options(len(durations), durations, fastemit_lambda=lam)
-
-
-def random_planes(opts, act_lens, label_lens, T, U, seed):
-    """(B, T, U, width) float64 planes: random log-probs (TDT: a random duration
-    distribution), -inf label on the last row, random r > 0, NaN in padding."""
-    gen = torch.Generator().manual_seed(seed)
-    B = len(act_lens)
-    width = lp.planes_width(opts)
-    rows = torch.full((B, T, U, width), math.nan, dtype=torch.float64)
-    K = lp.num_steps(opts)
-    for b, (T_b, L_b) in enumerate(zip(act_lens, label_lens)):
-        n = (T_b, L_b + 1)
-        vals = -3.0 * torch.rand(*n, width, generator=gen, dtype=torch.float64)
-        if lp.is_tdt(opts):
-            vals[..., 2:K] = torch.log_softmax(vals[..., 2:K] * 2, dim=-1)
-        vals[:, L_b, 1] = -math.inf
-        vals[..., K:] = 0.5 + torch.rand(*n, width - K, generator=gen)
-        rows[b, :T_b, : L_b + 1] = vals
-    return rows
 
 
 def _lens(act_lens, label_lens):

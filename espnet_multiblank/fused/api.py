@@ -145,10 +145,14 @@ def validate_fused_inputs(enc, pred, weight, bias, labels, act_lens, label_lens,
     return check_labels_and_lengths(enc, pred, labels, act_lens, label_lens, opts, Vp)
 
 
-def _loss(enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOptions):
+def _loss(
+    enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOptions, stages=None
+):
+    """The loss of validated options ``fo``; ``stages``: forced stages (tests: the
+    CUDA stages on CPU tensors in the CUDA simulator), else the device's."""
     opts = fo.loss
     _check_float("enc", enc, 3, _ENC)  # its device picks the stages
-    stages = stages_for(enc.device, fo.backend)
+    stages = stages or stages_for(enc.device, fo.backend)
     labels, act_lens, label_lens = validate_fused_inputs(
         enc, pred, weight, bias, labels, act_lens, label_lens, opts
     )
@@ -231,8 +235,8 @@ def fused_transducer_loss(
         activation: the joint's elementwise activation, a name ("tanh", "relu",
             ...) or the module itself (ESPnet's ``joint_activation``).
         tile_bytes: bound on a tile's logits and activations in bytes (None: 4 MiB
-            on the CPU, 256 MiB on CUDA); does not change the result beyond
-            float rounding.
+            on the CPU, 32 MiB on CUDA); does not change the result beyond float
+            rounding.
         backend: "auto" (Numba tile kernels and lattice on the CPU, the Numba CUDA
             lattice on CUDA, torch elsewhere), "numba", or "torch" (torch tile
             operations and the torch lattice on any device).

@@ -88,8 +88,10 @@ STAGES = {
     "torch": Stages("torch", TorchTileOps, _device_lattice(run_lattice_torch)),
 }
 
-#: default tile size in bytes of (logits + 3 activations) per row, per device type
-DEFAULT_TILE_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}
+#: default tile size in bytes of (logits + 3 activations) per row, per device type: on
+#: the CPU a few MiB (the tile stays in the caches), on a GPU large enough for the
+#: matmuls and small enough for the memory goal (1/20 of the dense step's at V = 1024)
+DEFAULT_TILE_BYTES = {"cpu": 4 << 20, "cuda": 32 << 20}
 _OTHER_DEVICE_TILE_BYTES = 64 << 20
 
 

@@ -48,17 +48,23 @@ class TorchTileOps:
         self.Tp, self.Up = grid
         ids = (opts.blank,) if self.tdt else opts.lattice.blank_ids
         self.blank_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        self._frames = tuple(
+            torch.from_numpy(x).to(self.device)
+            for x in (tiling.row0, tiling.frame_enc, tiling.frame_b)
+        )
 
     def index(self, r0: int, r1: int) -> TorchTileIndex:
-        enc_rows, pred_rows = (
-            torch.from_numpy(x).to(self.device) for x in self.tiling.indices(r0, r1)
-        )
-        T, U = self.tiling.T, self.tiling.U
-        b = pred_rows // U
-        u = pred_rows - b * U
-        t = enc_rows - b * T
+        """Tile [r0, r1)'s rows, computed on the device from the frame table (no
+        host round trip per tile)."""
+        row0, frame_enc, frame_b = self._frames
+        r = torch.arange(r0, r1, device=self.device)
+        f = torch.searchsorted(row0, r, right=True) - 1
+        b = frame_b[f]
+        u = r - row0[f]
+        enc_rows = frame_enc[f]
+        t = enc_rows - b * self.tiling.T
         node = (b * self.Tp + t) * self.Up + u
-        return TorchTileIndex(enc_rows, pred_rows, b, u, node)
+        return TorchTileIndex(enc_rows, b * self.tiling.U + u, b, u, node)
 
     def gather(self, enc2d, pred2d, index: TorchTileIndex, out: torch.Tensor):
         pre = out[: index.enc_rows.shape[0]]

@@ -476,3 +476,37 @@ def test_large_logits_softmax_consistency(kind, backend):
         assert abs(float(part.sum())) <= 2e-6 * float(part.abs().sum()), part.sum()
     want = fc.dense_loss(case, inputs, "sum")
     fc.assert_same_results(got, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["multiblank", "tdt"])
+def test_gradient_tiles_hold_no_subnormal_numbers(kind, backend, monkeypatch):
+    """Nodes that paths almost never visit have occupancies far below float32's
+    smallest normal number; the apply stage flushes the gradient there to 0
+    (subnormal operands slow a CPU matmul about 100-fold), and the results stay the
+    dense path's."""
+    from espnet_multiblank.fused.cpu_tile_ops import CpuTileOps
+    from espnet_multiblank.fused.torch_tile_ops import TorchTileOps
+
+    seen = {"tiny_occupancy": False, "subnormal": 0, "tiles": 0}
+    for cls in (CpuTileOps, TorchTileOps):
+        original = cls.apply
+
+        def apply(self, z, index, planes, factors, _original=original):
+            _original(self, z, index, planes, factors)
+            occ = planes.rows[..., :2].abs()
+            seen["tiny_occupancy"] |= bool(((occ > 0) & (occ < 1e-38)).any())
+            tiny = torch.finfo(z.dtype).tiny
+            seen["subnormal"] += int(((z != 0) & (z.abs() < tiny)).sum())
+            seen["tiles"] += 1
+
+        monkeypatch.setattr(cls, "apply", apply)
+    case = fc.LATTICES[kind](
+        act_lens=(60, 50), label_lens=(11, 9), T=60, U=12, wscale=16.0
+    )
+    inputs = fc.make_inputs(case, torch.float32)
+    got = fc.fused_loss(case, inputs, "mean", backend=backend)
+    assert seen["tiles"] > 0 and seen["tiny_occupancy"], seen
+    assert seen["subnormal"] == 0, seen
+    want = fc.dense_loss(case, inputs, "mean")
+    fc.assert_same_results(got, want, **F32)

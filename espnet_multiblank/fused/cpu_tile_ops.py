@@ -37,6 +37,7 @@ class CpuTileOps:
         R = tiling.tile_rows
         self._index = (np.empty(R, np.int64), np.empty(R, np.int64))
         self._scratch = {}
+        self._big_scratch = np.empty(max(1, self.big_ids.size), np.float64)
 
     def index(self, r0: int, r1: int) -> TileIndex:
         return self.tiling.indices(r0, r1, self._index)
@@ -53,7 +54,7 @@ class CpuTileOps:
         return self._scratch[dtype]
 
     def extract(self, z: torch.Tensor, index: TileIndex, planes: Planes) -> None:
-        """Forward: the tile's logits z (R, V') to the planes (z is clobbered)."""
+        """Forward: the tile's logits z (R, V') to the planes."""
         o = self.opts
         zn = z.numpy()
         common = (index[0], index[1], self.tiling.T, self.tiling.U)
@@ -76,7 +77,9 @@ class CpuTileOps:
         if self.tdt:
             kern.apply_tdt(z.numpy(), self.V, *common, *rest)
         else:
-            kern.apply_multiblank(z.numpy(), *common, self.big_ids, *rest)
+            kern.apply_multiblank(
+                z.numpy(), *common, self.big_ids, *rest, self._big_scratch
+            )
 
     def scatter(self, d_pre, index: TileIndex, d_enc, d_pred) -> None:
         """d_enc[enc_rows] += d_pre, d_pred[pred_rows] += d_pre (d_enc (B T, J),

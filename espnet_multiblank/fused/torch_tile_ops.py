@@ -140,7 +140,9 @@ class TorchTileOps:
             c = (o.clamp * f.abs()).to(z.dtype)[:, None]
             torch.maximum(z, -c, out=z)
             torch.minimum(z, c, out=z)
-        z.masked_fill_(~live, 0.0)
+        # denormal values (nodes paths almost never visit) would slow the matmuls
+        # that take G on a CPU about 100-fold (``cpu_tile_kernels._flush``)
+        z.masked_fill_(~live | (z.abs() < torch.finfo(z.dtype).tiny), 0.0)
 
     def scatter(self, d_pre, index: TorchTileIndex, d_enc, d_pred) -> None:
         d_enc.index_add_(0, index.enc_rows, d_pre)

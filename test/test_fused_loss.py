@@ -510,3 +510,38 @@ def test_gradient_tiles_hold_no_subnormal_numbers(kind, backend, monkeypatch):
     assert seen["subnormal"] == 0, seen
     want = fc.dense_loss(case, inputs, "mean")
     fc.assert_same_results(got, want, **F32)
+
+
+def test_parallel_tile_kernels_match_serial(monkeypatch):
+    """The CPU tile kernels' parallel chunks (forced here at a small shape: two
+    torch threads, the thread rule told the work is large) give exactly the serial
+    results: rows split by chunk, columns for the scatter."""
+    import numba
+
+    from espnet_multiblank.fused import cpu_tile_ops
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba is limited to one thread (NUMBA_NUM_THREADS)")
+    case = LATTICE_CASES["multiblank"]
+    tdt_case = LATTICE_CASES["tdt"]
+    serial = [fc.fused_loss(c, fc.make_inputs(c), "mean") for c in (case, tdt_case)]
+    threads = torch.get_num_threads()
+    real = cpu_tile_ops.cpu_threads
+    calls = []
+
+    def forced(work):
+        result = real(1 << 40)
+        calls.append(result[0])
+        return result
+
+    monkeypatch.setattr(cpu_tile_ops, "cpu_threads", forced)
+    torch.set_num_threads(2)
+    try:
+        parallel = [
+            fc.fused_loss(c, fc.make_inputs(c), "mean") for c in (case, tdt_case)
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    assert calls and all(calls)
+    for got, want in zip(parallel, serial):
+        fc.assert_same_results(got, want, rtol=0, atol=0)

@@ -1,5 +1,10 @@
-"""Numba kernels of one CPU tile of the fused joint + loss (serial: the tile's matmuls
-take the threads).
+"""Numba kernels of one CPU tile of the fused joint + loss.
+
+Every kernel but :func:`fill_tile_indices` is ``parallel=True`` over ``nchunks``
+chunks of the tile's rows (of its columns for :func:`scatter_pre_grad`, whose rows
+add into shared rows of d_enc / d_pred); ``cpu_tile_ops`` runs them, or their serial
+twins with one chunk, as the dense CPU kernels' thread rule says (they run between
+the tile's matmuls, never beside them, so the threads are free).
 
 A tile is R packed lattice nodes (``tiling.py``); row i is node (b, t, u) with
 ``enc_rows[i] = b T + t`` and ``pred_rows[i] = b U + u``. The planes (``rows``,
@@ -18,9 +23,10 @@ A tile is R packed lattice nodes (``tiling.py``); row i is node (b, t, u) with
       G[k] = f_b [ (gamma + lambda W_label) softmax(z)_k - sum_steps W_e [k_e = k] ]
 
   (the label step weighted by 1 + lambda; TDT: token and duration parts apart, the
-  duration part ``f_b [gamma softmax(z[V:])_j - W_dur(j)]``); values below the
-  smallest normal number are flushed to 0 (they would slow the matmuls that take
-  G about 100-fold, and are far below float32 resolution of any sum);
+  duration part ``f_b [gamma softmax(z[V:])_j - W_dur(j)]``); values below
+  ``|f_b| 2**-80`` are set to 0 (:func:`flush_limit`: far below the resolution of
+  any sum they enter, and nearly subnormal operands slow the matmuls that take G
+  35-100-fold);
 * :func:`scatter_pre_grad`: ``d_enc[enc_rows[i]] += d_pre[i]``,
   ``d_pred[pred_rows[i]] += d_pre[i]``.
 
@@ -34,13 +40,16 @@ The loops use the vectorisable range primitives of the dense CPU kernels
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from espnet_multiblank.fused.loss_package import cpu_row_ops
+from espnet_multiblank.fused.planes import GRADIENT_FLUSH_BELOW
 
 ops = cpu_row_ops()
 _OPTS = dict(cache=True, error_model="numpy", fastmath={"nsz", "contract"})
+_PAR = dict(parallel=True, **_OPTS)
 _NEG_INF = -np.inf
+_U0 = np.uint64(0)
 
 
 @njit(cache=True)
@@ -56,29 +65,40 @@ def fill_tile_indices(row0, frame_enc, frame_b, U, r0, r1, enc_rows, pred_rows):
         pred_rows[i] = frame_b[f] * U + (r - row0[f])
 
 
-@njit(fastmath=True, error_model="numpy", cache=True)
-def gather_pre(enc, pred, enc_rows, pred_rows, out):
+@njit(**_OPTS)
+def _chunk(c, nchunks, n):
+    """[lo, hi) of chunk c of range(n)."""
+    return c * n // nchunks, (c + 1) * n // nchunks
+
+
+@njit(parallel=True, fastmath=True, error_model="numpy", cache=True)
+def gather_pre(enc, pred, enc_rows, pred_rows, out, nchunks):
     """out (R, J) <- enc[enc_rows] + pred[pred_rows]; enc (B T, J), pred (B U, J) of
     out's dtype, C-contiguous."""
     R, J = out.shape
-    for i in range(R):
-        e = enc_rows[i]
-        p = pred_rows[i]
-        for j in range(J):
-            out[i, j] = enc[e, j] + pred[p, j]
+    for ch in prange(nchunks):
+        i0, i1 = _chunk(ch, nchunks, R)
+        for i in range(i0, i1):
+            e = enc_rows[i]
+            p = pred_rows[i]
+            for j in range(J):
+                out[i, j] = enc[e, j] + pred[p, j]
 
 
-@njit(fastmath=True, error_model="numpy", cache=True)
-def scatter_pre_grad(d_pre, enc_rows, pred_rows, d_enc, d_pred):
-    """d_enc[enc_rows[i]] += d_pre[i], d_pred[pred_rows[i]] += d_pre[i]."""
+@njit(parallel=True, fastmath=True, error_model="numpy", cache=True)
+def scatter_pre_grad(d_pre, enc_rows, pred_rows, d_enc, d_pred, nchunks):
+    """d_enc[enc_rows[i]] += d_pre[i], d_pred[pred_rows[i]] += d_pre[i] (chunks of
+    columns: rows of a tile add into the same rows of d_enc and d_pred)."""
     R, J = d_pre.shape
-    for i in range(R):
-        e = enc_rows[i]
-        p = pred_rows[i]
-        for j in range(J):
-            g = d_pre[i, j]
-            d_enc[e, j] += g
-            d_pred[p, j] += g
+    for ch in prange(nchunks):
+        j0, j1 = _chunk(ch, nchunks, J)
+        for i in range(R):
+            e = enc_rows[i]
+            p = pred_rows[i]
+            for j in range(j0, j1):
+                g = d_pre[i, j]
+                d_enc[e, j] += g
+                d_pred[p, j] += g
 
 
 @njit(**_OPTS)
@@ -91,39 +111,48 @@ def _node(enc_rows, pred_rows, i, T, U, Tp, Up):
     return b, u, (b * Tp + t) * Up + u
 
 
+@njit(**_OPTS)
+def flush_limit(f, like):
+    """The magnitude below which a gradient value of an utterance with factor f is
+    set to 0: |f| 2**-80 (at least the dtype's smallest normal number). A node that
+    paths almost never visit (occupancy like e**-100) has a gradient row far below
+    any float32 or float64 resolution of the sums it enters (dW, d_enc: of order
+    |f|), but subnormal or nearly subnormal operands make the tile's matmuls 35-100
+    times slower (measured: float32 torch.mm on this CPU with rows of 1e-36)."""
+    return max(abs(f) * GRADIENT_FLUSH_BELOW, np.finfo(like.dtype).tiny)
+
+
 @njit(fastmath=True, error_model="numpy", cache=True)
-def _scale_flush_range(g, lo, hi, c):
-    """g[lo:hi] *= c (c rounded to g's dtype), results below the smallest normal
-    number flushed to 0 (see :func:`_flush`)."""
+def _scale_flush_into(e, g, lo, n, c, limit):
+    """g[lo + k] = e[k] * c for k < n (c rounded to g's dtype), results below
+    ``limit`` set to 0 (e and g separate arrays: a loop that reads and writes one
+    array at two offsets does not vectorise)."""
     s = g.dtype.type(c)
-    tiny = np.finfo(g.dtype).tiny
+    lim = g.dtype.type(limit)
     zero = g.dtype.type(0.0)
-    for k in range(lo, hi):
-        v = g[k] * s
-        g[k] = v if abs(v) >= tiny else zero
+    for k in range(n):
+        v = e[k] * s
+        g[lo + k] = zero if abs(v) < lim else v
 
 
 @njit(**_OPTS)
-def _flush(v, like):
-    """``v`` (float64) in the dtype of array ``like``, 0 when below its smallest
-    normal number. The gradient of a node that paths almost never visit is
-    denormal (occupancies like e**-100); denormal operands make the tile's matmuls
-    about 100 times slower (measured: float32 torch.mm on this CPU), and these
-    values do not change a float32 sum."""
+def _flush(v, like, limit):
+    """``v`` (float64) in the dtype of array ``like``, 0 below ``limit`` (a NaN
+    stays NaN)."""
     x = like.dtype.type(v)
-    return x if abs(x) >= np.finfo(like.dtype).tiny else like.dtype.type(0.0)
+    return like.dtype.type(0.0) if abs(x) < limit else x
 
 
 @njit(**_OPTS)
-def _softmax_scale(zf, lo, hi, lse):
-    """zf[lo:hi] <- exp(zf[lo:hi] - l32) in place; returns exp(l32 - lse), the
-    factor that completes the softmax (l32 = lse rounded to zf's dtype)."""
+def _softmax_scale(zf, lo, hi, lse, e):
+    """e[:hi - lo] <- exp(zf[lo:hi] - l32); returns exp(l32 - lse), the factor that
+    completes the softmax (l32 = lse rounded to zf's dtype)."""
     l32 = zf.dtype.type(lse)
-    ops.exp_range(zf, lo, hi, l32, zf, lo)
+    ops.exp_range(zf, lo, hi, l32, e, _U0)
     return math.exp(np.float64(l32) - lse)
 
 
-@njit(**_OPTS)
+@njit(**_PAR)
 def extract_multiblank(
     z,
     enc_rows,
@@ -138,7 +167,7 @@ def extract_multiblank(
     rows,
     lse,
     bad,
-    scratch,
+    nchunks,
 ):
     """Forward: the planes of a tile of multi-blank (standard: no big blanks) logits.
 
@@ -147,7 +176,7 @@ def extract_multiblank(
     rows: (B, T', U', N + 3) float64 out: [lp_blank, lp_label (-inf on u = L_b),
         lp_big_i..., 1]; lse: (B, T', U') float64 out; bad: (B,) uint8, set to 1 for
         an utterance with a NaN / +inf logit or a row that is -inf throughout.
-    scratch: (V,) of z's dtype.
+    nchunks: chunks of rows (threads).
     """
     R, V = z.shape
     Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
@@ -156,30 +185,33 @@ def extract_multiblank(
     rf = rows.reshape(rows.size)
     lf = lse.reshape(lse.size)
     uV = np.uint64(V)
-    for i in range(R):
-        b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-        lo = np.uint64(i) * uV
-        hi = lo + uV
-        m, isbad = ops.max_and_check(zf, lo, hi)
-        if isbad or m == _NEG_INF:
-            bad[b] = 1
-            continue
-        s = ops.exp_sum(zf, lo, hi, m, scratch, np.uint64(0))
-        d = np.float64(m) + math.log(s)
-        lf[node] = d
-        d += sigma
-        p = node * K1
-        rf[p] = np.float64(zf[lo + np.uint64(blank)]) - d
-        if u < label_lens[b]:
-            rf[p + 1] = np.float64(zf[lo + np.uint64(labels[b, u])]) - d
-        else:
-            rf[p + 1] = _NEG_INF
-        for k in range(N):
-            rf[p + 2 + k] = np.float64(zf[lo + np.uint64(big_ids[k])]) - d
-        rf[p + K1 - 1] = 1.0
+    for ch in prange(nchunks):
+        scratch = np.empty(V, z.dtype)
+        i0, i1 = _chunk(ch, nchunks, R)
+        for i in range(i0, i1):
+            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
+            lo = np.uint64(i) * uV
+            hi = lo + uV
+            m, isbad = ops.max_and_check(zf, lo, hi)
+            if isbad or m == _NEG_INF:
+                bad[b] = 1
+                continue
+            s = ops.exp_sum(zf, lo, hi, m, scratch, np.uint64(0))
+            d = np.float64(m) + math.log(s)
+            lf[node] = d
+            d += sigma
+            p = node * K1
+            rf[p] = np.float64(zf[lo + np.uint64(blank)]) - d
+            if u < label_lens[b]:
+                rf[p + 1] = np.float64(zf[lo + np.uint64(labels[b, u])]) - d
+            else:
+                rf[p + 1] = _NEG_INF
+            for k in range(N):
+                rf[p + 2 + k] = np.float64(zf[lo + np.uint64(big_ids[k])]) - d
+            rf[p + K1 - 1] = 1.0
 
 
-@njit(**_OPTS)
+@njit(**_PAR)
 def apply_multiblank(
     z,
     enc_rows,
@@ -195,7 +227,7 @@ def apply_multiblank(
     factors,
     fastemit_lambda,
     clamp,
-    scratch,
+    nchunks,
 ):
     """Backward: z (R, V), the tile's logits as in forward, becomes
     ``factors[b] * clip(d cost_b / d z, -clamp, clamp)`` in place (module docstring).
@@ -203,8 +235,7 @@ def apply_multiblank(
     rows: (B, T', U', N + 3) float64 occupancies [W_blank, W_label, W_big_i..., *]
     of the lattice; lse: (B, T', U') float64 from forward; factors: (B,) float64
     (reduction weight times incoming gradient; 0 for an impossible utterance);
-    scratch: (>= N,) float64. Values below the smallest normal number of z's dtype
-    are flushed to 0 (:func:`_flush`).
+    nchunks: chunks of rows. Values below :func:`flush_limit` are set to 0.
     """
     R, V = z.shape
     Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
@@ -214,41 +245,40 @@ def apply_multiblank(
     lf = lse.reshape(lse.size)
     uV = np.uint64(V)
     lam1 = 1.0 + fastemit_lambda
-    for i in range(R):
-        b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-        lo = np.uint64(i) * uV
-        hi = lo + uV
-        f = factors[b]
-        if f == 0.0:
-            ops.zero_range(zf, lo, hi)
-            continue
-        p = node * K1
-        w_blank = rf[p]
-        w_label = rf[p + 1]
-        gamma = w_blank + w_label
-        for k in range(N):
-            gamma += rf[p + 2 + k]
-        c = (gamma + fastemit_lambda * w_label) * f
-        c *= _softmax_scale(zf, lo, hi, lf[node])
-        kb = lo + np.uint64(blank)
-        g_blank = zf[kb] * c - w_blank * f
-        has_label = u < label_lens[b]
-        kl = lo + np.uint64(labels[b, u]) if has_label else kb
-        g_label = zf[kl] * c - lam1 * w_label * f
-        for k in range(N):
-            kk = lo + np.uint64(big_ids[k])
-            scratch[k] = zf[kk] * c - rf[p + 2 + k] * f
-        _scale_flush_range(zf, lo, hi, c)
-        for k in range(N):
-            zf[lo + np.uint64(big_ids[k])] = _flush(scratch[k], zf)
-        zf[kb] = _flush(g_blank, zf)
-        if has_label:
-            zf[kl] = _flush(g_label, zf)
-        if clamp > 0.0:
-            ops.clamp_range(zf, lo, hi, clamp * abs(f))
+    for ch in prange(nchunks):
+        e = np.empty(V, z.dtype)
+        i0, i1 = _chunk(ch, nchunks, R)
+        for i in range(i0, i1):
+            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
+            lo = np.uint64(i) * uV
+            hi = lo + uV
+            f = factors[b]
+            if f == 0.0:
+                ops.zero_range(zf, lo, hi)
+                continue
+            p = node * K1
+            w_blank = rf[p]
+            w_label = rf[p + 1]
+            gamma = w_blank + w_label
+            for k in range(N):
+                gamma += rf[p + 2 + k]
+            c = (gamma + fastemit_lambda * w_label) * f
+            c *= _softmax_scale(zf, lo, hi, lf[node], e)
+            lim = flush_limit(f, zf)
+            _scale_flush_into(e, zf, lo, V, c, lim)
+            # the steps' symbols (the exps in e are still unscaled)
+            zf[lo + np.uint64(blank)] = _flush(e[blank] * c - w_blank * f, zf, lim)
+            if u < label_lens[b]:
+                k = labels[b, u]
+                zf[lo + np.uint64(k)] = _flush(e[k] * c - lam1 * w_label * f, zf, lim)
+            for j in range(N):
+                k = big_ids[j]
+                zf[lo + np.uint64(k)] = _flush(e[k] * c - rf[p + 2 + j] * f, zf, lim)
+            if clamp > 0.0:
+                ops.clamp_range(zf, lo, hi, clamp * abs(f))
 
 
-@njit(**_OPTS)
+@njit(**_PAR)
 def extract_tdt(
     z,
     V,
@@ -263,14 +293,14 @@ def extract_tdt(
     rows,
     lse,
     bad,
-    scratch,
+    nchunks,
 ):
     """Forward: the planes of a tile of TDT logits.
 
     z: (R, V + D) logits (V token logits, then D duration logits).
     rows: (B, T', U', D + 4) float64 out: [tok_blank, tok_label (-inf on u = L_b),
         dur_j..., 1, 1] (sigma in the token log-probs only); lse: (B, T', U', 2)
-        float64 out, the token and the duration normalisers; bad, scratch: as
+        float64 out, the token and the duration normalisers; bad, nchunks: as
         :func:`extract_multiblank`.
     """
     R, VD = z.shape
@@ -281,38 +311,41 @@ def extract_tdt(
     lf = lse.reshape(lse.size)
     uVD = np.uint64(VD)
     uV = np.uint64(V)
-    for i in range(R):
-        b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-        lo = np.uint64(i) * uVD
-        mid = lo + uV
-        hi = lo + uVD
-        m, isbad = ops.max_and_check(zf, lo, mid)
-        md, isbad_d = ops.max_and_check(zf, mid, hi)
-        if isbad or isbad_d or m == _NEG_INF or md == _NEG_INF:
-            bad[b] = 1
-            continue
-        s = ops.exp_sum(zf, lo, mid, m, scratch, np.uint64(0))
-        d = np.float64(m) + math.log(s)
-        sd = 0.0
-        for j in range(D):
-            sd += math.exp(np.float64(zf[mid + np.uint64(j)]) - np.float64(md))
-        dd = np.float64(md) + math.log(sd)
-        lf[2 * node] = d
-        lf[2 * node + 1] = dd
-        d += sigma
-        p = node * K1
-        rf[p] = np.float64(zf[lo + np.uint64(blank)]) - d
-        if u < label_lens[b]:
-            rf[p + 1] = np.float64(zf[lo + np.uint64(labels[b, u])]) - d
-        else:
-            rf[p + 1] = _NEG_INF
-        for j in range(D):
-            rf[p + 2 + j] = np.float64(zf[mid + np.uint64(j)]) - dd
-        rf[p + D + 2] = 1.0
-        rf[p + D + 3] = 1.0
+    for ch in prange(nchunks):
+        scratch = np.empty(V, z.dtype)
+        i0, i1 = _chunk(ch, nchunks, R)
+        for i in range(i0, i1):
+            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
+            lo = np.uint64(i) * uVD
+            mid = lo + uV
+            hi = lo + uVD
+            m, isbad = ops.max_and_check(zf, lo, mid)
+            md, isbad_d = ops.max_and_check(zf, mid, hi)
+            if isbad or isbad_d or m == _NEG_INF or md == _NEG_INF:
+                bad[b] = 1
+                continue
+            s = ops.exp_sum(zf, lo, mid, m, scratch, np.uint64(0))
+            d = np.float64(m) + math.log(s)
+            sd = 0.0
+            for j in range(D):
+                sd += math.exp(np.float64(zf[mid + np.uint64(j)]) - np.float64(md))
+            dd = np.float64(md) + math.log(sd)
+            lf[2 * node] = d
+            lf[2 * node + 1] = dd
+            d += sigma
+            p = node * K1
+            rf[p] = np.float64(zf[lo + np.uint64(blank)]) - d
+            if u < label_lens[b]:
+                rf[p + 1] = np.float64(zf[lo + np.uint64(labels[b, u])]) - d
+            else:
+                rf[p + 1] = _NEG_INF
+            for j in range(D):
+                rf[p + 2 + j] = np.float64(zf[mid + np.uint64(j)]) - dd
+            rf[p + D + 2] = 1.0
+            rf[p + D + 3] = 1.0
 
 
-@njit(**_OPTS)
+@njit(**_PAR)
 def apply_tdt(
     z,
     V,
@@ -328,13 +361,14 @@ def apply_tdt(
     factors,
     fastemit_lambda,
     clamp,
+    nchunks,
 ):
     """Backward: z (R, V + D), the tile's logits as in forward, becomes
     ``factors[b] * clip(d cost_b / d z, -clamp, clamp)`` in place (module docstring).
 
     rows: (B, T', U', D + 4) float64 occupancies [W_blank, W_label, W_dur_j..., *, *];
-    lse: (B, T', U', 2) float64 from forward; factors and the flush to 0: as
-    :func:`apply_multiblank`.
+    lse: (B, T', U', 2) float64 from forward; factors, nchunks and the flush to 0:
+    as :func:`apply_multiblank`.
     """
     R, VD = z.shape
     D = VD - V
@@ -345,35 +379,35 @@ def apply_tdt(
     uVD = np.uint64(VD)
     uV = np.uint64(V)
     lam1 = 1.0 + fastemit_lambda
-    for i in range(R):
-        b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-        lo = np.uint64(i) * uVD
-        mid = lo + uV
-        hi = lo + uVD
-        f = factors[b]
-        if f == 0.0:
-            ops.zero_range(zf, lo, hi)
-            continue
-        p = node * K1
-        w_blank = rf[p]
-        w_label = rf[p + 1]
-        gamma = w_blank + w_label
-        c = (gamma + fastemit_lambda * w_label) * f
-        c *= _softmax_scale(zf, lo, mid, lf[2 * node])
-        kb = lo + np.uint64(blank)
-        g_blank = zf[kb] * c - w_blank * f
-        has_label = u < label_lens[b]
-        kl = lo + np.uint64(labels[b, u]) if has_label else kb
-        g_label = zf[kl] * c - lam1 * w_label * f
-        _scale_flush_range(zf, lo, mid, c)
-        zf[kb] = _flush(g_blank, zf)
-        if has_label:
-            zf[kl] = _flush(g_label, zf)
-        dd = lf[2 * node + 1]
-        cd = gamma * f
-        for j in range(D):
-            k = mid + np.uint64(j)
-            q = math.exp(np.float64(zf[k]) - dd)
-            zf[k] = _flush(cd * q - rf[p + 2 + j] * f, zf)
-        if clamp > 0.0:
-            ops.clamp_range(zf, lo, hi, clamp * abs(f))
+    for ch in prange(nchunks):
+        e = np.empty(V, z.dtype)
+        i0, i1 = _chunk(ch, nchunks, R)
+        for i in range(i0, i1):
+            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
+            lo = np.uint64(i) * uVD
+            mid = lo + uV
+            hi = lo + uVD
+            f = factors[b]
+            if f == 0.0:
+                ops.zero_range(zf, lo, hi)
+                continue
+            p = node * K1
+            w_blank = rf[p]
+            w_label = rf[p + 1]
+            gamma = w_blank + w_label
+            c = (gamma + fastemit_lambda * w_label) * f
+            c *= _softmax_scale(zf, lo, mid, lf[2 * node], e)
+            lim = flush_limit(f, zf)
+            _scale_flush_into(e, zf, lo, V, c, lim)
+            zf[lo + np.uint64(blank)] = _flush(e[blank] * c - w_blank * f, zf, lim)
+            if u < label_lens[b]:
+                k = labels[b, u]
+                zf[lo + np.uint64(k)] = _flush(e[k] * c - lam1 * w_label * f, zf, lim)
+            dd = lf[2 * node + 1]
+            cd = gamma * f
+            for j in range(D):
+                k = mid + np.uint64(j)
+                q = math.exp(np.float64(zf[k]) - dd)
+                zf[k] = _flush(cd * q - rf[p + 2 + j] * f, zf, lim)
+            if clamp > 0.0:
+                ops.clamp_range(zf, lo, hi, clamp * abs(f))

@@ -1,17 +1,50 @@
 """The per-tile stages on the CPU: the Numba kernels of ``cpu_tile_kernels`` on numpy
-views of torch tensors (the tile's matmuls are torch's, in ``joint_loss``)."""
+views of torch tensors (the tile's matmuls are torch's, in ``joint_loss``).
+
+Each kernel runs in parallel over chunks of the tile (as many Numba threads as torch
+has) or as its serial twin, by the dense CPU kernels' rule
+(:func:`~espnet_multiblank.fused.loss_package.cpu_threads`): the kernels run between
+the tile's matmuls, so the threads the matmuls use are free then.
+"""
 
 from typing import Tuple
 
+import numba
 import numpy as np
 import torch
 
 from espnet_multiblank.fused import cpu_tile_kernels as kern
-from espnet_multiblank.fused.loss_package import is_tdt
+from espnet_multiblank.fused.loss_package import cpu_serial_twin, cpu_threads, is_tdt
 from espnet_multiblank.fused.planes import Planes
 from espnet_multiblank.fused.tiling import Tiling
 
 TileIndex = Tuple[np.ndarray, np.ndarray]  # (enc_rows, pred_rows), (R,) int64
+
+_PARALLEL = {
+    k.py_func.__name__: k
+    for k in (
+        kern.gather_pre,
+        kern.scatter_pre_grad,
+        kern.extract_multiblank,
+        kern.apply_multiblank,
+        kern.extract_tdt,
+        kern.apply_tdt,
+    )
+}
+_SERIAL = {name: cpu_serial_twin(k) for name, k in _PARALLEL.items()}
+
+
+def _run(name: str, work: int, *args) -> None:
+    """Kernel ``name`` over ``work`` values: parallel chunks or the serial twin."""
+    parallel, prev = cpu_threads(work)
+    try:
+        if parallel:
+            _PARALLEL[name](*args, numba.get_num_threads())
+        else:
+            _SERIAL[name](*args, 1)
+    finally:
+        if prev is not None:
+            numba.set_num_threads(prev)
 
 
 class CpuTileOps:
@@ -36,8 +69,6 @@ class CpuTileOps:
         self.big_ids = np.asarray(ids, dtype=np.int64)
         R = tiling.tile_rows
         self._index = (np.empty(R, np.int64), np.empty(R, np.int64))
-        self._scratch = {}
-        self._big_scratch = np.empty(max(1, self.big_ids.size), np.float64)
 
     def index(self, r0: int, r1: int) -> TileIndex:
         return self.tiling.indices(r0, r1, self._index)
@@ -45,26 +76,22 @@ class CpuTileOps:
     def gather(self, enc2d, pred2d, index: TileIndex, out: torch.Tensor):
         """pre (R, J) = enc2d[enc_rows] + pred2d[pred_rows], into ``out[:R]``."""
         pre = out[: index[0].shape[0]]
-        kern.gather_pre(enc2d.numpy(), pred2d.numpy(), index[0], index[1], pre.numpy())
+        args = (enc2d.numpy(), pred2d.numpy(), index[0], index[1], pre.numpy())
+        _run("gather_pre", pre.numel(), *args)
         return pre
-
-    def _row_scratch(self, dtype) -> np.ndarray:
-        if dtype not in self._scratch:
-            self._scratch[dtype] = np.empty(self.V, dtype)
-        return self._scratch[dtype]
 
     def extract(self, z: torch.Tensor, index: TileIndex, planes: Planes) -> None:
         """Forward: the tile's logits z (R, V') to the planes."""
         o = self.opts
-        zn = z.numpy()
         common = (index[0], index[1], self.tiling.T, self.tiling.U)
         common += (self.labels, self.label_lens, o.blank)
         out = (planes.rows.numpy(), planes.lse.numpy(), planes.bad.numpy())
-        scratch = self._row_scratch(zn.dtype)
         if self.tdt:
-            kern.extract_tdt(zn, self.V, *common, o.sigma, *out, scratch)
+            args = (z.numpy(), self.V, *common, o.sigma, *out)
+            _run("extract_tdt", z.numel(), *args)
         else:
-            kern.extract_multiblank(zn, *common, self.big_ids, o.sigma, *out, scratch)
+            args = (z.numpy(), *common, self.big_ids, o.sigma, *out)
+            _run("extract_multiblank", z.numel(), *args)
 
     def apply(self, z: torch.Tensor, index: TileIndex, planes: Planes, factors):
         """Backward: the tile's recomputed logits z (R, V') become the gradient of
@@ -75,18 +102,16 @@ class CpuTileOps:
         rest = (planes.rows.numpy(), planes.lse.numpy(), factors)
         rest += (o.fastemit_lambda, o.clamp)
         if self.tdt:
-            kern.apply_tdt(z.numpy(), self.V, *common, *rest)
+            _run("apply_tdt", z.numel(), z.numpy(), self.V, *common, *rest)
         else:
-            kern.apply_multiblank(
-                z.numpy(), *common, self.big_ids, *rest, self._big_scratch
-            )
+            args = (z.numpy(), *common, self.big_ids, *rest)
+            _run("apply_multiblank", z.numel(), *args)
 
     def scatter(self, d_pre, index: TileIndex, d_enc, d_pred) -> None:
         """d_enc[enc_rows] += d_pre, d_pred[pred_rows] += d_pre (d_enc (B T, J),
         d_pred (B U, J) tensors of d_pre's dtype)."""
-        kern.scatter_pre_grad(
-            d_pre.numpy(), index[0], index[1], d_enc.numpy(), d_pred.numpy()
-        )
+        args = (d_pre.numpy(), index[0], index[1], d_enc.numpy(), d_pred.numpy())
+        _run("scatter_pre_grad", d_pre.numel(), *args)
 
     def factors(self, grad_costs: torch.Tensor, log_p) -> np.ndarray:
         """(B,) float64 numpy factors: the incoming gradient of each cost, 0 for

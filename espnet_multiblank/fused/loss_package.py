@@ -12,7 +12,9 @@ package's internals is a change here. What it uses:
 * the reduction of per-utterance costs (:func:`reduce_costs`);
 * the vectorisable float32 / float64 range primitives of the dense CPU kernels
   (:func:`cpu_row_ops`: exp, max and NaN check, scale, clamp of a row), which the
-  fused CPU tile kernels use on a tile's logits;
+  fused CPU tile kernels use on a tile's logits, and the dense CPU driver's thread
+  rule and serial twins of parallel kernels (:func:`cpu_threads`,
+  :func:`cpu_serial_twin`);
 * the **lattice stage** on per-node planes, one function per device with the same
   contract, ``run_lattice_*(opts, rows, act_lens, label_lens, need_grad) -> log_p``:
 
@@ -76,6 +78,24 @@ __all__ = [
 ]
 
 LatticeRunner = Callable[..., np.ndarray]
+
+
+def cpu_threads(num_elements: int):
+    """(parallel, previous Numba thread count or None): whether a CPU kernel over
+    ``num_elements`` values runs in parallel, by the dense CPU kernels' rule (one
+    torch thread, small work, or a process forked after a parallel region: serial;
+    else as many Numba threads as torch's, which the caller restores afterwards)."""
+    from espnet_multiblank.loss.cpu import driver
+
+    return driver._pick(num_elements)
+
+
+def cpu_serial_twin(kernel):
+    """A single-threaded copy of a ``parallel=True`` Numba kernel (prange as range),
+    cached on disk beside it (the dense CPU driver's)."""
+    from espnet_multiblank.loss.cpu import driver
+
+    return driver._serial_twin(kernel)
 
 
 def cpu_row_ops():

@@ -23,6 +23,10 @@ import torch
 
 from espnet_multiblank.fused.loss_package import is_tdt, planes_width
 
+#: the apply stage sets gradient values below |f_b| * GRADIENT_FLUSH_BELOW to 0
+#: (``cpu_tile_kernels.flush_limit`` says why)
+GRADIENT_FLUSH_BELOW = 2.0**-80
+
 
 @dataclass
 class Planes:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from espnet_multiblank.fused.loss_package import is_tdt, num_steps
-from espnet_multiblank.fused.planes import Planes
+from espnet_multiblank.fused.planes import GRADIENT_FLUSH_BELOW, Planes
 from espnet_multiblank.fused.tiling import Tiling
 
 
@@ -140,9 +140,10 @@ class TorchTileOps:
             c = (o.clamp * f.abs()).to(z.dtype)[:, None]
             torch.maximum(z, -c, out=z)
             torch.minimum(z, c, out=z)
-        # denormal values (nodes paths almost never visit) would slow the matmuls
-        # that take G on a CPU about 100-fold (``cpu_tile_kernels._flush``)
-        z.masked_fill_(~live | (z.abs() < torch.finfo(z.dtype).tiny), 0.0)
+        # values below |f| 2**-80 (nodes paths almost never visit) are set to 0:
+        # see cpu_tile_kernels.flush_limit
+        limit = (f.abs() * GRADIENT_FLUSH_BELOW).clamp(min=torch.finfo(z.dtype).tiny)
+        z.masked_fill_(~live | (z.abs() < limit.to(z.dtype)[:, None]), 0.0)
 
     def scatter(self, d_pre, index: TorchTileIndex, d_enc, d_pred) -> None:
         d_enc.index_add_(0, index.enc_rows, d_pre)

@@ -545,3 +545,15 @@ def test_parallel_tile_kernels_match_serial(monkeypatch):
     assert calls and all(calls)
     for got, want in zip(parallel, serial):
         fc.assert_same_results(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_does_not_change_the_result(backend):
+    """Under CPU autocast (bfloat16) the tile matmuls still run in the compute dtype
+    (forward and the backward recompute alike): the float32 results."""
+    case = LATTICE_CASES["standard"]
+    inputs = fc.make_inputs(case, torch.float32)
+    want = fc.fused_loss(case, inputs, "mean", backend=backend)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fc.fused_loss(case, inputs, "mean", backend=backend)
+    fc.assert_same_results(got, want, rtol=0, atol=0)

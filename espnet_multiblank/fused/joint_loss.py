@@ -27,6 +27,7 @@ inputs-sized, not logits-sized); planes, lattice and factors are float64; the
 gradients are accumulated in the compute dtype and returned in each input's dtype.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -161,6 +162,16 @@ def _tile_logits(ops, tiling: Tiling, enc2d, pred2d, weight, bias, act, buffers)
         yield index, pre, h, z
 
 
+def _no_autocast(device: torch.device):
+    """Autocast off: under AMP the tile matmuls would otherwise run in half precision
+    in forward (autocast is on there) and in float32 in backward (it is off there),
+    and the recomputed softmax would not be the forward's."""
+    try:
+        return torch.autocast(device_type=device.type, enabled=False)
+    except RuntimeError:  # a device type without autocast
+        return contextlib.nullcontext()
+
+
 def _as_compute(x: Optional[torch.Tensor], dtype, shape=None):
     if x is None:
         return None
@@ -222,10 +233,11 @@ class FusedJointLossFunction(torch.autograd.Function):
         planes = new_planes(opts, B, grid[0], grid[1], device)
         if tiling.num_rows:
             buffers = _TileBuffers(tiling.tile_rows, Vp, J, dtype, device, False)
-            for index, _, _, z in _tile_logits(
-                ops, tiling, enc2d, pred2d, W, c, activation, buffers
-            ):
-                ops.extract(z, index, planes)
+            with _no_autocast(device):
+                for index, _, _, z in _tile_logits(
+                    ops, tiling, enc2d, pred2d, W, c, activation, buffers
+                ):
+                    ops.extract(z, index, planes)
             del buffers
             bad = planes.first_bad()
             if bad >= 0:
@@ -267,18 +279,19 @@ class FusedJointLossFunction(torch.autograd.Function):
             planes = Planes(rows, lse, None)
             factors = ops.factors(grad_costs, log_p)
             buffers = _TileBuffers(tiling.tile_rows, Vp, J, dtype, device, need_h)
-            for index, pre, h, z in _tile_logits(
-                ops, tiling, enc2d, pred2d, W, c, activation, buffers
-            ):
-                ops.apply(z, index, planes, factors)
-                if dW is not None:
-                    dW.addmm_(z.t(), h)
-                if db is not None:
-                    db.add_(z.sum(0))
-                if need_h:
-                    dh = torch.mm(z, W, out=buffers.dh[: z.shape[0]])
-                    d_pre = activation.backward(dh, pre, h)
-                    ops.scatter(d_pre, index, d_enc, d_pred)
+            with _no_autocast(device):
+                for index, pre, h, z in _tile_logits(
+                    ops, tiling, enc2d, pred2d, W, c, activation, buffers
+                ):
+                    ops.apply(z, index, planes, factors)
+                    if dW is not None:
+                        dW.addmm_(z.t(), h)
+                    if db is not None:
+                        db.add_(z.sum(0))
+                    if need_h:
+                        dh = torch.mm(z, W, out=buffers.dh[: z.shape[0]])
+                        d_pre = activation.backward(dh, pre, h)
+                        ops.scatter(d_pre, index, d_enc, d_pred)
         return (
             d_enc.view(enc.shape).to(enc.dtype) if need_enc else None,
             d_pred.view(pred.shape).to(pred.dtype) if need_pred else None,

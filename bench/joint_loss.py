@@ -284,26 +284,6 @@ def make_step(contender: str, lattice: str, x, sub_batch: int, tile_bytes):
 
 
 # ------------------------------------------------------------------------ the worker
-def _status_kb(field: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _peak_mb(step, device: str) -> Tuple[float, str, float]:
     """(peak MB above the memory before the step, method, loss)."""
     import torch
@@ -315,7 +295,9 @@ def _peak_mb(step, device: str) -> Tuple[float, str, float]:
         loss = step()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20, "cuda", loss
-    if _reset_peak_rss() and _status_kb("VmHWM") is not None:
+    from loss_cpu import _reset_peak, _status_kb  # (bench/: the script's folder)
+
+    if _reset_peak() and _status_kb("VmHWM") is not None:
         before = _status_kb("VmRSS")
         loss = step()
         return (_status_kb("VmHWM") - before) / 1024.0, "VmHWM after clear_refs", loss

@@ -21,6 +21,7 @@ from espnet_multiblank.fused.loss_package import (
     check_backend,
     check_labels_and_lengths,
     check_probability,
+    check_tensor,
     is_tdt,
     make_options,
     make_tdt_options,
@@ -94,19 +95,7 @@ _ENC = "projected encoder output (B, T, J)"
 
 
 def _check_float(name: str, x, ndim: int, what: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor ({what}), got {type(x).__name__}"
-        )
-    if x.dim() != ndim:
-        raise ValueError(
-            f"{name} must be a {ndim}-D tensor ({what}), got shape {tuple(x.shape)}"
-        )
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(
-            f"{name} must have dtype in {[str(d) for d in FLOAT_DTYPES]} ({what}), "
-            f"got {x.dtype}"
-        )
+    check_tensor(name, x, ndim, FLOAT_DTYPES, what)
 
 
 def _check_same(name: str, got: int, other: str, want: int) -> None:

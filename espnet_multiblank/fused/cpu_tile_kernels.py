@@ -12,11 +12,12 @@ A tile is R packed lattice nodes (``tiling.py``); row i is node (b, t, u) with
 
 * :func:`fill_tile_indices`: a tile's ``enc_rows`` and ``pred_rows``;
 * :func:`gather_pre`: ``pre[i] = enc[enc_rows[i]] + pred[pred_rows[i]]``;
-* :func:`extract_multiblank` / :func:`extract_tdt` (forward): each row of logits
-  ``z`` to its node's log-softmax normaliser(s) ``lse`` and the few log-probs the
-  lattice reads (``loss_package`` describes the rows), r = 1;
-* :func:`apply_multiblank` / :func:`apply_tdt` (backward): ``z`` (recomputed exactly as
-  in forward) becomes, in place, the gradient of the reduced loss w.r.t. the logits
+* :func:`extract_rows` (forward): each row of logits ``z`` to its node's log-softmax
+  normaliser(s) ``lse`` and the few log-probs the lattice reads (``loss_package``
+  describes the rows), r = 1; standard, multi-blank (big blank ids) and TDT (D
+  duration logits after the V token logits) alike;
+* :func:`apply_rows` (backward): ``z`` (recomputed exactly as in forward) becomes, in
+  place, the gradient of the reduced loss w.r.t. the logits
   (``docs/lattice.md`` sections 2.x and 3.3, FastEmit included), the utterance's factor
   f_b folded in and clipped to ``clamp |f_b|``:
 
@@ -153,133 +154,7 @@ def _softmax_scale(zf, lo, hi, lse, e):
 
 
 @njit(**_PAR)
-def extract_multiblank(
-    z,
-    enc_rows,
-    pred_rows,
-    T,
-    U,
-    labels,
-    label_lens,
-    blank,
-    big_ids,
-    sigma,
-    rows,
-    lse,
-    bad,
-    nchunks,
-):
-    """Forward: the planes of a tile of multi-blank (standard: no big blanks) logits.
-
-    z: (R, V) logits (float32 / float64), C-contiguous; labels (B, L) int64;
-    label_lens (B,) int64; big_ids (N,) int64.
-    rows: (B, T', U', N + 3) float64 out: [lp_blank, lp_label (-inf on u = L_b),
-        lp_big_i..., 1]; lse: (B, T', U') float64 out; bad: (B,) uint8, set to 1 for
-        an utterance with a NaN / +inf logit or a row that is -inf throughout.
-    nchunks: chunks of rows (threads).
-    """
-    R, V = z.shape
-    Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
-    N = big_ids.size
-    zf = z.reshape(R * V)
-    rf = rows.reshape(rows.size)
-    lf = lse.reshape(lse.size)
-    uV = np.uint64(V)
-    for ch in prange(nchunks):
-        scratch = np.empty(V, z.dtype)
-        i0, i1 = _chunk(ch, nchunks, R)
-        for i in range(i0, i1):
-            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-            lo = np.uint64(i) * uV
-            hi = lo + uV
-            m, isbad = ops.max_and_check(zf, lo, hi)
-            if isbad or m == _NEG_INF:
-                bad[b] = 1
-                continue
-            s = ops.exp_sum(zf, lo, hi, m, scratch, np.uint64(0))
-            d = np.float64(m) + math.log(s)
-            lf[node] = d
-            d += sigma
-            p = node * K1
-            rf[p] = np.float64(zf[lo + np.uint64(blank)]) - d
-            if u < label_lens[b]:
-                rf[p + 1] = np.float64(zf[lo + np.uint64(labels[b, u])]) - d
-            else:
-                rf[p + 1] = _NEG_INF
-            for k in range(N):
-                rf[p + 2 + k] = np.float64(zf[lo + np.uint64(big_ids[k])]) - d
-            rf[p + K1 - 1] = 1.0
-
-
-@njit(**_PAR)
-def apply_multiblank(
-    z,
-    enc_rows,
-    pred_rows,
-    T,
-    U,
-    labels,
-    label_lens,
-    blank,
-    big_ids,
-    rows,
-    lse,
-    factors,
-    fastemit_lambda,
-    clamp,
-    nchunks,
-):
-    """Backward: z (R, V), the tile's logits as in forward, becomes
-    ``factors[b] * clip(d cost_b / d z, -clamp, clamp)`` in place (module docstring).
-
-    rows: (B, T', U', N + 3) float64 occupancies [W_blank, W_label, W_big_i..., *]
-    of the lattice; lse: (B, T', U') float64 from forward; factors: (B,) float64
-    (reduction weight times incoming gradient; 0 for an impossible utterance);
-    nchunks: chunks of rows. Values below :func:`flush_limit` are set to 0.
-    """
-    R, V = z.shape
-    Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
-    N = big_ids.size
-    zf = z.reshape(R * V)
-    rf = rows.reshape(rows.size)
-    lf = lse.reshape(lse.size)
-    uV = np.uint64(V)
-    lam1 = 1.0 + fastemit_lambda
-    for ch in prange(nchunks):
-        e = np.empty(V, z.dtype)
-        i0, i1 = _chunk(ch, nchunks, R)
-        for i in range(i0, i1):
-            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-            lo = np.uint64(i) * uV
-            hi = lo + uV
-            f = factors[b]
-            if f == 0.0:
-                ops.zero_range(zf, lo, hi)
-                continue
-            p = node * K1
-            w_blank = rf[p]
-            w_label = rf[p + 1]
-            gamma = w_blank + w_label
-            for k in range(N):
-                gamma += rf[p + 2 + k]
-            c = (gamma + fastemit_lambda * w_label) * f
-            c *= _softmax_scale(zf, lo, hi, lf[node], e)
-            lim = flush_limit(f, zf)
-            _scale_flush_into(e, zf, lo, V, c, lim)
-            # the steps' symbols (the exps in e are still unscaled)
-            zf[lo + np.uint64(blank)] = _flush(e[blank] * c - w_blank * f, zf, lim)
-            if u < label_lens[b]:
-                k = labels[b, u]
-                zf[lo + np.uint64(k)] = _flush(e[k] * c - lam1 * w_label * f, zf, lim)
-            for j in range(N):
-                k = big_ids[j]
-                zf[lo + np.uint64(k)] = _flush(e[k] * c - rf[p + 2 + j] * f, zf, lim)
-            if clamp > 0.0:
-                ops.clamp_range(zf, lo, hi, clamp * abs(f))
-
-
-@njit(**_PAR)
-def extract_tdt(
+def extract_rows(
     z,
     V,
     enc_rows,
@@ -289,23 +164,31 @@ def extract_tdt(
     labels,
     label_lens,
     blank,
+    big_ids,
     sigma,
     rows,
     lse,
     bad,
     nchunks,
 ):
-    """Forward: the planes of a tile of TDT logits.
+    """Forward: the planes of a tile of logits (standard, multi-blank or TDT).
 
-    z: (R, V + D) logits (V token logits, then D duration logits).
-    rows: (B, T', U', D + 4) float64 out: [tok_blank, tok_label (-inf on u = L_b),
-        dur_j..., 1, 1] (sigma in the token log-probs only); lse: (B, T', U', 2)
-        float64 out, the token and the duration normalisers; bad, nchunks: as
-        :func:`extract_multiblank`.
+    z: (R, V + D) logits (float32 / float64), C-contiguous: V token logits (all the
+    blanks), then D duration logits (TDT; D = 0 otherwise); labels (B, L) int64;
+    label_lens (B,) int64; big_ids (N,) int64 (empty for standard RNN-T and TDT).
+    rows: (B, T', U', width) float64 out: [lp_blank, lp_label (-inf on u = L_b),
+        lp_big_i..., dur_j..., r...] with every r = 1 (multi-blank: N + 3 slots; TDT:
+        D + 4), sigma in the token log-probs only;
+    lse: (B, T', U') float64 out (TDT: (B, T', U', 2), token then duration part);
+    bad: (B,) uint8, set to 1 for an utterance with a NaN / +inf logit or a part of
+        a row that is -inf throughout;
+    nchunks: chunks of rows (threads).
     """
     R, VD = z.shape
     D = VD - V
+    N = big_ids.size
     Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
+    LW = 2 if D > 0 else 1  # normalisers per node
     zf = z.reshape(R * VD)
     rf = rows.reshape(rows.size)
     lf = lse.reshape(lse.size)
@@ -318,20 +201,16 @@ def extract_tdt(
             b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
             lo = np.uint64(i) * uVD
             mid = lo + uV
-            hi = lo + uVD
             m, isbad = ops.max_and_check(zf, lo, mid)
-            md, isbad_d = ops.max_and_check(zf, mid, hi)
+            md, isbad_d = m, False
+            if D > 0:
+                md, isbad_d = ops.max_and_check(zf, mid, lo + uVD)
             if isbad or isbad_d or m == _NEG_INF or md == _NEG_INF:
                 bad[b] = 1
                 continue
-            s = ops.exp_sum(zf, lo, mid, m, scratch, np.uint64(0))
+            s = ops.exp_sum(zf, lo, mid, m, scratch, _U0)
             d = np.float64(m) + math.log(s)
-            sd = 0.0
-            for j in range(D):
-                sd += math.exp(np.float64(zf[mid + np.uint64(j)]) - np.float64(md))
-            dd = np.float64(md) + math.log(sd)
-            lf[2 * node] = d
-            lf[2 * node + 1] = dd
+            lf[LW * node] = d
             d += sigma
             p = node * K1
             rf[p] = np.float64(zf[lo + np.uint64(blank)]) - d
@@ -339,14 +218,22 @@ def extract_tdt(
                 rf[p + 1] = np.float64(zf[lo + np.uint64(labels[b, u])]) - d
             else:
                 rf[p + 1] = _NEG_INF
-            for j in range(D):
-                rf[p + 2 + j] = np.float64(zf[mid + np.uint64(j)]) - dd
-            rf[p + D + 2] = 1.0
-            rf[p + D + 3] = 1.0
+            for k in range(N):
+                rf[p + 2 + k] = np.float64(zf[lo + np.uint64(big_ids[k])]) - d
+            if D > 0:
+                sd = 0.0
+                for j in range(D):
+                    sd += math.exp(np.float64(zf[mid + np.uint64(j)]) - np.float64(md))
+                dd = np.float64(md) + math.log(sd)
+                lf[LW * node + 1] = dd
+                for j in range(D):
+                    rf[p + 2 + j] = np.float64(zf[mid + np.uint64(j)]) - dd
+            for k in range(2 + N + D, K1):
+                rf[p + k] = 1.0
 
 
 @njit(**_PAR)
-def apply_tdt(
+def apply_rows(
     z,
     V,
     enc_rows,
@@ -356,6 +243,7 @@ def apply_tdt(
     labels,
     label_lens,
     blank,
+    big_ids,
     rows,
     lse,
     factors,
@@ -366,13 +254,17 @@ def apply_tdt(
     """Backward: z (R, V + D), the tile's logits as in forward, becomes
     ``factors[b] * clip(d cost_b / d z, -clamp, clamp)`` in place (module docstring).
 
-    rows: (B, T', U', D + 4) float64 occupancies [W_blank, W_label, W_dur_j..., *, *];
-    lse: (B, T', U', 2) float64 from forward; factors, nchunks and the flush to 0:
-    as :func:`apply_multiblank`.
+    rows: (B, T', U', width) float64 occupancies of the lattice [W_blank, W_label,
+    W_big_i..., W_dur_j..., *]; lse: the forward's normalisers; factors: (B,)
+    float64 (reduction weight times incoming gradient; 0 for an impossible
+    utterance); V, big_ids, nchunks: as :func:`extract_rows`. Values below
+    :func:`flush_limit` are set to 0.
     """
     R, VD = z.shape
     D = VD - V
+    N = big_ids.size
     Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
+    LW = 2 if D > 0 else 1
     zf = z.reshape(R * VD)
     rf = rows.reshape(rows.size)
     lf = lse.reshape(lse.size)
@@ -394,20 +286,27 @@ def apply_tdt(
             p = node * K1
             w_blank = rf[p]
             w_label = rf[p + 1]
-            gamma = w_blank + w_label
+            gamma = w_blank + w_label  # + the big blanks (a TDT's W_dur are a split)
+            for k in range(N):
+                gamma += rf[p + 2 + k]
             c = (gamma + fastemit_lambda * w_label) * f
-            c *= _softmax_scale(zf, lo, mid, lf[2 * node], e)
+            c *= _softmax_scale(zf, lo, mid, lf[LW * node], e)
             lim = flush_limit(f, zf)
             _scale_flush_into(e, zf, lo, V, c, lim)
+            # the steps' symbols (the exps in e are still unscaled)
             zf[lo + np.uint64(blank)] = _flush(e[blank] * c - w_blank * f, zf, lim)
             if u < label_lens[b]:
                 k = labels[b, u]
                 zf[lo + np.uint64(k)] = _flush(e[k] * c - lam1 * w_label * f, zf, lim)
-            dd = lf[2 * node + 1]
-            cd = gamma * f
-            for j in range(D):
-                k = mid + np.uint64(j)
-                q = math.exp(np.float64(zf[k]) - dd)
-                zf[k] = _flush(cd * q - rf[p + 2 + j] * f, zf, lim)
+            for j in range(N):
+                k = big_ids[j]
+                zf[lo + np.uint64(k)] = _flush(e[k] * c - rf[p + 2 + j] * f, zf, lim)
+            if D > 0:  # the duration part: its own softmax, coefficient gamma
+                dd = lf[LW * node + 1]
+                cd = gamma * f
+                for j in range(D):
+                    k = mid + np.uint64(j)
+                    q = math.exp(np.float64(zf[k]) - dd)
+                    zf[k] = _flush(cd * q - rf[p + 2 + j] * f, zf, lim)
             if clamp > 0.0:
                 ops.clamp_range(zf, lo, hi, clamp * abs(f))

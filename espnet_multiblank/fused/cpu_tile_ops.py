@@ -25,10 +25,8 @@ _PARALLEL = {
     for k in (
         kern.gather_pre,
         kern.scatter_pre_grad,
-        kern.extract_multiblank,
-        kern.apply_multiblank,
-        kern.extract_tdt,
-        kern.apply_tdt,
+        kern.extract_rows,
+        kern.apply_rows,
     )
 }
 _SERIAL = {name: cpu_serial_twin(k) for name, k in _PARALLEL.items()}
@@ -80,32 +78,24 @@ class CpuTileOps:
         _run("gather_pre", pre.numel(), *args)
         return pre
 
+    def _common(self, index: TileIndex):
+        o = self.opts
+        common = (self.V, index[0], index[1], self.tiling.T, self.tiling.U)
+        return common + (self.labels, self.label_lens, o.blank, self.big_ids)
+
     def extract(self, z: torch.Tensor, index: TileIndex, planes: Planes) -> None:
         """Forward: the tile's logits z (R, V') to the planes."""
-        o = self.opts
-        common = (index[0], index[1], self.tiling.T, self.tiling.U)
-        common += (self.labels, self.label_lens, o.blank)
         out = (planes.rows.numpy(), planes.lse.numpy(), planes.bad.numpy())
-        if self.tdt:
-            args = (z.numpy(), self.V, *common, o.sigma, *out)
-            _run("extract_tdt", z.numel(), *args)
-        else:
-            args = (z.numpy(), *common, self.big_ids, o.sigma, *out)
-            _run("extract_multiblank", z.numel(), *args)
+        args = (z.numpy(), *self._common(index), self.opts.sigma, *out)
+        _run("extract_rows", z.numel(), *args)
 
     def apply(self, z: torch.Tensor, index: TileIndex, planes: Planes, factors):
         """Backward: the tile's recomputed logits z (R, V') become the gradient of
         the reduced loss w.r.t. them, in place. factors: (B,) float64 numpy."""
         o = self.opts
-        common = (index[0], index[1], self.tiling.T, self.tiling.U)
-        common += (self.labels, self.label_lens, o.blank)
-        rest = (planes.rows.numpy(), planes.lse.numpy(), factors)
-        rest += (o.fastemit_lambda, o.clamp)
-        if self.tdt:
-            _run("apply_tdt", z.numel(), z.numpy(), self.V, *common, *rest)
-        else:
-            args = (z.numpy(), *common, self.big_ids, *rest)
-            _run("apply_multiblank", z.numel(), *args)
+        args = (z.numpy(), *self._common(index), planes.rows.numpy())
+        args += (planes.lse.numpy(), factors, o.fastemit_lambda, o.clamp)
+        _run("apply_rows", z.numel(), *args)
 
     def scatter(self, d_pre, index: TileIndex, d_enc, d_pred) -> None:
         """d_enc[enc_rows] += d_pre, d_pred[pred_rows] += d_pre (d_enc (B T, J),

@@ -7,8 +7,9 @@ package's internals is a change here. What it uses:
 
 * the option makers (``make_options``, ``make_tdt_options``, ``check_probability``)
   and the backend names;
-* the label / length checks (:func:`check_labels_and_lengths`, with the dense
-  messages' ``acts`` renamed to the fused arguments);
+* the tensor checks (``check_tensor``: type, rank, dtype, the dense messages) and the
+  label / length checks (:func:`check_labels_and_lengths`, with the dense messages'
+  ``acts`` renamed to the fused arguments);
 * the reduction of per-utterance costs (:func:`reduce_costs`);
 * the vectorisable float32 / float64 range primitives of the dense CPU kernels
   (:func:`cpu_row_ops`: exp, max and NaN check, scale, clamp of a row), which the
@@ -52,11 +53,9 @@ from espnet_multiblank.loss.tdt_options import (
     check_probability,
     make_tdt_options,
 )
-from espnet_multiblank.loss.validation import (
-    FLOAT_DTYPES,
-    check_lengths_and_labels,
-    check_tensors,
-)
+from espnet_multiblank.loss.validation import FLOAT_DTYPES
+from espnet_multiblank.loss.validation import _check_tensor as check_tensor
+from espnet_multiblank.loss.validation import check_lengths_and_labels, check_tensors
 
 __all__ = [
     "BACKENDS",
@@ -66,6 +65,7 @@ __all__ = [
     "check_backend",
     "check_labels_and_lengths",
     "check_probability",
+    "check_tensor",
     "cpu_row_ops",
     "is_tdt",
     "make_options",

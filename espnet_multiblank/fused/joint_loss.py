@@ -103,6 +103,11 @@ def default_tile_bytes(device: torch.device) -> int:
 def stages_for(device: torch.device, backend: str) -> Stages:
     """The stages of ``backend`` ("auto", "numba" or "torch", validated) on
     ``device``."""
+    if device.type == "mps":
+        raise ValueError(
+            "the fused loss keeps float64 values per lattice node, which MPS tensors "
+            "cannot hold; pass enc, pred, weight and bias on the CPU or a CUDA device"
+        )
     if backend == "torch":
         return STAGES["torch"]
     if device.type in ("cpu", "cuda"):

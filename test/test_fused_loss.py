@@ -483,7 +483,7 @@ def test_large_logits_softmax_consistency(kind, backend):
 def test_gradient_tiles_hold_no_subnormal_numbers(kind, backend, monkeypatch):
     """Nodes that paths almost never visit have occupancies far below float32's
     smallest normal number; the apply stage flushes the gradient there to 0
-    (subnormal operands slow a CPU matmul about 100-fold), and the results stay the
+    (subnormal operands slow CPU matmuls down), and the results stay the
     dense path's."""
     from espnet_multiblank.fused.cpu_tile_ops import CpuTileOps
     from espnet_multiblank.fused.torch_tile_ops import TorchTileOps

@@ -26,8 +26,9 @@ A tile is R packed lattice nodes (``tiling.py``); row i is node (b, t, u) with
   (the label step weighted by 1 + lambda; TDT: token and duration parts apart, the
   duration part ``f_b [gamma softmax(z[V:])_j - W_dur(j)]``); values below
   ``|f_b| 2**-80`` are set to 0 (:func:`flush_limit`: far below the resolution of
-  any sum they enter, and nearly subnormal operands slow the matmuls that take G
-  35-100-fold);
+  any sum they enter, and subnormal or nearly subnormal operands slow the matmuls
+  that take G down by more than an order of magnitude on CPUs that handle them in
+  microcode);
 * :func:`scatter_pre_grad`: ``d_enc[enc_rows[i]] += d_pre[i]``,
   ``d_pred[pred_rows[i]] += d_pre[i]``.
 
@@ -118,8 +119,8 @@ def flush_limit(f, like):
     set to 0: |f| 2**-80 (at least the dtype's smallest normal number). A node that
     paths almost never visit (occupancy like e**-100) has a gradient row far below
     any float32 or float64 resolution of the sums it enters (dW, d_enc: of order
-    |f|), but subnormal or nearly subnormal operands make the tile's matmuls 35-100
-    times slower (measured: float32 torch.mm on this CPU with rows of 1e-36)."""
+    |f|), but subnormal operands, or products of tiny ones that underflow, make the
+    tile's matmuls much slower on CPUs that handle subnormals in microcode."""
     return max(abs(f) * GRADIENT_FLUSH_BELOW, np.finfo(like.dtype).tiny)
 
 

@@ -241,8 +241,9 @@ def run_lattice_cuda(opts, rows: torch.Tensor, act_lens, label_lens, need_grad: 
     Returns:
         log_p: (B,) float64 tensor on the device.
     """
-    from espnet_multiblank.loss.cuda import launch
+    from espnet_multiblank.loss.cuda import _launch_module
 
+    launch = _launch_module("mb")  # without numba-cuda: ImportError, install hint
     if is_tdt(opts):
         from espnet_multiblank.loss.cuda.tdt_kernels import get_tdt_kernels as get
     else:

@@ -141,9 +141,14 @@ class TorchTileOps:
             torch.maximum(z, -c, out=z)
             torch.minimum(z, c, out=z)
         # values below |f| 2**-80 (nodes paths almost never visit) are set to 0:
-        # see cpu_tile_kernels.flush_limit
+        # see cpu_tile_kernels.flush_limit (two boolean masks, not a float |z|:
+        # the tile's temporaries stay a fraction of the tile)
+        z.masked_fill_(~live, 0.0)
         limit = (f.abs() * GRADIENT_FLUSH_BELOW).clamp(min=torch.finfo(z.dtype).tiny)
-        z.masked_fill_(~live | (z.abs() < limit.to(z.dtype)[:, None]), 0.0)
+        limit = limit.to(z.dtype)[:, None]
+        tiny = z < limit
+        tiny &= z > -limit
+        z.masked_fill_(tiny, 0.0)
 
     def scatter(self, d_pre, index: TorchTileIndex, d_enc, d_pred) -> None:
         d_enc.index_add_(0, index.enc_rows, d_pre)

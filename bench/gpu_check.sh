@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check of the CUDA backend: the real-GPU tests, the loss benchmark,
-# then (when bench/decode_gpu.py exists) the decoding benchmark. Made for a lent GPU
+# the fused joint + loss (its real-GPU tests and bench/joint_loss.py), then (when
+# bench/decode_gpu.py exists) the decoding benchmark. Made for a lent GPU
 # machine without network, in at most TOTAL_BUDGET seconds (default 570: a 10-minute
 # command with room to spare).
 #
@@ -18,12 +19,16 @@
 #    It uses the machine's own python3 / torch / numba / numba-cuda / pytest, unpacks
 #    the carried wheels into /tmp/site (no pip or index needed: they are pure Python),
 #    and writes everything to $OUT (default bench/out/gpu):
-#        env.txt  pytest_gpu.log  bench.log  bench.jsonl  [decode.log]
+#        env.txt  pytest_gpu.log  bench.log  bench.jsonl  pytest_fused.log
+#        joint_loss.log  joint_loss.jsonl  [decode.log]
 #
-# Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET):
-#   PYTEST_BUDGET=270  BENCH_BUDGET=200  DECODE_BUDGET=60
-# The tests the GPU stage runs: `pytest test/test_loss_cuda_sim.py -k test_gpu`
-# (the simulator tests are skipped there: CI runs them).
+# Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET, and each
+# stage keeps the later stages' defaults in reserve; the defaults add up to 570):
+#   PYTEST_BUDGET=200  LL_BUDGET=45  BENCH_BUDGET=130  FUSED_TEST_BUDGET=60
+#   FUSED_BENCH_BUDGET=90  DECODE_BUDGET=45
+# The tests the GPU stages run: `pytest test/test_loss_cuda_sim.py -k test_gpu` and
+# `pytest test/test_fused_cuda_sim.py -k test_gpu` (the simulator tests are skipped
+# there: CI runs them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -116,7 +121,7 @@ fi
 if $PY -c "import pytest_timeout" 2>/dev/null; then
     PYTEST_ARGS+=(--timeout 240)
 fi
-B_TEST=$(budget "${PYTEST_BUDGET:-270}" 200)
+B_TEST=$(budget "${PYTEST_BUDGET:-200}" 370)
 timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss_cuda_sim.py 2>&1 |
     tee "$OUT/pytest_gpu.log"
 rc_test=${PIPESTATUS[0]}
@@ -125,30 +130,50 @@ rc_test=${PIPESTATUS[0]}
 # builds tiny models with ESPnet's decoder and joint network: if ESPnet's own imports
 # fail on this machine, the log says so and the stage counts as not run.
 echo "=== pytest (label-looping search, GPU vs CPU), $(left) s left ==="
-B_LL=$(budget "${LL_BUDGET:-60}" 20)
+B_LL=$(budget "${LL_BUDGET:-45}" 325)
 timeout "$B_LL" $PY -m pytest -q -rs -p no:cacheprovider \
     test/test_label_looping.py -k test_cuda_matches_cpu 2>&1 |
     tee "$OUT/pytest_label_looping.log"
 rc_ll=${PIPESTATUS[0]}
 
 echo "=== loss benchmark, $(left) s left ==="
-B_BENCH=$(budget "${BENCH_BUDGET:-200}" 40)
+B_BENCH=$(budget "${BENCH_BUDGET:-130}" 195)
 # the script stops starting new configurations 30 s before its budget
 timeout "$B_BENCH" $PY bench/loss_gpu.py --budget-s $((B_BENCH - 30)) \
     --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
 rc_bench=${PIPESTATUS[0]}
+
+# The fused joint + loss on the GPU: its real-GPU tests (the simulator cases on CUDA
+# tensors, dense comparisons in float32 / bf16, peak memory), then one training step
+# of the joint + loss, dense vs fused vs NeMo's fused batch, at the issue's two shapes
+# (standard and TDT; memory = torch.cuda.max_memory_allocated above the inputs).
+echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
+B_FT=$(budget "${FUSED_TEST_BUDGET:-60}" 135)
+timeout "$B_FT" $PY -m pytest -q -rs -p no:cacheprovider -k test_gpu \
+    test/test_fused_cuda_sim.py 2>&1 | tee "$OUT/pytest_fused.log"
+rc_fused_test=${PIPESTATUS[0]}
+
+echo "=== fused joint + loss benchmark, $(left) s left ==="
+B_FB=$(budget "${FUSED_BENCH_BUDGET:-90}" 45)
+timeout "$B_FB" $PY bench/joint_loss.py --device cuda --threads 1 --runs 3 \
+    --lattices standard,tdt --no-series --shape 8,300,60,320,1024 \
+    --shape 8,300,60,320,5000 --budget-s $((B_FB - 30)) \
+    --out "$OUT/joint_loss.jsonl" 2>&1 | tee "$OUT/joint_loss.log"
+rc_fused_bench=${PIPESTATUS[0]}
 
 # Slot for the decoding benchmark (written separately): run when present, with what
 # is left; it gets DECODE_BUDGET_S and OUT in its environment.
 rc_decode=0
 if [[ -f bench/decode_gpu.py ]]; then
     echo "=== decoding benchmark, $(left) s left ==="
-    B_DEC=$(budget "${DECODE_BUDGET:-60}" 5)
+    B_DEC=$(budget "${DECODE_BUDGET:-45}" 5)
     DECODE_BUDGET_S=$B_DEC OUT=$OUT timeout "$B_DEC" $PY bench/decode_gpu.py 2>&1 |
         tee "$OUT/decode.log"
     rc_decode=${PIPESTATUS[0]}
 fi
 
-echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench  decode rc=$rc_decode" \
-    "(124 = ran out of its budget); $(($(date +%s) - T0)) s in all"
-exit $((rc_test != 0 || rc_bench != 0 || rc_decode != 0))
+echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench" \
+    "fused pytest rc=$rc_fused_test  fused bench rc=$rc_fused_bench" \
+    "decode rc=$rc_decode (124 = ran out of its budget); $(($(date +%s) - T0)) s in all"
+exit $((rc_test != 0 || rc_bench != 0 || rc_fused_test != 0 || rc_fused_bench != 0 ||
+    rc_decode != 0))

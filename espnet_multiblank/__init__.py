@@ -1,6 +1,7 @@
 """espnet-multiblank: multi-blank RNN-T and TDT losses (Numba) and an ESPnet plug-in."""
 
 from espnet_multiblank.autograd import GradMultiply, LogSoftmaxGradModification
+from espnet_multiblank.fused import FusedTransducerLoss, fused_transducer_loss
 from espnet_multiblank.loss import (
     MultiblankRNNTLoss,
     MultiblankRNNTLossNumba,
@@ -21,6 +22,8 @@ def register() -> None:
 
 
 __all__ = [
+    "FusedTransducerLoss",
+    "fused_transducer_loss",
     "GradMultiply",
     "LogSoftmaxGradModification",
     "MultiblankRNNTLoss",

@@ -1,0 +1,1 @@
+"""Helper modules of the fused joint + loss tests (imported as ``helpers.<name>``)."""

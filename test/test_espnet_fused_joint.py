@@ -3,7 +3,9 @@ joint + loss gives the dense model's training step (loss, stats and every parame
 gradient), with the same parameters; a joint network it cannot fuse is refused when
 the model is built, naming the key."""
 
+import contextlib
 import logging
+from unittest import mock
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from test_tdt_model import tdt_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet import fused_joint
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.fused_joint import FusedJointLoss, check_fusable
 from espnet_multiblank.espnet.model import NO_PATH_STAT, MultiblankESPnetASRModel
@@ -56,6 +59,20 @@ def twins(tmp_path, config):
     return dense, fused
 
 
+@contextlib.contextmanager
+def fused_calls(model, per_batch=1):
+    """Counts the calls of the fused function while the block runs: ``per_batch``
+    for a fused model, none for a dense one (equal results would tell nothing if
+    the fused model ran the dense path)."""
+    with mock.patch.object(
+        fused_joint,
+        "fused_transducer_loss",
+        wraps=fused_joint.fused_transducer_loss,
+    ) as spy:
+        yield
+    assert spy.call_count == (per_batch if model.fused_joint_loss else 0)
+
+
 def grads(model):
     return {n: p.grad for n, p in model.named_parameters()}
 
@@ -81,8 +98,9 @@ def step(model, speech_lengths=None, seed=1, scale=1.0):
         lengths = torch.tensor(speech_lengths)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    loss, stats, weight = model(speech, lengths, text, text_lengths)
-    (loss * scale).backward()
+    with fused_calls(model):
+        loss, stats, weight = model(speech, lengths, text, text_lengths)
+        (loss * scale).backward()
     return loss.detach(), stats, grads(model)
 
 
@@ -155,7 +173,7 @@ def test_validation_equals_dense(tmp_path, kind):
     out = []
     for model in (dense, fused):
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), fused_calls(model):
             out.append(model(*batch(model.token_list))[1])
     want, got = out
     assert want["cer_transducer"] is not None
@@ -180,7 +198,7 @@ def test_tdt_omega_draws_as_dense(tmp_path):
             model.train(training)
             for seed in range(6):
                 torch.manual_seed(seed)
-                with torch.no_grad():
+                with torch.no_grad(), fused_calls(model):
                     loss, _, _ = model._calc_transducer_loss(enc, enc_lens, text)
                 losses[name, training, seed] = float(loss)
     plain = []  # the draw each seed makes first: the plain RNN-T step below 0.5
@@ -231,7 +249,7 @@ def test_autocast_and_scaled_gradient(tmp_path, kind):
         model.decoder.set_device(enc_out.device)
         dec_out = model.decoder(decoder_in).detach().requires_grad_(True)
         enc = enc_out.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16), fused_calls(model):
             assert model.joint_network.lin_enc(enc).dtype == torch.bfloat16
             costs = costs_of(model, enc, dec_out, target, t_len, u_len)
         assert costs.dtype == torch.float32
@@ -280,8 +298,9 @@ def test_espnet_activations_are_fused(tmp_path, activation):
     for model in (dense, fused):
         model.zero_grad(set_to_none=True)
         enc = enc_out.clone().requires_grad_(True)
-        loss, _, _ = model._calc_transducer_loss(enc, torch.tensor([9, 7, 4]), text)
-        loss.backward()
+        with fused_calls(model):
+            loss, _, _ = model._calc_transducer_loss(enc, torch.tensor([9, 7, 4]), text)
+            loss.backward()
         out.append((loss.detach(), enc.grad, grads(model)))
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-4, atol=1e-6)

@@ -434,3 +434,35 @@ def test_check_fusable_width():
     check_fusable(joint, 7)
     with pytest.raises(ConfigError, match=r"lin_out has 7 outputs, the model's latt"):
         check_fusable(joint, 12)
+
+
+CONFIGS = ("conformer", "multiblank_conformer", "tdt_conformer")
+
+
+def test_example_configs_name_the_key_with_its_default(tmp_path):
+    """conf/train_*_conformer_transducer.yaml list the key, commented out with its
+    default; uncommented, the line is a model_conf key (of the TDT example here),
+    and set to true the example builds a fused model."""
+    from pathlib import Path
+
+    from espnet_multiblank.espnet.model_conf import FUSED_JOINT_DEFAULT
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    line = f"    # transducer_fused_joint: {str(FUSED_JOINT_DEFAULT).lower()} "
+    for name in CONFIGS:
+        text = (conf / f"train_{name}_transducer.yaml").read_text()
+        assert text.count(line) == 1, name
+    text = text.replace(line, line.replace("# transducer", "transducer"), 1)
+    config = yaml.safe_load(text)
+    assert config["model_conf"]["transducer_fused_joint"] is FUSED_JOINT_DEFAULT
+    config["model_conf"]["transducer_fused_joint"] = True
+    (tmp_path / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    args = MultiblankASRTask.get_parser().parse_args(
+        ["--config", str(tmp_path / "c.yaml")]
+        + ["--token_list", str(tmp_path / "tokens.txt")]
+        + ["--normalize", "none"]  # its global_mvn needs collect_stats' file
+    )
+    model = MultiblankASRTask.build_model(args)
+    assert isinstance(model.fused_joint_loss, FusedJointLoss)
+    assert model.fused_joint_loss.out_features == len(TOKENS) + 5  # V + D of the TDT

@@ -4,6 +4,7 @@ gradient), with the same parameters; a joint network it cannot fuse is refused w
 the model is built, naming the key."""
 
 import contextlib
+import importlib.util
 import logging
 from unittest import mock
 
@@ -32,6 +33,8 @@ from espnet_multiblank.espnet.task import MultiblankASRTask, check_args  # noqa:
 
 KEY = r"model_conf\.transducer_fused_joint"
 KINDS = ("standard", "multiblank", "tdt")
+_GPU = torch.cuda.is_available() and importlib.util.find_spec("numba_cuda")
+gpu = pytest.mark.skipif(not _GPU, reason="needs a CUDA GPU and numba-cuda")
 
 
 def kind_config(kind, **conf):
@@ -48,11 +51,11 @@ def fused_config(config, fused=True):
     return config
 
 
-def twins(tmp_path, config):
+def twins(tmp_path, config, device="cpu"):
     """The dense model of ``config`` and the fused one with its parameters."""
     torch.manual_seed(0)
-    dense = build(tmp_path, config)
-    fused = build(tmp_path, fused_config(config))
+    dense = build(tmp_path, config).to(device)
+    fused = build(tmp_path, fused_config(config)).to(device)
     assert dense.fused_joint_loss is None
     assert isinstance(fused.fused_joint_loss, FusedJointLoss)
     fused.load_state_dict(dense.state_dict())  # strict: the same parameters
@@ -96,10 +99,12 @@ def step(model, speech_lengths=None, seed=1, scale=1.0):
     speech, lengths, text, text_lengths = batch(model.token_list)
     if speech_lengths is not None:
         lengths = torch.tensor(speech_lengths)
+    device = next(model.parameters()).device
+    inputs = [x.to(device) for x in (speech, lengths, text, text_lengths)]
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with fused_calls(model):
-        loss, stats, weight = model(speech, lengths, text, text_lengths)
+        loss, stats, weight = model(*inputs)
         (loss * scale).backward()
     return loss.detach(), stats, grads(model)
 
@@ -137,6 +142,21 @@ def test_training_step_equals_dense(tmp_path, kind, reduction, options, impossib
     assert float(got[1][NO_PATH_STAT]) == pytest.approx(1 / 3 if impossible else 0)
     assert_same_grads(got[2], want[2])
     assert torch.count_nonzero(got[2]["joint_network.lin_out.weight"]) > 0
+
+
+@gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_step_equals_dense_on_gpu(tmp_path, kind):
+    """The same on CUDA (the fused path's torch tile operations and CUDA lattice,
+    the dense CUDA loss), with an utterance without a path, FastEmit and clamp."""
+    reduction, options = OPTIONS[1]
+    config = kind_config(kind, transducer_reduction=reduction, **options)
+    dense, fused = twins(tmp_path, config, "cuda")
+    want = step(dense, [2400, 300, 1600])
+    got = step(fused, [2400, 300, 1600])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert float(got[1][NO_PATH_STAT]) == pytest.approx(1 / 3)
+    assert_same_grads(got[2], want[2])
 
 
 def test_no_path_warning_and_zero_batch(tmp_path, caplog):
@@ -221,24 +241,32 @@ def _projected_reference(model, enc_out, dec_out, target, t_len, u_len):
     joint = model.joint_network
     enc = joint.lin_enc(enc_out).float()
     pred = joint.lin_dec(dec_out).float()
-    with torch.autocast("cpu", enabled=False):
+    with torch.autocast(enc_out.device.type, enabled=False):
         hidden = joint.joint_activation(enc.unsqueeze(2) + pred.unsqueeze(1))
         logits = joint.lin_out(hidden)
         return model.criterion_transducer(logits, target, t_len, u_len)
 
 
+@pytest.mark.parametrize(
+    "device, dtype",
+    [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=gpu)],
+)
 @pytest.mark.parametrize("kind", KINDS)
-def test_autocast_and_scaled_gradient(tmp_path, kind):
-    """Under (CPU bf16) autocast lin_enc / lin_dec give bf16; the fused function
-    computes the activation, the output layer and the loss in float32: the costs
-    and gradients (with an AMP-like incoming scale of 1024) of that computation."""
+def test_autocast_and_scaled_gradient(tmp_path, kind, device, dtype):
+    """Under autocast (CPU: bf16, CUDA: fp16) lin_enc / lin_dec give half
+    precision; the fused function computes the activation, the output layer and the
+    loss in float32: the costs and gradients (with an AMP-like incoming scale of
+    1024) of that computation."""
     config = kind_config(kind, transducer_clamp=0.1)
-    dense, fused = twins(tmp_path, config)
+    dense, fused = twins(tmp_path, config, device)
     g = torch.Generator().manual_seed(7)
-    enc_out = torch.randn(3, 9, 16, generator=g)
+    enc_out = torch.randn(3, 9, 16, generator=g).to(device)
     _, _, text, _ = batch(dense.token_list)
     decoder_in, target, t_len, u_len = get_transducer_task_io(
-        text, torch.tensor([9, 7, 4]), ignore_id=-1, blank_id=dense.blank_id
+        text.to(device),
+        torch.tensor([9, 7, 4], device=device),
+        ignore_id=-1,
+        blank_id=dense.blank_id,
     )
     results = []
     for model, costs_of in (
@@ -249,8 +277,8 @@ def test_autocast_and_scaled_gradient(tmp_path, kind):
         model.decoder.set_device(enc_out.device)
         dec_out = model.decoder(decoder_in).detach().requires_grad_(True)
         enc = enc_out.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16), fused_calls(model):
-            assert model.joint_network.lin_enc(enc).dtype == torch.bfloat16
+        with torch.autocast(device, dtype=dtype), fused_calls(model):
+            assert model.joint_network.lin_enc(enc).dtype == dtype
             costs = costs_of(model, enc, dec_out, target, t_len, u_len)
         assert costs.dtype == torch.float32
         (costs.sum() * 1024.0).backward()

@@ -113,6 +113,70 @@ class KernelDriver:
         parallel, prev = _pick(num_elements)
         return (self.parallel if parallel else self.serial), prev
 
+    def extract(
+        self,
+        kernels,
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        opts,
+        need_grad,
+        buffer,
+        rows,
+        bad,
+    ) -> None:
+        """Pass 1 (the extract stage) with ``kernels`` (from :meth:`pick`): numpy
+        arrays in, ``rows`` / ``buffer`` / ``bad`` filled (see
+        ``espnet_multiblank.loss.stages``)."""
+        kernels[0](
+            acts,
+            labels,
+            act_lens,
+            label_lens,
+            opts.blank,
+            self.symbols(opts, acts.shape),
+            opts.sigma,
+            need_grad,
+            buffer,
+            rows,
+            bad,
+        )
+
+    def sweep(self, kernels, rows, act_lens, label_lens, opts, need_grad, log_p):
+        """Pass 2 (the lattice stage) with ``kernels``: ``log_p`` filled, the valid
+        rows overwritten with the occupancies when ``need_grad``."""
+        B, _, U, _ = rows.shape
+        kernels[1](
+            rows,
+            act_lens,
+            label_lens,
+            self.durations(opts),
+            opts.fastemit_lambda,
+            need_grad,
+            *self.lattice_extra(opts, B, U, kernels is self.parallel),
+            log_p,
+        )
+
+    def apply(
+        self, kernels, labels, act_lens, label_lens, opts, rows, log_p, factors, buffer
+    ) -> None:
+        """Pass 3 (the dense apply stage) with ``kernels``: ``buffer`` (the exps of
+        pass 1) becomes the gradient in place."""
+        kernels[2](
+            labels,
+            act_lens,
+            label_lens,
+            opts.blank,
+            self.symbols(opts, buffer.shape),
+            rows,
+            log_p,
+            opts.fastemit_lambda,
+            opts.clamp,
+            factors,
+            buffer,
+        )
+
     def finish(self, tensors: Tuple[torch.Tensor, ...], opts, factors) -> torch.Tensor:
         """Pass 3 on the tensors :meth:`begin` returned (e.g. as saved by autograd):
         the gradient buffer (the first of them) becomes ``factors[b] * clip(d cost_b
@@ -129,16 +193,14 @@ class KernelDriver:
         buffer, rows, log_p, labels, act_lens, label_lens = tensors
         kernels, prev = self.pick(buffer.numel())
         try:
-            kernels[2](
+            self.apply(
+                kernels,
                 labels.numpy(),
                 act_lens.numpy(),
                 label_lens.numpy(),
-                opts.blank,
-                self.symbols(opts, buffer.shape),
+                opts,
                 rows.numpy(),
                 log_p.numpy(),
-                opts.fastemit_lambda,
-                opts.clamp,
                 np.ascontiguousarray(factors, dtype=np.float64),
                 buffer.numpy(),
             )
@@ -185,16 +247,15 @@ class KernelDriver:
         buffer = np.empty(acts.shape, x.dtype) if need_grad else x
         al = act_lens.numpy()
         ll = label_lens.numpy()
-        (rows_forward, lattice, _), prev = self.pick(acts.numel())
+        kernels, prev = self.pick(acts.numel())
         try:
-            rows_forward(
+            self.extract(
+                kernels,
                 x,
                 labels.numpy(),
                 al,
                 ll,
-                opts.blank,
-                self.symbols(opts, acts.shape),
-                opts.sigma,
+                opts,
                 need_grad,
                 buffer,
                 rows,
@@ -204,17 +265,7 @@ class KernelDriver:
                 costs = np.zeros(B, np.float64)
                 costs[bad.astype(bool)] = np.nan
                 return costs, None
-            parallel = lattice is self.parallel[1]
-            lattice(
-                rows,
-                al,
-                ll,
-                self.durations(opts),
-                opts.fastemit_lambda,
-                need_grad,
-                *self.lattice_extra(opts, B, U, parallel),
-                log_p,
-            )
+            self.sweep(kernels, rows, al, ll, opts, need_grad, log_p)
         finally:
             if prev is not None:
                 numba.set_num_threads(prev)

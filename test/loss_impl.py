@@ -957,7 +957,7 @@ def check_module_and_aliases(device, backend):
         return loss.detach(), x.grad
 
     mod = MultiblankRNNTLoss(
-        c.blank, c.durations, "mean", c.fastemit_lambda, 0.0, c.sigma, backend
+        c.blank, c.durations, "mean", c.fastemit_lambda, 0.0, c.sigma, backend=backend
     )
     assert isinstance(mod, torch.nn.Module)
     loss_m, g_m = via_module(mod)

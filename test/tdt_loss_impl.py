@@ -567,9 +567,13 @@ def check_empty_batch(device, backend):
     acts = torch.randn(0, 4, 3, 7, device=device, requires_grad=True)
     labels = torch.zeros(0, 2, dtype=torch.long, device=device)
     lens = torch.zeros(0, dtype=torch.long, device=device)
-    none = tdt_loss(acts, labels, lens, lens, 0, [0, 1, 2], "none", backend=backend)
+    none = tdt_loss(
+        acts, labels, lens, lens, 0, [0, 1, 2], reduction="none", backend=backend
+    )
     assert none.shape == (0,)
-    total = tdt_loss(acts, labels, lens, lens, 0, [0, 1, 2], "sum", backend=backend)
+    total = tdt_loss(
+        acts, labels, lens, lens, 0, [0, 1, 2], reduction="sum", backend=backend
+    )
     assert float(total.detach()) == 0.0
     total.backward()
 
@@ -792,7 +796,7 @@ def check_module(device, backend):
     mod = TDTLoss(
         c.blank,
         list(c.durations),
-        "mean",
+        reduction="mean",
         sigma=c.sigma,
         fastemit_lambda=c.fastemit_lambda,
         backend=backend,

@@ -329,7 +329,9 @@ def test_gpu_gradient_memory(family, dtype):
                 x, labels, tl, ll, 0 + len(durs), durs, "mean", backend="numba"
             )
         else:
-            loss = tdt_loss(x, labels, tl, ll, 0, durs, "mean", backend="numba")
+            loss = tdt_loss(
+                x, labels, tl, ll, 0, durs, reduction="mean", backend="numba"
+            )
         (loss * 0.7).backward()
 
     run()  # compile, warm the caching allocator

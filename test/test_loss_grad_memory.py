@@ -74,7 +74,7 @@ def _incoming(kind, reduction, B, dtype):
 def _saved_buffer(loss):
     """The gradient buffer saved by our Function for ``loss``'s graph."""
     node = loss.grad_fn
-    while node is not None and "FusedMultiblankRNNTFunction" not in type(node).__name__:
+    while node is not None and "FusedTransducerFunction" not in type(node).__name__:
         node = node.next_functions[0][0]
     assert node is not None, "the loss node was not found in the graph"
     return node.saved_tensors[0]

@@ -7,7 +7,7 @@ the incoming gradient. It costs ONE logits-sized buffer whatever the incoming gr
 (1 - ctc_weight, 1 / accum_grad, an AMP loss scale...):
 
 * kernels that offer ``kernel.begin`` / ``kernel.finish`` (the CPU kernel for float32
-  and float64 logits; see :class:`FusedMultiblankRNNTFunction` for the contract) leave
+  and float64 logits; see :class:`FusedTransducerFunction` for the contract) leave
   their last pass to ``backward``: the forward pass keeps the buffer of exps and the
   lattice occupancies, and backward turns the buffer into the gradient in place with
   the factors folded in (no extra pass over the logits);
@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from espnet_multiblank.loss.options import LossOptions
+from espnet_multiblank.loss.validation import nonfinite_logits_message
 
 
 def reduction_weights(
-    opts: LossOptions, label_lens: torch.Tensor, dtype: torch.dtype
+    opts, label_lens: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """(B,) factor that turns d cost_b / d acts into d loss / d acts."""
     B = label_lens.shape[0]
@@ -44,7 +44,7 @@ def reduction_weights(
     return torch.ones((B,), dtype=dtype, device=label_lens.device)
 
 
-def reduce_costs(costs: torch.Tensor, opts: LossOptions, label_lens: torch.Tensor):
+def reduce_costs(costs: torch.Tensor, opts, label_lens: torch.Tensor):
     """Apply ``opts.reduction`` to (B,) costs (plain torch ops, differentiable)."""
     if opts.reduction == "none":
         return costs
@@ -96,8 +96,9 @@ def _half_in_chunks(
     return costs, grads
 
 
-class FusedMultiblankRNNTFunction(torch.autograd.Function):
-    """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel).
+class FusedTransducerFunction(torch.autograd.Function):
+    """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel), for
+    the kernels of every lattice family (``opts`` of either family).
 
     ``kernel(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)``
     returns ``(costs (B,), grads (B,T,U,V) or None)``. A kernel may also offer the
@@ -116,7 +117,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, acts, labels, act_lens, label_lens, opts: LossOptions, kernel):
+    def forward(ctx, acts, labels, act_lens, label_lens, opts, kernel):
         need_grad = ctx.needs_input_grad[0]
         in_dtype = acts.dtype
         compute_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
@@ -236,7 +237,7 @@ def _scale_into(out: torch.Tensor, grads: torch.Tensor, ratio: np.ndarray) -> No
         torch.mul(grads[b], r, out=out[b])
 
 
-def _weights_np(opts: LossOptions, label_lens: np.ndarray) -> np.ndarray:
+def _weights_np(opts, label_lens: np.ndarray) -> np.ndarray:
     """:func:`reduction_weights` as a float64 numpy array."""
     B = label_lens.shape[0]
     if opts.reduction == "mean":
@@ -247,7 +248,8 @@ def _weights_np(opts: LossOptions, label_lens: np.ndarray) -> np.ndarray:
 
 
 def _raise_nan(b: int) -> None:
-    raise ValueError(
-        f"acts must be finite logits (-inf allowed for masked symbols); "
-        f"utterance {b} contains NaN or +inf"
-    )
+    raise ValueError(nonfinite_logits_message(b))
+
+
+#: the name this Function had when it served the multi-blank loss only
+FusedMultiblankRNNTFunction = FusedTransducerFunction

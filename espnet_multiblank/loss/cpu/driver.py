@@ -1,5 +1,9 @@
 """Host-side driver of the CPU kernels: workspaces, threads, the kernel contract.
 
+One :class:`KernelDriver` per lattice family: ``compute`` (multi-blank / standard
+RNN-T, ``kernels.py``) and ``tdt_compute`` (TDT, ``tdt_kernels.py``); logits are
+(B, T, U, V) and (B, T, U, V + D).
+
 Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses them):
 
 * ``begin`` runs passes 1 and 2 (costs; the gradient buffer holds the exps) and
@@ -9,8 +13,8 @@ Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses 
 * ``compute`` = ``begin`` + ``finish(grad_weights)``: the plain contract
   ``(costs, grads)`` shared with the CUDA backend.
 
-:class:`KernelDriver` implements them once for a kernel family; ``compute`` here is
-the multi-blank family's, ``tdt_driver.tdt_compute`` the TDT family's.
+:class:`KernelDriver` implements them once; the three stages it runs are those of
+``espnet_multiblank.loss.stages``.
 """
 
 import functools
@@ -22,8 +26,8 @@ import numba
 import numpy as np
 import torch
 
-from espnet_multiblank.loss.cpu import kernels
-from espnet_multiblank.loss.options import LossOptions
+from espnet_multiblank.loss.cpu import kernels, tdt_kernels
+from espnet_multiblank.loss.options import LossOptions, TDTOptions
 
 
 def _serial_twin(dispatcher):
@@ -330,5 +334,39 @@ compute = KernelDriver(
     symbols=lambda opts, shape: _option_arrays(opts)[0],
     durations=lambda opts: _option_arrays(opts)[1],
 )
-begin = compute.begin
-finish = compute.finish
+
+
+@functools.lru_cache(maxsize=256)
+def _tdt_durations(opts: TDTOptions) -> np.ndarray:
+    d = np.asarray(opts.durations, dtype=np.int64)
+    d.setflags(write=False)
+    return d
+
+
+# pass 2 of the TDT sweeps the anti-diagonals of several utterances in one vector
+# loop: about this many columns (nodes of an anti-diagonal) per group of utterances
+GROUP_COLUMNS = 512
+
+
+def _tdt_groups(B: int, U: int, parallel: bool) -> int:
+    """Number of groups of utterances of the TDT pass 2 (at least one per thread)."""
+    groups = -(-B * (U + 1) // GROUP_COLUMNS)
+    if parallel:
+        groups = max(groups, numba.get_num_threads())
+    return max(1, min(B, groups))
+
+
+# the TDT family; rows per node: W_blank, W_label, W_dur(0..D-1) and the two softmax
+# coefficients; the kernels take the number V of token logits (the D duration logits
+# follow them)
+tdt_compute = KernelDriver(
+    (
+        tdt_kernels.tdt_rows_forward,
+        tdt_kernels.tdt_lattice,
+        tdt_kernels.tdt_rows_backward,
+    ),
+    width=lambda opts: opts.num_durations + 4,
+    symbols=lambda opts, shape: shape[3] - opts.num_durations,
+    durations=_tdt_durations,
+    lattice_extra=lambda opts, B, U, parallel: (_tdt_groups(B, U, parallel),),
+)

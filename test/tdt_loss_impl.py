@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Tuple
 
 import torch
+from oracles import reduction_weights_oracle as reduction_weights
 from tdt_oracles import (
     enumerate_tdt_paths,
     tdt_brute_force_costs,
@@ -27,7 +28,14 @@ from tdt_oracles import (
 from espnet_multiblank import TDTLoss, rnnt_loss, tdt_loss
 
 BACKENDS = ("torch", "numba")
-REDUCTIONS = ("none", "sum", "mean", "mean_volume")
+REDUCTIONS = (
+    "none",
+    "sum",
+    "mean",
+    "mean_batch",
+    "mean_volume",
+    "mean_label_normalized",
+)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -115,16 +123,6 @@ def oracle(case: Case, acts, labels, act_lens, label_lens):
 @lru_cache(maxsize=None)
 def cached_oracle(case: Case, dtype: torch.dtype):
     return oracle(case, *make_inputs(case, "cpu", dtype))
-
-
-def reduction_weights(reduction: str, label_lens) -> torch.Tensor:
-    """(B,) w_b such that the reduced loss is sum_b w_b cost_b."""
-    B = label_lens.shape[0]
-    if reduction in ("none", "sum"):
-        return torch.ones(B, dtype=torch.float64)
-    if reduction == "mean":
-        return torch.full((B,), 1.0 / B, dtype=torch.float64)
-    return 1.0 / (B * label_lens.cpu().to(torch.float64).clamp(min=1.0))
 
 
 def loss_and_grad(acts, labels, act_lens, label_lens, grad_out=None, **kw):

@@ -79,8 +79,10 @@ def multiblank_rnnt_loss(
         blank: index of the standard blank.
         big_blank_durations: durations d_i >= 2 (distinct); big blank i is index
             ``blank - 1 - i``. Empty = standard RNN-T.
-        reduction: "none" -> (B,) costs; "sum"; "mean" = sum / B (ESPnet);
-            "mean_volume" = mean over b of cost_b / max(L_b, 1) (NeMo's "mean").
+        reduction: "none" -> (B,) costs; "sum"; "mean" = sum / B (ESPnet's);
+            "mean_batch" = sum / B (NeMo's); "mean_volume" = sum of costs / sum of
+            L_b (NeMo's); "mean_label_normalized" = mean over b of cost_b /
+            max(L_b, 1) (NeMo's "mean"). See ``espnet_multiblank.loss.reductions``.
         fastemit_lambda: FastEmit weight (>= 0); the cost becomes -(1 + lambda) log P.
         clamp: > 0 clips each element of d cost_b / d acts_b to [-clamp, clamp];
             0 = off.
@@ -156,8 +158,9 @@ def tdt_loss(
             only durations >= 1; a label any (0 keeps the frame).
 
     Keyword-only options:
-        reduction: "none" -> (B,) costs; "sum"; "mean" = sum / B;
-            "mean_volume" = mean over b of cost_b / max(L_b, 1).
+        reduction: as for :func:`multiblank_rnnt_loss` ("mean" = sum / B, the
+            "mean" of NeMo's Numba TDT loss; "mean_volume" = sum of costs / sum of
+            L_b).
         sigma: logit under-normalisation (>= 0; NeMo's TDT recipes use 0.05),
             subtracted from every token log-prob, never from the durations.
         omega: probability in [0, 1] that this call computes, for the whole batch, the
@@ -251,8 +254,10 @@ class MultiblankRNNTLossNumba(MultiblankRNNTLoss):
 
     Same constructor as ESPnet's (positional ``blank, big_blank_durations,
     reduction, fastemit_lambda, clamp, sigma``): ``clamp=-1`` (any negative value)
-    means "off", and ``reduction`` defaults to "mean" (sum / B). Runs on CPU and
-    CUDA; ``backend`` (keyword-only, None = "auto") is this package's addition.
+    means "off", and ``reduction`` defaults to "mean" (sum / B). As ESPnet's class, it
+    returns a reduced loss as a 1-element vector (shape (1,)), the costs for "none"
+    as a (B,) vector. Runs on CPU and CUDA; ``backend`` (keyword-only, None =
+    "auto") is this package's addition.
     """
 
     def __init__(
@@ -275,6 +280,10 @@ class MultiblankRNNTLossNumba(MultiblankRNNTLoss):
             sigma=sigma,
             backend=backend or "auto",
         )
+
+    def forward(self, acts, labels, act_lens, label_lens) -> torch.Tensor:
+        loss = super().forward(acts, labels, act_lens, label_lens)
+        return loss if self.opts.reduction == "none" else loss.reshape(1)
 
 
 class TDTLoss(_TransducerLossModule):

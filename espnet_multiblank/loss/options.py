@@ -16,8 +16,10 @@ from numbers import Real
 from typing import Callable, Tuple, TypeVar
 
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
-
-REDUCTIONS = ("none", "sum", "mean", "mean_volume")
+from espnet_multiblank.loss.reductions import (  # noqa: F401  (REDUCTIONS re-exported)
+    REDUCTIONS,
+    check_reduction,
+)
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,11 @@ class LossOptions:
         blank: index of the standard blank in the vocabulary.
         big_blank_durations: ``(d_0, ..., d_{N-1})``; big blank ``i`` has index
             ``blank - 1 - i`` and advances time by ``d_i`` frames.
-        reduction: "none" (per-utterance, shape (B,)), "sum", "mean" (sum / B, ESPnet's
-            behaviour) or "mean_volume" (mean over utterances of cost_b / max(L_b, 1),
-            NeMo's "mean").
+        reduction: one of :data:`~espnet_multiblank.loss.reductions.REDUCTIONS`:
+            "none" (per-utterance, shape (B,)), "sum", "mean" (sum / B, ESPnet's),
+            "mean_batch" (sum / B, NeMo's), "mean_volume" (sum of costs / sum of
+            label counts, NeMo's) or "mean_label_normalized" (mean over utterances
+            of cost_b / max(L_b, 1), NeMo's "mean").
         fastemit_lambda: FastEmit weight (>= 0), NeMo/ESPnet CUDA semantics.
         clamp: clip every element of d cost_b / d logits_b to [-clamp, clamp]; 0 = off.
         sigma: logit under-normalisation subtracted from every emission's log-prob.
@@ -106,12 +110,6 @@ def check_nonneg_float(name: str, value) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite float >= 0, got {value}")
     return value
-
-
-def check_reduction(reduction) -> str:
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    return reduction
 
 
 def check_probability(name: str, value) -> float:

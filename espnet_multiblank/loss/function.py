@@ -214,7 +214,7 @@ class FusedTransducerFunction(torch.autograd.Function):
 def _scale_into(out: torch.Tensor, grads: torch.Tensor, ratio: np.ndarray) -> None:
     """out[b] = grads[b] * ratio[b] (out may be grads). Python-float factors: a tensor
     factor of another dtype would make torch materialise a promoted copy of the whole
-    gradient (measured: 4x a bfloat16 gradient), a scalar is applied element-wise in
+    gradient (several gradients' worth of memory), a scalar is applied element-wise in
     the op's internal precision."""
     if ratio.size == 0:
         return

@@ -39,8 +39,8 @@ REDUCTIONS = (
     "none",
     "sum",
     "mean",
-    "mean_batch",
     "mean_volume",
+    "mean_batch",
     "mean_label_normalized",
 )
 

@@ -7,8 +7,8 @@ record (``espnet_multiblank.loss.families``). Every message is written once, her
 All checks on values (lengths, label ids) run on the tensors' own device: on CUDA as
 reductions (nothing logits-sized is copied to the host; the few booleans that decide
 whether to raise are the only host synchronisations), on the CPU as one compiled pass
-(``loss/cpu/host_checks.py``: a dozen small numpy operations cost a tenth of a small
-loss).
+(``loss/cpu/host_checks.py``: a dozen small numpy operations would cost a noticeable
+part of a small loss).
 """
 
 from typing import Sequence, Tuple

@@ -243,8 +243,8 @@ class KernelDriver:
             labels = labels.contiguous()
         # numpy allocates: its large arrays get transparent huge pages (madvise) and
         # glibc reuses freed heap blocks of up to 32 MB, whereas torch's aligned
-        # allocations of that size are often fresh 4 kB pages on every call, and a
-        # page fault costs about 1 ns per byte on the virtual machines measured
+        # allocations of that size are often fresh 4 kB pages on every call, and
+        # page faults are expensive on virtual machines
         rows = np.empty((B, T, U, self.width(opts)), np.float64)
         log_p = np.empty(B, np.float64)
         bad = np.zeros(B, np.uint8)

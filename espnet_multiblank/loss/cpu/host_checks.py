@@ -1,8 +1,8 @@
 """The value checks of the loss inputs for CPU tensors, compiled (Numba).
 
-The same checks in numpy cost about 0.1-0.2 ms per call (a dozen small array
-operations), a tenth of a whole small loss; compiled, one pass over the lengths and
-the labels costs microseconds. ``espnet_multiblank.loss.validation`` turns the
+The same checks in numpy are a dozen small array operations, each with a fixed cost
+that is a noticeable part of a small loss; compiled, they are one pass over the
+lengths and the labels. ``espnet_multiblank.loss.validation`` turns the
 returned code (defined there) into the error message.
 """
 

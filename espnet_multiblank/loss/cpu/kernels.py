@@ -42,7 +42,8 @@ nothing extra. Padding rows and impossible utterances get exactly 0.
 Pass 2's anti-diagonal arrays are indexed ``[n, j]`` for node (t = n - u, u = j - 1);
 columns 0 and U + 1 .. U + COLUMN_PAD - 1 are never valid nodes and may hold anything.
 
-Performance rules the code follows (each measured to matter, most several-fold):
+Performance rules the code follows (each measured to matter; the figures are in
+bench/RESULTS.md, "Moved from code comments"):
 arrays are indexed flat with np.uint64 offsets (no views: a view costs two atomic
 reference-count updates, contended between threads; unsigned indices need no
 negative-index wraparound, which stops vectorisation); a vectorised loop does not
@@ -50,9 +51,9 @@ read one row of an array and write another row of it (LLVM cannot prove the symb
 distance safe), hence separately allocated scratch rows; no exp/log call, load or
 inner loop (even of zero trips) under a condition inside a vector loop (selects of
 values instead); loops over an anti-diagonal run over a multiple of 8 columns (a
-scalar remainder iteration costs ~10 ns per exp64 + log64); per-node values travel
+scalar remainder iteration costs a whole scalar exp64 + log64); per-node values travel
 between the passes row-major (scattered stores into anti-diagonal arrays while
-streaming the logits cost 0.2x of a log_softmax at V = 64).
+streaming the logits slow pass 1 down).
 """
 
 import math
@@ -88,9 +89,8 @@ COLUMN_PAD = _LANES + 2
 _CHUNKS = 64
 #: below this many logits per row, pass 1 computes the exps of a frame's valid rows in
 #: one loop and then sums each row (reading back from L1), instead of one fused
-#: exp-and-sum loop per row: a short loop's set-up and reduction cost about 5 ns per
-#: row (measured, pass 1 alone, float32: 0.6-0.9x the time for V = 16 .. 200, 1.07x
-#: at V = 256)
+#: exp-and-sum loop per row: a short loop's set-up and reduction cost more than the
+#: second read from L1 (pass 1 alone is faster so below this width, slower above)
 FRAME_WIDE_BELOW_V = 256
 
 _OPTS = dict(cache=True, error_model="numpy", fastmath={"nsz", "contract"})
@@ -432,10 +432,9 @@ def _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC):
     """Slots 0 .. K - 1 of utterance b's valid rows (row-major, K1 slots per node, from
     ``STf[sb:]``) to the K anti-diagonal planes of ``L`` (exact ranges: the loads
     must stay inside the utterance's rows). With big blanks (K > 2) a node's K slots
-    at once (one plane at a time re-reads each row K times, from L2 or beyond: lattice
-    with [2, 4, 8] 0.94-0.99x the time at (B, T, U) = (16, 100, 21) .. (2, 500,
-    101)); standard RNN-T plane by plane (vectorised strided loads: 1.06x the time
-    node by node)."""
+    at once (one plane at a time re-reads each row K times, from L2 or beyond);
+    standard RNN-T plane by plane (vectorised strided loads beat node by node
+    there)."""
     step = np.uint64((U - 1) * K1)
     if K > 2:  # big blanks: a node's K slots at once (contiguous loads)
         for n in range(Tb + Ub - 1):

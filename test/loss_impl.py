@@ -647,9 +647,9 @@ def check_non_contiguous(device, backend):
 
 
 def check_padding(device, backend):
-    """T > max act_lens and U > max label_lens + 1: padding gets exactly zero gradient,
-    garbage in the padded labels is ignored, and the costs equal those of the cropped
-    batch."""
+    """T > max act_lens and U > max label_lens + 1: padding (NaN included) gets exactly
+    zero gradient, garbage in the padded labels is ignored, and the costs equal those
+    of the cropped batch."""
     c = Case(
         "pad",
         10,
@@ -665,6 +665,9 @@ def check_padding(device, backend):
     )
     acts, labels, act_lens, label_lens = make_inputs(c, device)
     assert (labels == -1).any() and (labels == c.blank).any()
+    for b in range(c.B):  # NaN in the padding must be ignored
+        acts[b, c.act_lens[b] :] = math.nan
+        acts[b, :, c.label_lens[b] + 1 :] = math.nan
     kw = c.kwargs(reduction="none", backend=backend)
     loss, g = loss_and_grad(acts, labels, act_lens, label_lens, **kw)
     for b in range(c.B):

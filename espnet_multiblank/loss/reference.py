@@ -40,9 +40,11 @@ log_softmax(z[V:])[j]``::
 
 Every TDT step moves the path from diagonal ``n`` to a later one (a label with
 duration ``e`` to ``n + e + 1``, a blank with duration ``e >= 1`` to ``n + e``), even a
-label with duration 0, so a diagonal depends only on earlier diagonals. Rows of
-padding (t >= T_b or u > L_b) are replaced by zeros before the TDT's log-softmaxes, so
-that whatever they hold (NaN included) never reaches the result or the gradient.
+label with duration 0, so a diagonal depends only on earlier diagonals.
+
+In both, rows of padding (t >= T_b or u > L_b) are replaced by zeros before the
+log-softmax, so that whatever they hold (NaN included) never reaches the result or
+the gradient.
 """
 
 from typing import List, Sequence
@@ -160,7 +162,21 @@ def log_likelihood(
     return log_p
 
 
-def _emission_log_probs(acts, labels, opts: LossOptions, clamp: float):
+def _without_padding(acts, act_lens, label_lens):
+    """``acts`` (B, T, U, V') with the rows of padding (t >= T_b or u > L_b) replaced
+    by zeros, so that whatever they hold (NaN included) reaches neither the costs nor
+    the gradient (autograd of ``where``: exactly 0 there)."""
+    B, T, U = acts.shape[:3]
+    t = torch.arange(T, device=acts.device)
+    u = torch.arange(U, device=acts.device)
+    valid = (t[None, :, None] < act_lens[:, None, None]) & (
+        u[None, None, :] <= label_lens[:, None, None]
+    )
+    return torch.where(valid[..., None], acts, acts.new_zeros(()))
+
+
+def _emission_log_probs(acts, labels, act_lens, label_lens, opts, clamp: float):
+    acts = _without_padding(acts, act_lens, label_lens)
     if clamp > 0:
         acts = LogSoftmaxGradModification.apply(acts, clamp)
     lp = torch.log_softmax(acts, dim=-1) - opts.sigma  # (B, T, U, V)
@@ -198,7 +214,9 @@ def reference_costs(
     """
     if acts.dtype in (torch.float16, torch.bfloat16):
         acts = acts.float()
-    lp_blank, lp_label, lp_big = _emission_log_probs(acts, labels, opts, clamp)
+    lp_blank, lp_label, lp_big = _emission_log_probs(
+        acts, labels, act_lens, label_lens, opts, clamp
+    )
     log_p = log_likelihood(
         lp_blank, lp_label, lp_big, opts.big_blank_durations, act_lens, label_lens
     )
@@ -281,12 +299,7 @@ def _step_log_probs(acts, labels, act_lens, label_lens, opts: TDTOptions, clamp)
     B, T, U, VD = acts.shape
     D = opts.num_durations
     V = VD - D
-    t = torch.arange(T, device=acts.device)
-    u = torch.arange(U, device=acts.device)
-    valid = (t[None, :, None] < act_lens[:, None, None]) & (
-        u[None, None, :] <= label_lens[:, None, None]
-    )
-    acts = torch.where(valid[..., None], acts, acts.new_zeros(()))
+    acts = _without_padding(acts, act_lens, label_lens)
     if clamp > 0:
         acts = LogSoftmaxGradModification.apply(acts, clamp)
     tok = (torch.log_softmax(acts[..., :V], dim=-1) - opts.sigma).clamp(min=_NEG)

@@ -86,7 +86,11 @@ def _fastemit_costs(log_p, lp_label, lam: float) -> torch.Tensor:
     impossible = log_p <= _NEG / 2
     if lam > 0 and torch.is_grad_enabled() and lp_label.requires_grad:
         # W_label(t,u) = d log P / d lp_label(t,u): occupancy of the label steps
-        (w,) = torch.autograd.grad(log_p.sum(), lp_label, retain_graph=True)
+        (w,) = torch.autograd.grad(
+            log_p.sum(), lp_label, retain_graph=True, allow_unused=True
+        )
+        if w is None:  # no frames at all (T = 0): no label step
+            w = torch.zeros_like(lp_label)
         surrogate = (w * lp_label).sum(dim=(1, 2))
         cost = -log_p - lam * (surrogate - surrogate.detach()) - lam * log_p.detach()
     else:
@@ -117,6 +121,7 @@ def log_likelihood(
     B, T, U = lp_blank.shape
     if T == 0:  # no frames at all: only the empty path of a label-less utterance
         zero = torch.zeros((B,), dtype=lp_blank.dtype, device=lp_blank.device)
+        zero = zero + 0.0 * lp_blank.sum()  # (empty) still part of the graph
         return torch.where(label_lens == 0, zero, torch.full_like(zero, _NEG))
     n_diag = T + U - 1
     diag_blank = [_diagonal(lp_blank, n) for n in range(n_diag)]

@@ -22,8 +22,9 @@
 #
 # Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET):
 #   PYTEST_BUDGET=270  BENCH_BUDGET=200  DECODE_BUDGET=60
-# The tests the GPU stage runs: `pytest test/test_loss_cuda_sim.py -k test_gpu`
-# (the simulator tests are skipped there: CI runs them).
+# The tests the GPU stage runs: the "cuda" device of test_loss.py and
+# test_loss_kernels.py and the GPU tests of test_loss_cuda.py (the simulator's and
+# the CPU's are deselected there: CI runs them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -108,7 +109,7 @@ EOF
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "=== pytest (real-GPU tests of the CUDA backend), $(left) s left ==="
-PYTEST_ARGS=(-q -rs -p no:cacheprovider -k test_gpu)
+PYTEST_ARGS=(-q -rs -p no:cacheprovider -k "cuda and not sim and not sm90")
 if $PY -c "import xdist" 2>/dev/null; then
     NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
     PYTEST_ARGS+=(-n "$NPROC")
@@ -117,7 +118,8 @@ if $PY -c "import pytest_timeout" 2>/dev/null; then
     PYTEST_ARGS+=(--timeout 240)
 fi
 B_TEST=$(budget "${PYTEST_BUDGET:-270}" 200)
-timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss_cuda_sim.py 2>&1 |
+timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
+    test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
     tee "$OUT/pytest_gpu.log"
 rc_test=${PIPESTATUS[0]}
 

@@ -93,6 +93,17 @@ def _driver(opts):
     return family_of(opts).cpu_driver()
 
 
+def _run_stage(driver, num_elements: int, stage, *args) -> None:
+    """``stage(kernels, *args)`` with the serial or parallel kernels the driver picks
+    for ``num_elements`` (Numba's thread count restored afterwards)."""
+    kernels, prev = driver.pick(num_elements)
+    try:
+        stage(kernels, *args)
+    finally:
+        if prev is not None:
+            numba.set_num_threads(prev)
+
+
 def _check_lengths(name: str, x, B: int, bound: int, what: str) -> None:
     if not isinstance(x, np.ndarray) or x.dtype != np.int64 or x.shape != (B,):
         raise TypeError(
@@ -163,12 +174,9 @@ def run_lattice(
     check_rows(opts, rows, act_lens, label_lens)
     driver = _driver(opts)
     log_p = np.empty(rows.shape[0], np.float64)
-    kernels, prev = driver.pick(rows.size if num_elements is None else num_elements)
-    try:
-        driver.sweep(kernels, rows, act_lens, label_lens, opts, bool(need_grad), log_p)
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
+    size = rows.size if num_elements is None else num_elements
+    args = (rows, act_lens, label_lens, opts, bool(need_grad), log_p)
+    _run_stage(driver, size, driver.sweep, *args)
     return log_p
 
 
@@ -201,23 +209,9 @@ def extract_rows(
     rows = np.empty((B, T, U, driver.width(opts)), np.float64)
     bad = np.zeros(B, np.uint8)
     exps = np.empty(acts.shape, acts.dtype) if store_exps else None
-    kernels, prev = driver.pick(acts.size)
-    try:
-        driver.extract(
-            kernels,
-            acts,
-            labels,
-            act_lens,
-            label_lens,
-            opts,
-            store_exps,
-            acts if exps is None else exps,
-            rows,
-            bad,
-        )
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
+    buffer = acts if exps is None else exps
+    args = (acts, labels, act_lens, label_lens, opts, store_exps, buffer, rows, bad)
+    _run_stage(driver, acts.size, driver.extract, *args)
     return rows, exps, bad.astype(bool)
 
 
@@ -240,20 +234,7 @@ def apply_rows(
             factors: (B,) float64 (reduction weight times incoming gradient).
     """
     driver = _driver(opts)
-    kernels, prev = driver.pick(exps.size)
-    try:
-        driver.apply(
-            kernels,
-            labels,
-            act_lens,
-            label_lens,
-            opts,
-            rows,
-            log_p,
-            np.ascontiguousarray(factors, dtype=np.float64),
-            exps,
-        )
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
+    factors = np.ascontiguousarray(factors, dtype=np.float64)
+    args = (labels, act_lens, label_lens, opts, rows, log_p, factors, exps)
+    _run_stage(driver, exps.size, driver.apply, *args)
     return exps

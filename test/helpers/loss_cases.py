@@ -21,17 +21,13 @@ from oracles import brute_force_costs
 from tdt_oracles import tdt_brute_force_costs
 
 from espnet_multiblank import multiblank_rnnt_loss, tdt_loss
+from espnet_multiblank.loss.reductions import REDUCTIONS as PACKAGE_REDUCTIONS
 
 LATTICES = ("standard", "multiblank", "tdt")
 BACKENDS = ("torch", "numba")
-REDUCTIONS = (
-    "none",
-    "sum",
-    "mean",
-    "mean_volume",
-    "mean_batch",
-    "mean_label_normalized",
-)
+#: every reduction of the package (the oracle's weights, oracles.py, are written out
+#: by hand for each and refuse an unknown one)
+REDUCTIONS = PACKAGE_REDUCTIONS
 
 # label padding must be ignored: ids the loss would reject there (a TDT's list adds
 # the first duration logit's index)

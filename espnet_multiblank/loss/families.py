@@ -20,6 +20,7 @@ device, loaded on first use so that importing the package compiles and imports
 nothing of Numba.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -59,6 +60,12 @@ def _cuda_tdt():
     return cuda.tdt_compute
 
 
+# label rules are built per call of a loss: cached by the (hashable) options and the
+# row width, so that a training step does not re-format their messages
+_cached = functools.lru_cache(maxsize=256)
+
+
+@_cached
 def _multiblank_labels(opts: LossOptions, width: int) -> LabelRule:
     if width < 1:
         raise ValueError(f"acts.shape[3] (vocabulary size V) must be >= 1, got {width}")
@@ -73,6 +80,7 @@ def _multiblank_labels(opts: LossOptions, width: int) -> LabelRule:
     )
 
 
+@_cached
 def _tdt_labels(opts: TDTOptions, width: int) -> LabelRule:
     opts.lattice.check_vocab_size(width, "acts.shape[3]")
     V = width - opts.num_durations

@@ -24,11 +24,12 @@
 #
 # Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET, and each
 # stage keeps the later stages' defaults in reserve; the defaults add up to 570):
-#   PYTEST_BUDGET=200  LL_BUDGET=45  BENCH_BUDGET=130  FUSED_TEST_BUDGET=60
+#   PYTEST_BUDGET=230  LL_BUDGET=45  BENCH_BUDGET=100  FUSED_TEST_BUDGET=60
 #   FUSED_BENCH_BUDGET=90  DECODE_BUDGET=45
-# The tests the GPU stages run: `pytest test/test_loss_cuda_sim.py -k test_gpu` and
-# `pytest test/test_fused_cuda_sim.py -k test_gpu` (the simulator tests are skipped
-# there: CI runs them).
+# The tests the GPU stages run: the "cuda" device of test_loss.py and
+# test_loss_kernels.py, the GPU tests of test_loss_cuda.py, and
+# `pytest test/test_fused_cuda_sim.py -k test_gpu` (the simulator's and the CPU's are
+# deselected there: CI runs them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -113,7 +114,7 @@ EOF
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "=== pytest (real-GPU tests of the CUDA backend), $(left) s left ==="
-PYTEST_ARGS=(-q -rs -p no:cacheprovider -k test_gpu)
+PYTEST_ARGS=(-q -rs -p no:cacheprovider -k "cuda and not sim and not sm90")
 if $PY -c "import xdist" 2>/dev/null; then
     NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
     PYTEST_ARGS+=(-n "$NPROC")
@@ -121,8 +122,9 @@ fi
 if $PY -c "import pytest_timeout" 2>/dev/null; then
     PYTEST_ARGS+=(--timeout 240)
 fi
-B_TEST=$(budget "${PYTEST_BUDGET:-200}" 370)
-timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss_cuda_sim.py 2>&1 |
+B_TEST=$(budget "${PYTEST_BUDGET:-230}" 340)
+timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
+    test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
     tee "$OUT/pytest_gpu.log"
 rc_test=${PIPESTATUS[0]}
 
@@ -130,14 +132,14 @@ rc_test=${PIPESTATUS[0]}
 # builds tiny models with ESPnet's decoder and joint network: if ESPnet's own imports
 # fail on this machine, the log says so and the stage counts as not run.
 echo "=== pytest (label-looping search, GPU vs CPU), $(left) s left ==="
-B_LL=$(budget "${LL_BUDGET:-45}" 325)
+B_LL=$(budget "${LL_BUDGET:-45}" 295)
 timeout "$B_LL" $PY -m pytest -q -rs -p no:cacheprovider \
     test/test_label_looping.py -k test_cuda_matches_cpu 2>&1 |
     tee "$OUT/pytest_label_looping.log"
 rc_ll=${PIPESTATUS[0]}
 
 echo "=== loss benchmark, $(left) s left ==="
-B_BENCH=$(budget "${BENCH_BUDGET:-130}" 195)
+B_BENCH=$(budget "${BENCH_BUDGET:-100}" 195)
 # the script stops starting new configurations 30 s before its budget
 timeout "$B_BENCH" $PY bench/loss_gpu.py --budget-s $((B_BENCH - 30)) \
     --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"

@@ -53,6 +53,13 @@ Also reported: the first-call cost of our kernel in a fresh subprocess with a wa
 cache (import of the CPU backend, first float32 call standard and multi-blank, second
 call).
 
+Before / after a change (``--compare DIR``): ``ours-numba`` and ``ours-numba x0.7``
+of the package in another checkout (DIR: its repository root, e.g. the commit before,
+unpacked with ``git archive``) run in a worker process started with DIR first on its
+``PYTHONPATH``, one run per round interleaved with this process's contenders on the
+same inputs (the worker times its own runs: no pipe in the timed region); its rows are
+marked ``[compare]`` (no memory column).
+
 Usage::
 
     python bench/loss_cpu.py --quick          # shapes 1 and 4, 1 and 2 threads
@@ -60,6 +67,8 @@ Usage::
     python bench/loss_cpu.py --quick --espnet # + ESPnet's (very slow) CPU loss
     python bench/loss_cpu.py --threads 1 --runs 9 --no-memory
     .anchors/bin/python bench/loss_cpu.py     # with optimized_transducer
+    mkdir -p /tmp/before && git archive <commit> | tar -x -C /tmp/before
+    python bench/loss_cpu.py --compare /tmp/before --no-memory   # before vs after
 """
 
 import argparse
@@ -178,7 +187,7 @@ def make_contender(
                     label_lens,
                     blank,
                     durations,
-                    "mean",
+                    reduction="mean",
                     backend=backend,
                 ),
                 logits,
@@ -308,6 +317,8 @@ def time_interleaved(
                 t0 = time.perf_counter()
                 v = run()
                 dt = time.perf_counter() - t0
+                if getattr(run, "timed_inside", False):  # (value, its own time)
+                    v, dt = v
             except Exception as e:  # noqa: BLE001 - report and drop the contender
                 print(f"  {name}: failed: {type(e).__name__}: {e}", flush=True)
                 failed.add(name)
@@ -320,6 +331,85 @@ def time_interleaved(
         for name, ts in times.items()
         if ts and name not in failed
     }
+
+
+# ------------------------------------------------------------------- --compare worker
+COMPARED = ("ours-numba", "ours-numba x0.7")
+COMPARE_TAG = " [compare]"
+
+
+def worker_main() -> None:
+    """The --compare worker: one JSON command per line on stdin, ``{"name", "shape",
+    "durations", "threads"}``; runs that contender once (on the same seeded inputs as
+    the parent) and answers ``{"value", "dt"}`` on stdout."""
+    import espnet_multiblank
+
+    print(json.dumps({"package": os.path.dirname(espnet_multiblank.__file__)}))
+    sys.stdout.flush()
+    runs = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        key = (cmd["name"], tuple(cmd["shape"]), tuple(cmd["durations"]))
+        if key not in runs:
+            durations = tuple(cmd["durations"])
+            runs = {  # one shape at a time: drop the previous inputs
+                k: v for k, v in runs.items() if k[1:] == key[1:]
+            }
+            inputs = make_inputs(tuple(cmd["shape"]), durations)
+            runs[key] = make_contender(cmd["name"], *inputs, durations)
+        torch.set_num_threads(cmd["threads"])
+        t0 = time.perf_counter()
+        value = runs[key]()
+        dt = time.perf_counter() - t0
+        print(json.dumps({"value": value, "dt": dt}))
+        sys.stdout.flush()
+
+
+class CompareWorker:
+    """The --compare worker process (the other checkout first on its PYTHONPATH)."""
+
+    def __init__(self, root: str):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = (
+            os.path.abspath(root) + os.pathsep + env.get("PYTHONPATH", "")
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.package = json.loads(self.proc.stdout.readline())["package"]
+
+    def run(self, name: str, shape: Shape, durations) -> Tuple[float, float]:
+        cmd = dict(
+            name=name,
+            shape=list(shape),
+            durations=list(durations),
+            threads=torch.get_num_threads(),
+        )
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the --compare worker died")
+        res = json.loads(line)
+        return res["value"], res["dt"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def remote_contender(worker: CompareWorker, name: str, shape: Shape, durations):
+    """A run() of ``name`` in the worker; returns (value, the worker's own time)."""
+
+    def run():
+        return worker.run(name, shape, durations)
+
+    run.timed_inside = True
+    return run
 
 
 # ----------------------------------------------------------------------------- memory
@@ -448,6 +538,14 @@ def parse_args(argv=None):
     p.add_argument("--shape", default=None, help="B,T,U,V: one shape only")
     p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="DIR",
+        help="also run ours-numba of the checkout at DIR (its repository root), in "
+        "a worker process, round by round with this one's",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -469,6 +567,17 @@ def main(argv=None):
     if args.load_child:
         print(json.dumps(load_child()))
         return
+    if args.worker:
+        worker_main()
+        return
+    worker = CompareWorker(args.compare) if args.compare else None
+    if worker is not None:
+        import espnet_multiblank
+
+        here = os.path.dirname(espnet_multiblank.__file__)
+        print(f"--compare: this process runs {here}, the worker {worker.package}")
+        if os.path.realpath(here) == os.path.realpath(worker.package):
+            raise SystemExit("--compare: both import the same package")
 
     threads = list(_parse_ints(args.threads)) or [1]
     torch.set_num_threads(threads[0])
@@ -510,7 +619,7 @@ def main(argv=None):
             else:
                 available[name, durations] = probe(name, durations)
 
-    head = f"{'shape (B,T,U,V)':<20} {'durations':<10} {'contender':<21}"
+    head = f"{'shape (B,T,U,V)':<20} {'durations':<10} {'contender':<27}"
     for n in threads:
         head += f" {f's ({n}t)':>8} {f'x ls ({n}t)':>10} {'min':>5}"
     head += f" {'runs':>4} {'peak MB':>8} {'loss':>12}"
@@ -531,6 +640,13 @@ def main(argv=None):
                     continue
                 names.append(name)
             runs_by_name = {n: make_contender(n, *inputs, durations) for n in names}
+            if worker is not None:
+                for n in COMPARED:
+                    if n in runs_by_name:
+                        runs_by_name[n + COMPARE_TAG] = remote_contender(
+                            worker, n, shape, durations
+                        )
+                names = list(runs_by_name)
             counts = {
                 n: (
                     (min(args.warmup, 1), args.slow_runs)
@@ -547,7 +663,7 @@ def main(argv=None):
                 if not any(name in results[n] for n in threads):
                     continue
                 dlabel = "TDT 0-4" if is_tdt(durations) else str(list(durations))
-                row = f"{str(shape):<20} {dlabel:<10} {name:<21}"
+                row = f"{str(shape):<20} {dlabel:<10} {name:<27}"
                 value, runs = float("nan"), 0
                 for n in threads:
                     res = results[n].get(name)
@@ -563,7 +679,7 @@ def main(argv=None):
                     row += f" {med:>8.4f} {ratio:>10.2f} {ratio_min:>5.2f}"
                 mem = (
                     float("nan")
-                    if args.no_memory
+                    if args.no_memory or name.endswith(COMPARE_TAG)
                     else measure_memory(name, shape, durations, threads[0])["peak_mb"]
                 )
                 row += f" {runs:>4} {mem:>8.0f} {value:>12.4f}"
@@ -571,6 +687,8 @@ def main(argv=None):
             del runs_by_name, inputs
         print(f"{'':<20} (logits: {logits_mb:.0f} MB)", flush=True)
     print(f"\nload average after: {_load()}")
+    if worker is not None:
+        worker.close()
     if skipped:
         print("\nnot run:")
         for s in sorted(skipped):

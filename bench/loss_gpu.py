@@ -130,7 +130,15 @@ def loss_fn(name, kind, durations, acts, labels, tl, ll):
 
             def loss_of(x):
                 return tdt_loss(
-                    x, labels, tl, ll, 0, durations, "sum", sigma=sigma, backend=backend
+                    x,
+                    labels,
+                    tl,
+                    ll,
+                    0,
+                    durations,
+                    reduction="sum",
+                    sigma=sigma,
+                    backend=backend,
                 )
 
         else:

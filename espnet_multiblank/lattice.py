@@ -283,11 +283,6 @@ class TDTLattice:
         return (self.blank,)
 
     @property
-    def blank_duration_slots(self) -> Tuple[int, ...]:
-        """Duration slots ``j`` a blank may take (``e_j >= 1``)."""
-        return tuple(j for j, d in enumerate(self.durations) if d >= 1)
-
-    @property
     def max_frames(self) -> int:
         return max(self.durations)
 

@@ -31,7 +31,7 @@ from espnet_multiblank.espnet.task import MultiblankASRTask
 VARIANTS = {
     "mean": {},
     "fastemit_clamp": dict(transducer_fastemit_lambda=0.01, transducer_clamp=0.002),
-    "mean_volume": dict(transducer_reduction="mean_volume"),
+    "mean_label_normalized": dict(transducer_reduction="mean_label_normalized"),
     # sum: ESPnet weights each rank's loss by its share of the batch, so a summed loss
     # gets 1/world of the one-process gradient; no CTC so that the factor is exact
     "sum": dict(transducer_reduction="sum", ctc_weight=0.0),

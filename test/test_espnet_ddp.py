@@ -16,7 +16,8 @@ their utterances disjoint and together the whole set, the loss falls, and the
 checkpoint rebuilds as the plug-in's model with the ranks' parameters.
 
 Also: one step over 2 ranks x 4 utterances gives the parameters of one step in one
-process over the 8 (loss "mean", FastEmit + clamp, "mean_volume"; "sum" gives half);
+process over the 8 (loss "mean", FastEmit + clamp, "mean_label_normalized"; "sum"
+gives half);
 a rank that dies or hangs makes the run fail with a message naming it, in bounded time;
 the option handling (backend default, timeout, spawn decision) in-process.
 """
@@ -305,10 +306,11 @@ def test_rank_that_hangs_fails_after_dist_timeout(data, tmp_path):
 
 def test_one_step_over_two_ranks_equals_one_process_over_the_global_batch(tmp_path):
     """2 ranks x 4 utterances vs 1 process x 8, one SGD step through ESPnet's trainer:
-    the same parameters for "mean", FastEmit + clamp and "mean_volume" (per-utterance
-    losses; ESPnet weights each rank by its batch share and DDP averages); "sum" moves
-    the parameters half as far (documented in docs/espnet_integration.md); the fused
-    joint + loss (model_conf.transducer_fused_joint) gives "mean"'s step."""
+    the same parameters for "mean", FastEmit + clamp and "mean_label_normalized"
+    (per-utterance losses; ESPnet weights each rank by its batch share and DDP
+    averages); "sum" moves the parameters half as far (documented in
+    docs/espnet_integration.md); the fused joint + loss
+    (model_conf.transducer_fused_joint) gives "mean"'s step."""
     import ddp_grad_case as case
 
     case.write_configs(str(tmp_path))

@@ -115,6 +115,8 @@ OPTIONS = [
     ("mean", dict()),
     ("sum", dict(transducer_fastemit_lambda=0.5, transducer_clamp=0.05)),
     ("mean_volume", dict(transducer_fastemit_lambda=0.1, transducer_clamp=0.2)),
+    ("mean_batch", dict(transducer_clamp=0.1)),
+    ("mean_label_normalized", dict(transducer_fastemit_lambda=0.2)),
 ]
 
 

@@ -1,7 +1,9 @@
-"""Every input check of the loss: the right exception type, and a message that names the
-offending argument."""
+"""Every input check of the losses, for every lattice: the right exception type, and
+a message that names the offending argument."""
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Tuple
 
 import pytest
 import torch
@@ -9,45 +11,91 @@ import torch
 from espnet_multiblank import (
     MultiblankRNNTLoss,
     MultiblankRNNTLossNumba,
+    TDTLoss,
     multiblank_rnnt_loss,
+    tdt_loss,
 )
 from espnet_multiblank.loss.options import make_options
 
 backends = pytest.mark.parametrize("backend", ["torch", "numba"])
-
-B, T, U, V = 2, 5, 4, 8
-BLANK = 7  # big blanks (durations [2, 4]) are 6 and 5; labels in [0, 5)
-DURATIONS = (2, 4)
+B, T, U = 2, 5, 4
 
 
-def inputs():
+@dataclass(frozen=True)
+class Spec:
+    """The valid baseline of one lattice, and what it calls."""
+
+    lattice: str
+    V: int  # softmax symbols (a TDT's tokens)
+    blank: int
+    durations: Tuple[int, ...]
+    labels: Tuple[Tuple[int, ...], ...]
+    fn: Callable
+    module: Callable
+
+    @property
+    def width(self) -> int:
+        return self.V + (len(self.durations) if self.lattice == "tdt" else 0)
+
+    def options(self, **kw) -> dict:
+        key = "durations" if self.lattice == "tdt" else "big_blank_durations"
+        return {"blank": self.blank, key: self.durations, **kw}
+
+
+SPECS = {
+    # big blanks (durations [2, 4]) are 6 and 5; labels in [0, 5)
+    "multiblank": Spec(
+        "multiblank",
+        8,
+        7,
+        (2, 4),
+        ((1, 2, 3), (4, 0, 0)),
+        multiblank_rnnt_loss,
+        MultiblankRNNTLoss,
+    ),
+    "standard": Spec(
+        "standard",
+        8,
+        7,
+        (),
+        ((1, 2, 3), (4, 0, 0)),
+        multiblank_rnnt_loss,
+        MultiblankRNNTLoss,
+    ),
+    # token logits 0..5, blank 2, then 3 duration logits
+    "tdt": Spec("tdt", 6, 2, (0, 1, 2), ((1, 3, 5), (4, 0, 0)), tdt_loss, TDTLoss),
+}
+lattices = pytest.mark.parametrize("lattice", list(SPECS))
+
+
+def inputs(spec):
     """Valid inputs: (acts, labels, act_lens, label_lens)."""
-    acts = torch.randn(B, T, U, V)
-    labels = torch.tensor([[1, 2, 3], [4, 0, 0]])
+    acts = torch.randn(B, T, U, spec.width)
+    labels = torch.tensor(spec.labels)
     return acts, labels, torch.tensor([5, 3]), torch.tensor([3, 1])
 
 
-def call(acts, labels, act_lens, label_lens, backend="torch", **kw):
-    kw.setdefault("blank", BLANK)
-    kw.setdefault("big_blank_durations", DURATIONS)
-    return multiblank_rnnt_loss(
-        acts, labels, act_lens, label_lens, backend=backend, **kw
+def call(spec, acts, labels, act_lens, label_lens, backend="torch", **kw):
+    return spec.fn(
+        acts, labels, act_lens, label_lens, backend=backend, **spec.options(**kw)
     )
 
 
-def test_valid_inputs_pass():
-    """The baseline used by every other test is accepted."""
-    loss = call(*inputs())
-    assert math.isfinite(float(loss))
-
-
-def _replace(i, value):
-    args = list(inputs())
+def _replace(spec, i, value):
+    args = list(inputs(spec))
     args[i] = value(args[i]) if callable(value) else value
     return args
 
 
-# ----------------------------------------------------------------------- tensors: ranks
+@lattices
+def test_valid_inputs_pass(lattice):
+    """The baseline used by every other test is accepted."""
+    spec = SPECS[lattice]
+    assert math.isfinite(float(call(spec, *inputs(spec))))
+
+
+# ----------------------------------------------------------------------- tensors
+@lattices
 @backends
 @pytest.mark.parametrize(
     "index,value,exc,name",
@@ -65,11 +113,13 @@ def _replace(i, value):
         (3, (3, 1), TypeError, "label_lens"),
     ],
 )
-def test_ranks_and_types(backend, index, value, exc, name):
+def test_ranks_and_types(lattice, backend, index, value, exc, name):
+    spec = SPECS[lattice]
     with pytest.raises(exc, match=name):
-        call(*_replace(index, value), backend=backend)
+        call(spec, *_replace(spec, index, value), backend=backend)
 
 
+@lattices
 @backends
 @pytest.mark.parametrize(
     "index,dtype,name",
@@ -82,32 +132,43 @@ def test_ranks_and_types(backend, index, value, exc, name):
         (3, torch.bool, "label_lens"),
     ],
 )
-def test_dtypes(backend, index, dtype, name):
+def test_dtypes(lattice, backend, index, dtype, name):
+    spec = SPECS[lattice]
     with pytest.raises(TypeError, match=name):
-        call(*_replace(index, lambda x: x.to(dtype)), backend=backend)
+        call(spec, *_replace(spec, index, lambda x: x.to(dtype)), backend=backend)
 
 
+@lattices
 @backends
 @pytest.mark.parametrize(
     "index,name", [(1, "labels"), (2, "act_lens"), (3, "label_lens")]
 )
-def test_batch_mismatch(backend, index, name):
+@pytest.mark.parametrize(
+    "change",
+    [lambda x: torch.cat([x, x[:1]]), lambda x: x[:1]],
+    ids=["longer", "shorter"],
+)
+def test_batch_mismatch(lattice, backend, index, name, change):
+    spec = SPECS[lattice]
     with pytest.raises(ValueError, match=name):
-        call(*_replace(index, lambda x: torch.cat([x, x[:1]])), backend=backend)
+        call(spec, *_replace(spec, index, change), backend=backend)
 
 
+@lattices
 @backends
 @pytest.mark.parametrize(
     "index,name", [(1, "labels"), (2, "act_lens"), (3, "label_lens")]
 )
-def test_device_mismatch(backend, index, name):
+def test_device_mismatch(lattice, backend, index, name):
     """A second device is not needed: 'meta' tensors are enough to exercise the check,
     which must fire before anything reads the values."""
+    spec = SPECS[lattice]
     with pytest.raises(ValueError, match=name):
-        call(*_replace(index, lambda x: x.to("meta")), backend=backend)
+        call(spec, *_replace(spec, index, lambda x: x.to("meta")), backend=backend)
 
 
 # ----------------------------------------------------------------------- lengths
+@lattices
 @backends
 @pytest.mark.parametrize(
     "act_lens,label_lens,name",
@@ -115,74 +176,131 @@ def test_device_mismatch(backend, index, name):
         ([-1, 3], [3, 1], "act_lens"),
         ([6, 3], [3, 1], "act_lens"),  # > T
         ([5, 3], [-1, 1], "label_lens"),
+        ([5, 3], [3, -1], "label_lens"),
         ([5, 3], [4, 1], "label_lens"),  # > U - 1
     ],
 )
-def test_bad_lengths(backend, act_lens, label_lens, name):
-    acts, labels, _, _ = inputs()
+def test_bad_lengths(lattice, backend, act_lens, label_lens, name):
+    spec = SPECS[lattice]
+    acts, labels, _, _ = inputs(spec)
     with pytest.raises(ValueError, match=name):
-        call(acts, labels, torch.tensor(act_lens), torch.tensor(label_lens), backend)
+        call(
+            spec,
+            acts,
+            labels,
+            torch.tensor(act_lens),
+            torch.tensor(label_lens),
+            backend,
+        )
 
 
+@lattices
 @backends
-def test_label_lens_longer_than_labels(backend):
+def test_label_lens_longer_than_labels(lattice, backend):
     """labels narrower than U - 1: label_lens may not exceed labels.shape[1]."""
-    acts, labels, act_lens, _ = inputs()
+    spec = SPECS[lattice]
+    acts, labels, act_lens, _ = inputs(spec)
     with pytest.raises(ValueError, match="label_lens"):
-        call(acts, labels[:, :2], act_lens, torch.tensor([3, 1]), backend)
+        call(spec, acts, labels[:, :2], act_lens, torch.tensor([3, 1]), backend)
     # ... but a narrower labels tensor is fine when the lengths fit
-    call(acts, labels[:, :2], act_lens, torch.tensor([2, 1]), backend="torch")
+    call(spec, acts, labels[:, :2], act_lens, torch.tensor([2, 1]), backend="torch")
 
 
 # ----------------------------------------------------------------------- label values
-@backends
+#: per lattice, the ids a label must not take: out of [0, V) (a TDT's duration
+#: logits' indices too), the blank, any big blank
+BAD_LABELS = {
+    "multiblank": [-1, 8, 100, 7, 6, 5],
+    "standard": [-1, 8, 100, 7],
+    "tdt": [2, 6, 8, -1],
+}
+
+
 @pytest.mark.parametrize(
-    "bad", [-1, V, 100, BLANK, BLANK - 1, BLANK - 2], ids=lambda v: f"label{v}"
+    "lattice,bad",
+    [(k, v) for k, vs in BAD_LABELS.items() for v in vs],
+    ids=[f"{k}-label{v}" for k, vs in BAD_LABELS.items() for v in vs],
 )
-def test_bad_label_ids(backend, bad):
-    """Out of [0, V), or equal to the standard blank or any big blank, within the valid
-    length."""
-    acts, labels, act_lens, label_lens = inputs()
+@backends
+def test_bad_label_ids(lattice, bad, backend):
+    """Out of range, or a blank, within the valid length: refused; the same id in the
+    padding is ignored."""
+    spec = SPECS[lattice]
+    acts, labels, act_lens, label_lens = inputs(spec)
     labels = labels.clone()
     labels[0, 2] = bad
     with pytest.raises(ValueError, match="labels"):
-        call(acts, labels, act_lens, label_lens, backend)
+        call(spec, acts, labels, act_lens, label_lens, backend)
+    labels = inputs(spec)[1].clone()
+    labels[1, 2] = bad
+    assert math.isfinite(float(call(spec, acts, labels, act_lens, label_lens, backend)))
 
 
-@pytest.mark.parametrize("bad", [-1, V, 10**6, BLANK, BLANK - 1])
-def test_padding_may_hold_anything(bad):
+@lattices
+@pytest.mark.parametrize("bad", [-1, 10**6, "V", "blank", "blank - 1"])
+def test_padding_may_hold_anything(lattice, bad):
     """Positions >= label_lens[b] are padding and are not checked."""
-    acts, labels, act_lens, label_lens = inputs()
+    spec = SPECS[lattice]
+    bad = {"V": spec.V, "blank": spec.blank, "blank - 1": spec.blank - 1}.get(bad, bad)
+    acts, labels, act_lens, label_lens = inputs(spec)
     labels = labels.clone()
     labels[1, 1:] = bad
-    ref = call(acts, inputs()[1], act_lens, label_lens)
-    assert torch.equal(call(acts, labels, act_lens, label_lens), ref)
+    ref = call(spec, acts, inputs(spec)[1], act_lens, label_lens)
+    assert torch.equal(call(spec, acts, labels, act_lens, label_lens), ref)
 
 
+@lattices
 @backends
-def test_callers_labels_are_not_modified(backend):
+def test_callers_labels_are_not_modified(lattice, backend):
     """The checks zero the padding of their own copy of the labels."""
-    acts, labels, act_lens, label_lens = inputs()
+    spec = SPECS[lattice]
+    acts, labels, act_lens, label_lens = inputs(spec)
     labels[1, 1:] = -3
     kept = labels.clone()
-    call(acts, labels, act_lens, label_lens, backend)
+    call(spec, acts, labels, act_lens, label_lens, backend)
     assert torch.equal(labels, kept)
 
 
 def test_labels_id_5_is_valid_without_a_third_big_blank():
-    """Sanity check of the fixture: with 2 big blanks, id BLANK - 3 is an ordinary
+    """Sanity check of the fixture: with 2 big blanks, id blank - 3 is an ordinary
     label."""
-    acts, labels, act_lens, label_lens = inputs()
+    spec = SPECS["multiblank"]
+    acts, labels, act_lens, label_lens = inputs(spec)
     labels = labels.clone()
-    labels[0, 2] = BLANK - 3
-    assert math.isfinite(float(call(acts, labels, act_lens, label_lens)))
+    labels[0, 2] = spec.blank - 3
+    assert math.isfinite(float(call(spec, acts, labels, act_lens, label_lens)))
+
+
+@backends
+@pytest.mark.parametrize("width", [3, 2, 0])
+def test_tdt_joint_output_too_narrow(backend, width):
+    """acts.shape[3] must be V + D with the blank < V."""
+    spec = SPECS["tdt"]
+    acts, labels, act_lens, label_lens = inputs(spec)
+    with pytest.raises(ValueError, match=r"acts\.shape\[3\]"):
+        call(
+            spec,
+            acts[..., :width],
+            labels.clamp(max=0),
+            act_lens,
+            label_lens,
+            backend=backend,
+        )
+
+
+@backends
+def test_tdt_blank_beyond_token_logits(backend):
+    spec = SPECS["tdt"]
+    acts, labels, act_lens, label_lens = inputs(spec)
+    with pytest.raises(ValueError, match="blank"):
+        call(spec, acts, labels, act_lens, label_lens, blank=spec.V, backend=backend)
 
 
 # ----------------------------------------------------------------------- scalar options
-@pytest.mark.parametrize(
-    "kw,exc,name",
-    [
-        (dict(blank=V), ValueError, "blank"),
+#: per family, options refused at the call (ValueError / TypeError naming them)
+BAD_OPTIONS = {
+    "multiblank": [
+        (dict(blank=8), ValueError, "blank"),  # = V
         (dict(blank=-1, big_blank_durations=()), ValueError, "blank"),
         (dict(blank=1, big_blank_durations=(2, 4)), ValueError, "blank"),  # 1-1-1 < 0
         (dict(blank=0, big_blank_durations=(2,)), ValueError, "blank"),
@@ -210,48 +328,34 @@ def test_labels_id_5_is_valid_without_a_third_big_blank():
         (dict(reduction=None), ValueError, "reduction"),
         (dict(reduction="MEAN"), ValueError, "reduction"),
     ],
-    ids=lambda v: repr(v) if isinstance(v, dict) else None,
-)
-def test_bad_options(kw, exc, name):
-    with pytest.raises(exc, match=name):
-        call(*inputs(), **kw)
-
-
-def test_options_cache_is_neither_stale_nor_lenient():
-    """make_options caches validated options by the exact arguments: a mutated list
-    gives new options, and 7.0 / True are refused after 7 / 1 were accepted."""
-    durations = [2, 4]
-    first = make_options(BLANK, durations)
-    assert make_options(BLANK, [2, 4]) is first
-    durations.append(6)
-    assert make_options(BLANK, durations).big_blank_durations == (2, 4, 6)
-    with pytest.raises(TypeError, match="blank"):
-        make_options(float(BLANK), [2, 4])
-    make_options(BLANK, [2, 4], "mean", 1)
-    with pytest.raises(TypeError, match="big_blank_durations"):
-        make_options(BLANK, [2, True])
-    with pytest.raises(ValueError, match="reduction"):
-        make_options(BLANK, [2, 4], "MEAN")
-
-
-@pytest.mark.parametrize("backend", ["cuda-numba", "", "Torch", None])
-def test_unknown_backend(backend):
-    with pytest.raises(ValueError, match="backend"):
-        call(*inputs(), backend=backend)
-
-
-def test_durations_accept_lists_and_numpy_ints():
-    np = pytest.importorskip("numpy")
-    acts, labels, act_lens, label_lens = inputs()
-    a = call(acts, labels, act_lens, label_lens, big_blank_durations=[2, 4])
-    b = call(acts, labels, act_lens, label_lens, big_blank_durations=np.array([2, 4]))
-    assert torch.equal(a, b)
-
-
-# ----------------------------------------------------------------------- module forms
-@pytest.mark.parametrize(
-    "kw,exc,name",
-    [
+    "tdt": [
+        (dict(durations=[]), ValueError, "durations"),
+        (dict(durations=None), TypeError, "durations"),
+        (dict(durations=[0]), ValueError, "durations"),  # nothing >= 1
+        (dict(durations=[-1, 1]), ValueError, "durations"),
+        (dict(durations=[1, 2, 1]), ValueError, "durations"),  # not distinct
+        (dict(durations=[1, 2.5]), TypeError, "durations"),
+        (dict(durations=[1, True]), TypeError, "durations"),
+        (dict(durations="12"), TypeError, "durations"),
+        (dict(durations=3), TypeError, "durations"),
+        (dict(blank=-1), ValueError, "blank"),
+        (dict(blank=1.0), TypeError, "blank"),
+        (dict(reduction="avg"), ValueError, "reduction"),
+        (dict(sigma=-0.1), ValueError, "sigma"),
+        (dict(sigma=float("nan")), ValueError, "sigma"),
+        (dict(sigma="0.05"), TypeError, "sigma"),
+        (dict(omega=-0.1), ValueError, "omega"),
+        (dict(omega=1.5), ValueError, "omega"),
+        (dict(omega=float("nan")), ValueError, "omega"),
+        (dict(omega="0.1"), TypeError, "omega"),
+        (dict(fastemit_lambda=-1.0), ValueError, "fastemit_lambda"),
+        (dict(clamp=-0.5), ValueError, "clamp"),
+        (dict(clamp=float("inf")), ValueError, "clamp"),
+    ],
+}
+#: per family, options its module refuses at construction
+BAD_MODULE_OPTIONS = {
+    "multiblank": [
         (dict(blank=True), TypeError, "blank"),
         (dict(blank=7.0), TypeError, "blank"),
         (dict(blank=1, big_blank_durations=(2, 4)), ValueError, "blank"),
@@ -262,38 +366,139 @@ def test_durations_accept_lists_and_numpy_ints():
         (dict(fastemit_lambda=-1.0), ValueError, "fastemit_lambda"),
         (dict(backend="gpu"), ValueError, "backend"),
     ],
-    ids=lambda v: repr(v) if isinstance(v, dict) else None,
-)
-def test_module_constructor(kw, exc, name):
-    """MultiblankRNNTLoss validates its options at construction."""
-    kw = {"blank": BLANK, "big_blank_durations": DURATIONS, **kw}
+    "tdt": BAD_OPTIONS["tdt"] + [(dict(backend="cuda"), ValueError, "backend")],
+}
+
+
+def _options_params(table):
+    return [
+        pytest.param(family, kw, exc, name, id=f"{family}-{kw!r}")
+        for family, rows in table.items()
+        for kw, exc, name in rows
+    ]
+
+
+@pytest.mark.parametrize("family,kw,exc,name", _options_params(BAD_OPTIONS))
+def test_bad_options(family, kw, exc, name):
+    spec = SPECS[family]
     with pytest.raises(exc, match=name):
-        MultiblankRNNTLoss(**kw)
+        call(spec, *inputs(spec), **kw)
+
+
+@pytest.mark.parametrize("family,kw,exc,name", _options_params(BAD_MODULE_OPTIONS))
+def test_module_constructor(family, kw, exc, name):
+    """The modules validate their options at construction."""
+    spec = SPECS[family]
+    with pytest.raises(exc, match=name):
+        spec.module(**spec.options(**kw))
+
+
+@lattices
+@pytest.mark.parametrize("backend", ["cuda-numba", "cuda", "", "Torch", None])
+def test_unknown_backend(lattice, backend):
+    spec = SPECS[lattice]
+    with pytest.raises(ValueError, match="backend"):
+        call(spec, *inputs(spec), backend=backend)
+
+
+def test_options_cache_is_neither_stale_nor_lenient():
+    """make_options caches validated options by the exact arguments: a mutated list
+    gives new options, and 7.0 / True are refused after 7 / 1 were accepted."""
+    blank = SPECS["multiblank"].blank
+    durations = [2, 4]
+    first = make_options(blank, durations)
+    assert make_options(blank, [2, 4]) is first
+    durations.append(6)
+    assert make_options(blank, durations).big_blank_durations == (2, 4, 6)
+    with pytest.raises(TypeError, match="blank"):
+        make_options(float(blank), [2, 4])
+    make_options(blank, [2, 4], "mean", 1)
+    with pytest.raises(TypeError, match="big_blank_durations"):
+        make_options(blank, [2, True])
+    with pytest.raises(ValueError, match="reduction"):
+        make_options(blank, [2, 4], "MEAN")
+
+
+@pytest.mark.parametrize("family", ["multiblank", "tdt"])
+def test_durations_accept_lists_numpy_and_tensors_in_any_order(family):
+    np = pytest.importorskip("numpy")
+    spec = SPECS[family]
+    acts, labels, act_lens, label_lens = inputs(spec)
+    durations = list(spec.durations)
+    key = "durations" if family == "tdt" else "big_blank_durations"
+    a = call(spec, acts, labels, act_lens, label_lens, **{key: durations})
+    for other in (np.array(durations), torch.tensor(durations)):
+        b = call(spec, acts, labels, act_lens, label_lens, **{key: other})
+        assert torch.equal(a, b)
+    reordered = spec.module(**spec.options(**{key: torch.tensor(durations[::-1])}))
+    assert tuple(getattr(reordered, key)) == tuple(durations[::-1])
 
 
 def test_module_negative_clamp():
     """clamp < 0 is an error for MultiblankRNNTLoss but means "off" for the ESPnet-style
     MultiblankRNNTLossNumba."""
+    spec = SPECS["multiblank"]
     with pytest.raises(ValueError, match="clamp"):
-        MultiblankRNNTLoss(BLANK, DURATIONS, clamp=-1.0)
-    assert MultiblankRNNTLossNumba(BLANK, DURATIONS, clamp=-1).opts.clamp == 0.0
+        MultiblankRNNTLoss(spec.blank, spec.durations, clamp=-1.0)
+    assert MultiblankRNNTLossNumba(spec.blank, spec.durations, clamp=-1).opts.clamp == 0
 
 
-def test_module_checks_tensors():
-    loss = MultiblankRNNTLoss(BLANK, DURATIONS, backend="torch")
-    acts, labels, act_lens, label_lens = inputs()
+@lattices
+def test_module_checks_tensors(lattice):
+    spec = SPECS[lattice]
+    loss = spec.module(**spec.options(backend="torch"))
+    acts, labels, act_lens, label_lens = inputs(spec)
     with pytest.raises(ValueError, match="label_lens"):
         loss(acts, labels, act_lens, torch.tensor([9, 1]))
 
 
 # -------------------------------------------------------------------- non-finite logits
-@pytest.mark.parametrize("backend", ["numba", "auto"])
+def _non_finite_params():
+    out = []
+    for lattice, spec in SPECS.items():
+        parts = {"token": 3}  # a label's logit
+        if lattice == "tdt":
+            parts = {"token": 1, "duration": spec.V + 1}
+        omegas = (0.0, 1.0) if lattice == "tdt" else (0.0,)
+        for part, k in parts.items():
+            for omega in omegas:
+                out.append(
+                    pytest.param(
+                        lattice, k, omega, id=f"{lattice}-{part}-omega{omega:g}"
+                    )
+                )
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "auto"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_non_finite_logits(backend, value):
-    """NaN / +inf logits inside the valid region raise ValueError naming acts (fused
-    path)."""
-    acts, labels, act_lens, label_lens = inputs()
-    acts = acts.clone()
-    acts[1, 2, 1, 3] = value
+@pytest.mark.parametrize("lattice,k,omega", _non_finite_params())
+def test_non_finite_logits(backend, value, lattice, k, omega):
+    """NaN / +inf in a valid row (a TDT's token or duration part) raise ValueError
+    naming acts, with or without gradient (a TDT also on omega's RNN-T branch)."""
+    spec = SPECS[lattice]
+    extra = dict(omega=omega) if lattice == "tdt" else {}
+    acts, labels, act_lens, label_lens = inputs(spec)
+    acts[1, 2, 1, k] = value
     with pytest.raises(ValueError, match="acts"):
-        call(acts.requires_grad_(True), labels, act_lens, label_lens, backend=backend)
+        call(spec, acts, labels, act_lens, label_lens, backend=backend, **extra)
+    with pytest.raises(ValueError, match="acts"):
+        call(
+            spec,
+            acts.requires_grad_(True),
+            labels,
+            act_lens,
+            label_lens,
+            backend=backend,
+            **extra,
+        )
+
+
+@backends
+def test_tdt_all_masked_duration_row_raises(backend):
+    """A row whose duration logits are all -inf has no duration distribution."""
+    spec = SPECS["tdt"]
+    acts, labels, act_lens, label_lens = inputs(spec)
+    acts[0, 1, 1, spec.V :] = -math.inf
+    with pytest.raises(ValueError, match="acts"):
+        call(spec, acts, labels, act_lens, label_lens, backend=backend)

@@ -191,9 +191,12 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
       uses the TDT loss).
     * ``transducer_fastemit_lambda`` (default 0): FastEmit weight.
     * ``transducer_clamp`` (default 0 = off): clip the loss gradient to [-c, c].
-    * ``transducer_reduction`` (default "mean"): over the K utterances of the batch
-      that have a path, "mean" = their sum / K (ESPnet's sum / batch when every
-      utterance has one), "sum", "mean_volume" (mean of cost / target length).
+    * ``transducer_reduction`` (default "mean"): the loss's reductions but "none"
+      (README's table), over the K utterances of the batch that have a path: "mean"
+      = their sum / K (ESPnet's sum / batch when every utterance has one), "sum",
+      "mean_batch" (= "mean"), "mean_volume" (NeMo's: sum of costs / sum of target
+      lengths), "mean_label_normalized" (NeMo's "mean": mean of cost / target
+      length).
     * ``transducer_loss_backend`` (default "auto"): "auto", "numba" or "torch".
     * ``transducer_allow_unreachable_lengths`` (default false): accept TDT durations
       that some encoder lengths cannot be reached with.

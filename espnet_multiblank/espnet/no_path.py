@@ -12,56 +12,29 @@ takes the per-utterance costs (the loss's reduction "none") and reduces them her
 * the utterances without a path are left out of the value, their share of the batch
   is reported (``transducer_no_path_fraction`` in the stats ESPnet logs), and
   :class:`NoPathWarnings` logs how many there were;
-* the configured reduction runs over the K utterances that have a path: "sum" is
-  their sum, "mean" their sum / K (not / B), "mean_volume" the mean over those K of
-  cost_b / max(L_b, 1);
+* the configured reduction runs over the K utterances that have a path, as if the
+  batch held only those: "sum" is their sum, "mean" and "mean_batch" their sum / K
+  (not / B), "mean_volume" their sum / the sum of their label counts,
+  "mean_label_normalized" the mean over those K of cost_b / max(L_b, 1);
 * a batch without any such utterance gives a loss of 0 whose gradient is 0 (still
   connected to the graph, so that DDP sees every parameter's gradient).
 """
 
 import logging
-from typing import Callable, Dict, Tuple
+from typing import Tuple
 
 import torch
 
 from espnet_multiblank.lattice import max_labels, reachable_lengths
+from espnet_multiblank.loss.reductions import REDUCTIONS, weights
 
 logger = logging.getLogger(__name__)
 
 
-def _kept(has_path: torch.Tensor) -> torch.Tensor:
-    """K, the number of utterances with a path, as a float64 tensor >= 1."""
-    return has_path.sum().clamp(min=1).to(torch.float64)
-
-
-def _sum_weights(label_lens: torch.Tensor, has_path: torch.Tensor) -> torch.Tensor:
-    return torch.ones(label_lens.shape, dtype=torch.float64, device=label_lens.device)
-
-
-def _mean_weights(label_lens: torch.Tensor, has_path: torch.Tensor) -> torch.Tensor:
-    return _sum_weights(label_lens, has_path) / _kept(has_path)
-
-
-def _mean_volume_weights(
-    label_lens: torch.Tensor, has_path: torch.Tensor
-) -> torch.Tensor:
-    return 1.0 / (label_lens.clamp(min=1).to(torch.float64) * _kept(has_path))
-
-
-#: d loss / d cost_b of each reduction, from (label_lens (B,) int, has_path (B,)
-#: bool) to (B,) float64 weights (tensor operations only: no device sync).
-#: Utterances without a path get a positive weight too: their cost is replaced by 0
-#: and their gradient is exactly zero, so the weight changes nothing, and a non-zero
-#: incoming gradient lets the loss finish its gradient in place (a zero one would
-#: cost a second logits-sized buffer).
-REDUCTION_WEIGHTS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "sum": _sum_weights,
-    "mean": _mean_weights,
-    "mean_volume": _mean_volume_weights,
-}
-
-#: the reductions the model can apply
-MODEL_REDUCTIONS = tuple(REDUCTION_WEIGHTS)
+#: the reductions the model can apply: the loss's, but for "none" (the trainer needs
+#: a scalar); the weights are the loss's own (``loss.reductions.weights``) over the
+#: utterances that have a path
+MODEL_REDUCTIONS = tuple(r for r in REDUCTIONS if r != "none")
 
 
 class _CostsWithPath(torch.autograd.Function):
@@ -94,9 +67,12 @@ def reduce_over_paths(
         of the utterances left out.
     """
     no_path = torch.isposinf(costs.detach())
-    has_path = ~no_path
-    weights = REDUCTION_WEIGHTS[reduction](label_lens.to(costs.device), has_path)
-    loss = (_CostsWithPath.apply(costs, no_path) * weights.to(costs.dtype)).sum()
+    # utterances without a path get a positive weight too: their cost is replaced by
+    # 0 and their gradient is exactly zero, so the weight changes nothing, and a
+    # non-zero incoming gradient lets the loss finish its gradient in place (a zero
+    # one would cost a second logits-sized buffer)
+    w = weights(reduction, label_lens.to(costs.device), costs.dtype, keep=~no_path)
+    loss = (_CostsWithPath.apply(costs, no_path) * w).sum()
     return loss, no_path
 
 

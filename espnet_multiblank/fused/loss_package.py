@@ -47,13 +47,14 @@ import torch
 
 from espnet_multiblank.loss.dispatch import BACKENDS, check_backend
 from espnet_multiblank.loss.function import reduce_costs
-from espnet_multiblank.loss.options import LossOptions, make_options
-from espnet_multiblank.loss.tdt_options import (
+from espnet_multiblank.loss.options import (
+    LossOptions,
     TDTOptions,
     check_probability,
+    make_options,
     make_tdt_options,
 )
-from espnet_multiblank.loss.validation import FLOAT_DTYPES
+from espnet_multiblank.loss.validation import FLOAT_DTYPES, LabelRule
 from espnet_multiblank.loss.validation import _check_tensor as check_tensor
 from espnet_multiblank.loss.validation import check_lengths_and_labels, check_tensors
 
@@ -171,18 +172,10 @@ def check_labels_and_lengths(
             f"standard blank {opts.blank}, big blanks {list(opts.big_blank_ids)}"
         )
         blank_ids = opts.all_blank_ids
+    rule = LabelRule(V, blank_ids, vocab_text, blank_text)
     try:
-        check_tensors(shape_only, labels, act_lens, label_lens)
-        return check_lengths_and_labels(
-            shape_only,
-            labels,
-            act_lens,
-            label_lens,
-            num_labels=V,
-            blank_ids=blank_ids,
-            vocab_text=vocab_text,
-            blank_text=blank_text,
-        )
+        check_tensors(shape_only, labels, act_lens, label_lens, "")
+        return check_lengths_and_labels(shape_only, labels, act_lens, label_lens, rule)
     except (TypeError, ValueError) as err:
         raise _renamed(err) from None
 
@@ -194,7 +187,8 @@ _LOGITS_PER_NODE = 64
 
 
 def run_lattice_cpu(opts, rows: np.ndarray, act_lens, label_lens, need_grad: bool):
-    """The CPU Numba lattice kernels on numpy planes (module docstring).
+    """The CPU Numba lattice kernels on numpy planes (module docstring): the loss
+    package's lattice stage, :func:`espnet_multiblank.loss.stages.run_lattice`.
 
     Args:
         rows: (B, T, U, width) float64 numpy array, C-contiguous.
@@ -202,31 +196,17 @@ def run_lattice_cpu(opts, rows: np.ndarray, act_lens, label_lens, need_grad: boo
     Returns:
         log_p: (B,) float64 numpy array.
     """
-    import numba
-
-    from espnet_multiblank.loss.cpu import driver, tdt_driver
+    from espnet_multiblank.loss.stages import run_lattice
 
     B, T, U, _ = rows.shape
-    log_p = np.empty(B, np.float64)
-    family = tdt_driver.tdt_compute if is_tdt(opts) else driver.compute
-    kernels, prev = family.pick(B * T * U * _LOGITS_PER_NODE)
-    lattice = kernels[1]
-    try:
-        extra = family.lattice_extra(opts, B, U, lattice is family.parallel[1])
-        lattice(
-            rows,
-            act_lens,
-            label_lens,
-            family.durations(opts),
-            opts.fastemit_lambda,
-            need_grad,
-            *extra,
-            log_p,
-        )
-    finally:
-        if prev is not None:
-            numba.set_num_threads(prev)
-    return log_p
+    return run_lattice(
+        opts,
+        rows,
+        act_lens,
+        label_lens,
+        need_grad,
+        num_elements=B * T * U * _LOGITS_PER_NODE,
+    )
 
 
 # ------------------------------------------------------------------ lattice: CUDA
@@ -241,9 +221,9 @@ def run_lattice_cuda(opts, rows: torch.Tensor, act_lens, label_lens, need_grad: 
     Returns:
         log_p: (B,) float64 tensor on the device.
     """
-    from espnet_multiblank.loss.cuda import _launch_module
+    from espnet_multiblank.loss.cuda import compute
 
-    launch = _launch_module("mb")  # without numba-cuda: ImportError, install hint
+    launch = compute.launch_module()  # without numba-cuda: ImportError, install hint
     if is_tdt(opts):
         from espnet_multiblank.loss.cuda.tdt_kernels import get_tdt_kernels as get
     else:
@@ -329,8 +309,7 @@ def run_lattice_torch(
     Returns:
         log_p: (B,) float64 tensor.
     """
-    from espnet_multiblank.loss.reference import log_likelihood
-    from espnet_multiblank.loss.tdt_reference import tdt_log_likelihood
+    from espnet_multiblank.loss.reference import log_likelihood, tdt_log_likelihood
 
     B, T, U, _ = rows.shape
     if T == 0:  # every T_b = 0: the empty path (log P = 0) or impossible

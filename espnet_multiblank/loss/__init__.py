@@ -1,17 +1,22 @@
-"""Transducer losses (multi-blank / standard RNN-T and TDT): API, options, validation
-and per-device backends."""
+"""Transducer losses (multi-blank / standard RNN-T and TDT): API, options, validation,
+the family records, the stages and per-device backends."""
 
 from espnet_multiblank.loss.api import (
     MultiblankRNNTLoss,
     MultiblankRNNTLossNumba,
+    TDTLoss,
     multiblank_rnnt_loss,
     rnnt_loss,
+    tdt_loss,
+    transducer_loss,
 )
-from espnet_multiblank.loss.options import LossOptions, make_options
-from espnet_multiblank.loss.reference import reference_costs
-from espnet_multiblank.loss.tdt_api import TDTLoss, tdt_loss
-from espnet_multiblank.loss.tdt_options import TDTOptions, make_tdt_options
-from espnet_multiblank.loss.tdt_reference import tdt_reference_costs
+from espnet_multiblank.loss.options import (
+    LossOptions,
+    TDTOptions,
+    make_options,
+    make_tdt_options,
+)
+from espnet_multiblank.loss.reference import reference_costs, tdt_reference_costs
 
 __all__ = [
     "MultiblankRNNTLoss",
@@ -26,4 +31,5 @@ __all__ = [
     "TDTOptions",
     "make_tdt_options",
     "tdt_reference_costs",
+    "transducer_loss",
 ]

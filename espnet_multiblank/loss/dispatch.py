@@ -1,38 +1,22 @@
-"""Backend dispatch shared by the multi-blank and the TDT loss.
+"""Backend dispatch of the one loss path (both lattice families).
 
-Both losses take validated inputs to a reduced loss the same way: the fused Numba
-kernel of the tensors' device when there is one (``backend`` "auto" or "numba"), else
-the float64-capable PyTorch reference ("torch", or a device Numba cannot target). Only
-the kernels, the reference and the checks of the torch path differ; they come in as
-arguments.
+Validated inputs go to a reduced loss the same way for every family: the fused Numba
+kernel of the tensors' device when there is one (``backend`` "auto" or "numba"),
+else the float64-capable PyTorch reference ("torch", or a device Numba cannot
+target). The kernels and the reference come from the family record.
 """
-
-from typing import Callable, Optional
 
 import torch
 
-from espnet_multiblank.loss.function import FusedMultiblankRNNTFunction, reduce_costs
+from espnet_multiblank.loss.function import FusedTransducerFunction, reduce_costs
+from espnet_multiblank.loss.validation import check_valid_rows
 
 BACKENDS = ("auto", "numba", "torch")
-
-# reference(acts, labels, act_lens, label_lens, opts, clamp=...) -> (B,) costs
-ReferenceCosts = Callable[..., torch.Tensor]
 
 
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-
-
-def valid_nodes(acts, act_lens, label_lens) -> torch.Tensor:
-    """(B, T, U) bool: the lattice nodes (t < T_b, u <= L_b) whose logits row is read;
-    the other rows of ``acts`` (B, T, U, V) are padding."""
-    B, T, U = acts.shape[:3]
-    t = torch.arange(T, device=acts.device)
-    u = torch.arange(U, device=acts.device)
-    return (t.view(1, T, 1) < act_lens.view(B, 1, 1).to(acts.device)) & (
-        u.view(1, 1, U) <= label_lens.view(B, 1, 1).to(acts.device)
-    )
 
 
 class ClampedReferenceFunction(torch.autograd.Function):
@@ -67,40 +51,35 @@ def dispatch_loss(
     act_lens: torch.Tensor,
     label_lens: torch.Tensor,
     opts,
+    family,
     backend: str,
-    kernel: Optional[Callable],
-    reference: ReferenceCosts,
-    check_reference_input: Callable = lambda acts, act_lens, label_lens: None,
-    check_reference_costs: Callable = lambda costs: None,
 ) -> torch.Tensor:
     """The reduced loss of validated inputs.
 
     Args:
-        acts, labels, act_lens, label_lens, opts: validated by the loss's own checks.
+        acts, labels, act_lens, label_lens, opts: validated for ``family``.
+        family: the :class:`~espnet_multiblank.loss.families.LatticeFamily` of opts.
         backend: one of BACKENDS.
-        kernel: the Numba kernel of ``acts.device`` (None: Numba cannot target it).
-        reference: the PyTorch costs function (the torch backend).
-        check_reference_input / check_reference_costs: what the torch path checks
-            before and after the reference, so that it raises where the kernels do.
     """
     check_backend(backend)
-    if backend == "torch":
-        kernel = None
-    elif kernel is None and backend == "numba":
+    kernel = None if backend == "torch" else family.kernel(acts.device)
+    if kernel is None and backend == "numba":
         raise ValueError(
             "backend='numba' supports cpu and cuda tensors, "
             f"got acts on {acts.device}; use backend='torch' or 'auto'"
         )
     if kernel is not None:
-        return FusedMultiblankRNNTFunction.apply(
+        return FusedTransducerFunction.apply(
             acts, labels, act_lens, label_lens, opts, kernel
         )
-    check_reference_input(acts, act_lens, label_lens)
+    # the kernels flag these rows themselves (NaN costs); the reference would not
+    check_valid_rows(
+        acts, act_lens, label_lens, family.softmax_parts(opts, acts.shape[3])
+    )
     if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
         costs = ClampedReferenceFunction.apply(
-            acts, labels, act_lens, label_lens, opts, reference
+            acts, labels, act_lens, label_lens, opts, family.reference
         )
     else:
-        costs = reference(acts, labels, act_lens, label_lens, opts)
-    check_reference_costs(costs)
+        costs = family.reference(acts, labels, act_lens, label_lens, opts)
     return reduce_costs(costs, opts, label_lens)

@@ -2,12 +2,14 @@
 
 The gradient of the *reduced* loss with respect to the logits is, per utterance b,
 ``factor_b * clip(d cost_b / d acts_b, -clamp, clamp)`` with ``factor_b`` = reduction
-weight (1 for "none"/"sum", 1/B for "mean", 1/max(L_b,1) / B for "mean_volume") times
-the incoming gradient. It costs ONE logits-sized buffer whatever the incoming gradient
-(1 - ctc_weight, 1 / accum_grad, an AMP loss scale...):
+weight (``espnet_multiblank.loss.reductions``: 1 for "none"/"sum", 1/B for "mean" and
+"mean_batch", 1/max(sum L, 1) for "mean_volume", 1/(B max(L_b, 1)) for
+"mean_label_normalized") times the incoming gradient. It costs ONE logits-sized
+buffer whatever the incoming gradient (1 - ctc_weight, 1 / accum_grad, an AMP loss
+scale...):
 
 * kernels that offer ``kernel.begin`` / ``kernel.finish`` (the CPU kernel for float32
-  and float64 logits; see :class:`FusedMultiblankRNNTFunction` for the contract) leave
+  and float64 logits; see :class:`FusedTransducerFunction` for the contract) leave
   their last pass to ``backward``: the forward pass keeps the buffer of exps and the
   lattice occupancies, and backward turns the buffer into the gradient in place with
   the factors folded in (no extra pass over the logits);
@@ -29,32 +31,18 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from espnet_multiblank.loss.options import LossOptions
+from espnet_multiblank.loss import reductions
+from espnet_multiblank.loss.validation import nonfinite_logits_message
 
 
-def reduction_weights(
-    opts: LossOptions, label_lens: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
+def reduction_weights(opts, label_lens: torch.Tensor, dtype: torch.dtype):
     """(B,) factor that turns d cost_b / d acts into d loss / d acts."""
-    B = label_lens.shape[0]
-    if opts.reduction == "mean":
-        return torch.full((B,), 1.0 / max(B, 1), dtype=dtype, device=label_lens.device)
-    if opts.reduction == "mean_volume":
-        return 1.0 / (label_lens.clamp(min=1).to(dtype) * max(B, 1))
-    return torch.ones((B,), dtype=dtype, device=label_lens.device)
+    return reductions.weights(opts.reduction, label_lens, dtype)
 
 
-def reduce_costs(costs: torch.Tensor, opts: LossOptions, label_lens: torch.Tensor):
+def reduce_costs(costs: torch.Tensor, opts, label_lens: torch.Tensor):
     """Apply ``opts.reduction`` to (B,) costs (plain torch ops, differentiable)."""
-    if opts.reduction == "none":
-        return costs
-    if opts.reduction == "sum":
-        return costs.sum()
-    if opts.reduction == "mean":
-        return costs.sum() / max(costs.shape[0], 1)
-    return (costs / label_lens.clamp(min=1).to(costs.dtype)).sum() / max(
-        costs.shape[0], 1
-    )
+    return reductions.reduce_costs(costs, opts.reduction, label_lens)
 
 
 # float16 / bfloat16 logits are converted to float32 a few utterances at a time, so the
@@ -96,8 +84,9 @@ def _half_in_chunks(
     return costs, grads
 
 
-class FusedMultiblankRNNTFunction(torch.autograd.Function):
-    """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel).
+class FusedTransducerFunction(torch.autograd.Function):
+    """loss = Function.apply(acts, labels, act_lens, label_lens, opts, kernel), for
+    the kernels of every lattice family (``opts`` of either family).
 
     ``kernel(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)``
     returns ``(costs (B,), grads (B,T,U,V) or None)``. A kernel may also offer the
@@ -116,7 +105,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, acts, labels, act_lens, label_lens, opts: LossOptions, kernel):
+    def forward(ctx, acts, labels, act_lens, label_lens, opts, kernel):
         need_grad = ctx.needs_input_grad[0]
         in_dtype = acts.dtype
         compute_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
@@ -144,8 +133,8 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
             costs = costs.astype(np.float64, copy=False)
             if np.isnan(costs).any():
                 _raise_nan(int(np.flatnonzero(np.isnan(costs))[0]))
-            weights = _weights_np(
-                opts,
+            weights = reductions.weights_np(
+                opts.reduction,
                 (
                     label_lens if label_lens.device.type == "cpu" else label_lens.cpu()
                 ).numpy(),
@@ -225,7 +214,7 @@ class FusedMultiblankRNNTFunction(torch.autograd.Function):
 def _scale_into(out: torch.Tensor, grads: torch.Tensor, ratio: np.ndarray) -> None:
     """out[b] = grads[b] * ratio[b] (out may be grads). Python-float factors: a tensor
     factor of another dtype would make torch materialise a promoted copy of the whole
-    gradient (measured: 4x a bfloat16 gradient), a scalar is applied element-wise in
+    gradient (several gradients' worth of memory), a scalar is applied element-wise in
     the op's internal precision."""
     if ratio.size == 0:
         return
@@ -236,18 +225,9 @@ def _scale_into(out: torch.Tensor, grads: torch.Tensor, ratio: np.ndarray) -> No
         torch.mul(grads[b], r, out=out[b])
 
 
-def _weights_np(opts: LossOptions, label_lens: np.ndarray) -> np.ndarray:
-    """:func:`reduction_weights` as a float64 numpy array."""
-    B = label_lens.shape[0]
-    if opts.reduction == "mean":
-        return np.full(B, 1.0 / max(B, 1))
-    if opts.reduction == "mean_volume":
-        return 1.0 / (np.maximum(label_lens, 1).astype(np.float64) * max(B, 1))
-    return np.ones(B)
-
-
 def _raise_nan(b: int) -> None:
-    raise ValueError(
-        f"acts must be finite logits (-inf allowed for masked symbols); "
-        f"utterance {b} contains NaN or +inf"
-    )
+    raise ValueError(nonfinite_logits_message(b))
+
+
+#: the name this Function had when it served the multi-blank loss only
+FusedMultiblankRNNTFunction = FusedTransducerFunction

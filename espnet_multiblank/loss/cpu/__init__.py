@@ -1,5 +1,6 @@
-"""CPU backend: fused Numba kernels (see kernels.py for the recursion)."""
+"""CPU backend: fused Numba kernels (kernels.py: multi-blank, tdt_kernels.py: TDT;
+driver.py: their drivers, one class)."""
 
-from espnet_multiblank.loss.cpu.driver import compute
+from espnet_multiblank.loss.cpu.driver import compute, tdt_compute
 
-__all__ = ["compute"]
+__all__ = ["compute", "tdt_compute"]

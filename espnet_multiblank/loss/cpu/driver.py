@@ -1,5 +1,9 @@
 """Host-side driver of the CPU kernels: workspaces, threads, the kernel contract.
 
+One :class:`KernelDriver` per lattice family: ``compute`` (multi-blank / standard
+RNN-T, ``kernels.py``) and ``tdt_compute`` (TDT, ``tdt_kernels.py``); logits are
+(B, T, U, V) and (B, T, U, V + D).
+
 Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses them):
 
 * ``begin`` runs passes 1 and 2 (costs; the gradient buffer holds the exps) and
@@ -9,8 +13,8 @@ Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses 
 * ``compute`` = ``begin`` + ``finish(grad_weights)``: the plain contract
   ``(costs, grads)`` shared with the CUDA backend.
 
-:class:`KernelDriver` implements them once for a kernel family; ``compute`` here is
-the multi-blank family's, ``tdt_driver.tdt_compute`` the TDT family's.
+:class:`KernelDriver` implements them once; the three stages it runs are those of
+``espnet_multiblank.loss.stages``.
 """
 
 import functools
@@ -22,8 +26,8 @@ import numba
 import numpy as np
 import torch
 
-from espnet_multiblank.loss.cpu import kernels
-from espnet_multiblank.loss.options import LossOptions
+from espnet_multiblank.loss.cpu import kernels, tdt_kernels
+from espnet_multiblank.loss.options import LossOptions, TDTOptions
 
 
 def _serial_twin(dispatcher):
@@ -113,6 +117,70 @@ class KernelDriver:
         parallel, prev = _pick(num_elements)
         return (self.parallel if parallel else self.serial), prev
 
+    def extract(
+        self,
+        kernels,
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        opts,
+        need_grad,
+        buffer,
+        rows,
+        bad,
+    ) -> None:
+        """Pass 1 (the extract stage) with ``kernels`` (from :meth:`pick`): numpy
+        arrays in, ``rows`` / ``buffer`` / ``bad`` filled (see
+        ``espnet_multiblank.loss.stages``)."""
+        kernels[0](
+            acts,
+            labels,
+            act_lens,
+            label_lens,
+            opts.blank,
+            self.symbols(opts, acts.shape),
+            opts.sigma,
+            need_grad,
+            buffer,
+            rows,
+            bad,
+        )
+
+    def sweep(self, kernels, rows, act_lens, label_lens, opts, need_grad, log_p):
+        """Pass 2 (the lattice stage) with ``kernels``: ``log_p`` filled, the valid
+        rows overwritten with the occupancies when ``need_grad``."""
+        B, _, U, _ = rows.shape
+        kernels[1](
+            rows,
+            act_lens,
+            label_lens,
+            self.durations(opts),
+            opts.fastemit_lambda,
+            need_grad,
+            *self.lattice_extra(opts, B, U, kernels is self.parallel),
+            log_p,
+        )
+
+    def apply(
+        self, kernels, labels, act_lens, label_lens, opts, rows, log_p, factors, buffer
+    ) -> None:
+        """Pass 3 (the dense apply stage) with ``kernels``: ``buffer`` (the exps of
+        pass 1) becomes the gradient in place."""
+        kernels[2](
+            labels,
+            act_lens,
+            label_lens,
+            opts.blank,
+            self.symbols(opts, buffer.shape),
+            rows,
+            log_p,
+            opts.fastemit_lambda,
+            opts.clamp,
+            factors,
+            buffer,
+        )
+
     def finish(self, tensors: Tuple[torch.Tensor, ...], opts, factors) -> torch.Tensor:
         """Pass 3 on the tensors :meth:`begin` returned (e.g. as saved by autograd):
         the gradient buffer (the first of them) becomes ``factors[b] * clip(d cost_b
@@ -129,16 +197,14 @@ class KernelDriver:
         buffer, rows, log_p, labels, act_lens, label_lens = tensors
         kernels, prev = self.pick(buffer.numel())
         try:
-            kernels[2](
+            self.apply(
+                kernels,
                 labels.numpy(),
                 act_lens.numpy(),
                 label_lens.numpy(),
-                opts.blank,
-                self.symbols(opts, buffer.shape),
+                opts,
                 rows.numpy(),
                 log_p.numpy(),
-                opts.fastemit_lambda,
-                opts.clamp,
                 np.ascontiguousarray(factors, dtype=np.float64),
                 buffer.numpy(),
             )
@@ -177,24 +243,23 @@ class KernelDriver:
             labels = labels.contiguous()
         # numpy allocates: its large arrays get transparent huge pages (madvise) and
         # glibc reuses freed heap blocks of up to 32 MB, whereas torch's aligned
-        # allocations of that size are often fresh 4 kB pages on every call, and a
-        # page fault costs about 1 ns per byte on the virtual machines measured
+        # allocations of that size are often fresh 4 kB pages on every call, and
+        # page faults are expensive on virtual machines
         rows = np.empty((B, T, U, self.width(opts)), np.float64)
         log_p = np.empty(B, np.float64)
         bad = np.zeros(B, np.uint8)
         buffer = np.empty(acts.shape, x.dtype) if need_grad else x
         al = act_lens.numpy()
         ll = label_lens.numpy()
-        (rows_forward, lattice, _), prev = self.pick(acts.numel())
+        kernels, prev = self.pick(acts.numel())
         try:
-            rows_forward(
+            self.extract(
+                kernels,
                 x,
                 labels.numpy(),
                 al,
                 ll,
-                opts.blank,
-                self.symbols(opts, acts.shape),
-                opts.sigma,
+                opts,
                 need_grad,
                 buffer,
                 rows,
@@ -204,17 +269,7 @@ class KernelDriver:
                 costs = np.zeros(B, np.float64)
                 costs[bad.astype(bool)] = np.nan
                 return costs, None
-            parallel = lattice is self.parallel[1]
-            lattice(
-                rows,
-                al,
-                ll,
-                self.durations(opts),
-                opts.fastemit_lambda,
-                need_grad,
-                *self.lattice_extra(opts, B, U, parallel),
-                log_p,
-            )
+            self.sweep(kernels, rows, al, ll, opts, need_grad, log_p)
         finally:
             if prev is not None:
                 numba.set_num_threads(prev)
@@ -279,5 +334,39 @@ compute = KernelDriver(
     symbols=lambda opts, shape: _option_arrays(opts)[0],
     durations=lambda opts: _option_arrays(opts)[1],
 )
-begin = compute.begin
-finish = compute.finish
+
+
+@functools.lru_cache(maxsize=256)
+def _tdt_durations(opts: TDTOptions) -> np.ndarray:
+    d = np.asarray(opts.durations, dtype=np.int64)
+    d.setflags(write=False)
+    return d
+
+
+# pass 2 of the TDT sweeps the anti-diagonals of several utterances in one vector
+# loop: about this many columns (nodes of an anti-diagonal) per group of utterances
+GROUP_COLUMNS = 512
+
+
+def _tdt_groups(B: int, U: int, parallel: bool) -> int:
+    """Number of groups of utterances of the TDT pass 2 (at least one per thread)."""
+    groups = -(-B * (U + 1) // GROUP_COLUMNS)
+    if parallel:
+        groups = max(groups, numba.get_num_threads())
+    return max(1, min(B, groups))
+
+
+# the TDT family; rows per node: W_blank, W_label, W_dur(0..D-1) and the two softmax
+# coefficients; the kernels take the number V of token logits (the D duration logits
+# follow them)
+tdt_compute = KernelDriver(
+    (
+        tdt_kernels.tdt_rows_forward,
+        tdt_kernels.tdt_lattice,
+        tdt_kernels.tdt_rows_backward,
+    ),
+    width=lambda opts: opts.num_durations + 4,
+    symbols=lambda opts, shape: shape[3] - opts.num_durations,
+    durations=_tdt_durations,
+    lattice_extra=lambda opts, B, U, parallel: (_tdt_groups(B, U, parallel),),
+)

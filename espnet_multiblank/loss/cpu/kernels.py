@@ -42,7 +42,8 @@ nothing extra. Padding rows and impossible utterances get exactly 0.
 Pass 2's anti-diagonal arrays are indexed ``[n, j]`` for node (t = n - u, u = j - 1);
 columns 0 and U + 1 .. U + COLUMN_PAD - 1 are never valid nodes and may hold anything.
 
-Performance rules the code follows (each measured to matter, most several-fold):
+Performance rules the code follows (each measured to matter; the figures are in
+bench/RESULTS.md, "Moved from code comments"):
 arrays are indexed flat with np.uint64 offsets (no views: a view costs two atomic
 reference-count updates, contended between threads; unsigned indices need no
 negative-index wraparound, which stops vectorisation); a vectorised loop does not
@@ -50,9 +51,9 @@ read one row of an array and write another row of it (LLVM cannot prove the symb
 distance safe), hence separately allocated scratch rows; no exp/log call, load or
 inner loop (even of zero trips) under a condition inside a vector loop (selects of
 values instead); loops over an anti-diagonal run over a multiple of 8 columns (a
-scalar remainder iteration costs ~10 ns per exp64 + log64); per-node values travel
+scalar remainder iteration costs a whole scalar exp64 + log64); per-node values travel
 between the passes row-major (scattered stores into anti-diagonal arrays while
-streaming the logits cost 0.2x of a log_softmax at V = 64).
+streaming the logits slow pass 1 down).
 """
 
 import math
@@ -88,9 +89,8 @@ COLUMN_PAD = _LANES + 2
 _CHUNKS = 64
 #: below this many logits per row, pass 1 computes the exps of a frame's valid rows in
 #: one loop and then sums each row (reading back from L1), instead of one fused
-#: exp-and-sum loop per row: a short loop's set-up and reduction cost about 5 ns per
-#: row (measured, pass 1 alone, float32: 0.6-0.9x the time for V = 16 .. 200, 1.07x
-#: at V = 256)
+#: exp-and-sum loop per row: a short loop's set-up and reduction cost more than the
+#: second read from L1 (pass 1 alone is faster so below this width, slower above)
 FRAME_WIDE_BELOW_V = 256
 
 _OPTS = dict(cache=True, error_model="numpy", fastmath={"nsz", "contract"})
@@ -272,159 +272,203 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
         v_big = np.empty(max(N, 1) * C)
         sb = np.uint64(b * T * U) * uK1  # this utterance's rows in ST
         _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC)
-        # forward: alpha(n, j) = LSE of the transitions into the node, and the q of
-        # each of them. Standard RNN-T: two loops per anti-diagonal; with big blanks one
-        # loop per step and big blank (an inner loop over the big blanks, even one of
-        # zero trips, stops LLVM from vectorising the loop around it).
-        A[_U1] = 0.0
-        for n in range(1, nd):
-            jlo, jhi, jend = _diag_range(n, Tb, Ub)
-            un = np.uint64(n)
-            rp = (un - _U1) * uC  # anti-diagonal n - 1 (blank and label sources)
-            rq = un * uC
-            if N == 0:
-                for j in range(jlo, jend):
-                    v0 = A[rp + j] + L[rp + j]  # blank from (t - 1, u): needs t >= 1
-                    v0 = v0 if j <= un else _NEG_INF
-                    v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]  # label from (t, u-1)
-                    v1 = v1 if j >= _U2 else _NEG_INF
-                    hi = v0 if v0 > v1 else v1
-                    ok = hi > _NEG_INF
-                    lo = v1 if v0 > v1 else v0
-                    # LSE = hi + log(1 + e); no call under a condition (LLVM would
-                    # not if-convert it, and the loop would not vectorise)
-                    e = exp64(lo - hi if ok else _NEG_INF)
-                    s = 1.0 + e
-                    a_new[j] = hi + log64(s)  # -inf when hi is
-                    q_hi = 1.0 / s
-                    q_hi = q_hi if ok else 0.0
-                    q_lo = e * q_hi
-                    Q[rq + j] = q_hi if v0 > v1 else q_lo
-                    Q[uDQ + rq + j] = q_lo if v0 > v1 else q_hi
-                for j in range(jlo, jend):
-                    A[rq + j] = a_new[j]
-                continue
-            for j in range(jlo, jend):
-                v0 = A[rp + j] + L[rp + j]
-                v0 = v0 if j <= un else _NEG_INF
-                v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]
-                v1 = v1 if j >= _U2 else _NEG_INF
-                v_blank[j] = v0
-                v_label[j] = v1
-                mx[j] = v0 if v0 > v1 else v1
-            for i in range(N):
-                d = durations[i]
-                vo = np.uint64(i) * uC
-                if n < d:
-                    for j in range(jlo, jend):
-                        v_big[vo + j] = _NEG_INF
-                    continue
-                rs = np.uint64(n - d) * uC  # big blank from (t - d, u): needs t >= d
-                rg = np.uint64(2 + i) * uD + rs
-                lim = np.uint64(n - d + 1)
-                for j in range(jlo, jend):
-                    v = A[rs + j] + L[rg + j]
-                    v = v if j <= lim else _NEG_INF
-                    v_big[vo + j] = v
-                    mx[j] = v if v > mx[j] else mx[j]
-            for j in range(jlo, jend):
-                m = mx[j] if mx[j] > _NEG_INF else 0.0
-                mx[j] = m
-                e0 = exp64(v_blank[j] - m)
-                e1 = exp64(v_label[j] - m)
-                v_blank[j] = e0
-                v_label[j] = e1
-                acc[j] = e0 + e1
-            for i in range(N):
-                vo = np.uint64(i) * uC
-                for j in range(jlo, jend):
-                    e = exp64(v_big[vo + j] - mx[j])
-                    v_big[vo + j] = e
-                    acc[j] += e
-            for j in range(jlo, jend):
-                s = acc[j]
-                A[rq + j] = mx[j] + log64(s)  # -inf when s = 0
-                r = 1.0 / s
-                r = r if s > 0.0 else 0.0
-                mx[j] = r
-                Q[rq + j] = v_blank[j] * r
-                Q[uDQ + rq + j] = v_label[j] * r
-            for i in range(N):
-                vo = np.uint64(i) * uC
-                rg = np.uint64(2 + i) * uDQ + rq
-                for j in range(jlo, jend):
-                    Q[rg + j] = v_big[vo + j] * mx[j]
-        # log P: the blank from (T_b - 1, L_b) and big blanks landing exactly on T_b
-        jl = np.uint64(Ub)
-        r_end = np.uint64(nd - 1) * uC + jl
-        v_end = A[r_end] + L[r_end]
-        m = v_end
-        for i in range(N):
-            d = durations[i]
-            if Tb >= d:
-                r = np.uint64(nd - d) * uC + jl
-                m = max(m, A[r] + L[np.uint64(2 + i) * uD + r])
-        if m == _NEG_INF:
-            lp[b] = _NEG_INF
-            continue
-        s = math.exp(v_end - m)
-        for i in range(N):
-            d = durations[i]
-            if Tb >= d:
-                r = np.uint64(nd - d) * uC + jl
-                s += math.exp(A[r] + L[np.uint64(2 + i) * uD + r] - m)
-        lP = m + math.log(s)
+        _alpha_sweep(
+            A,
+            L,
+            Q,
+            a_new,
+            mx,
+            acc,
+            v_blank,
+            v_label,
+            v_big,
+            durations,
+            Tb,
+            Ub,
+            nd,
+            uD,
+            uDQ,
+            uC,
+        )
+        lP = _log_p(A, L, durations, Tb, Ub, nd, uD, uC)
         lp[b] = lP
-        if not need_grad:
+        if lP == _NEG_INF or not need_grad:
             continue
-        # q of the final transitions: their destination is the end node (T_b, L_b),
-        # on anti-diagonal nd
-        r_fin = np.uint64(nd) * uC + jl
-        Q[r_fin] = math.exp(v_end - lP)
+        G = np.zeros((nd + dmax + 1) * C)
+        _gamma_sweep(G, L, Q, A, mx, durations, Tb, Ub, nd, uD, uDQ, uC, lP)
+        _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1)
+
+
+@njit(inline="always")
+def _alpha_sweep(
+    A, L, Q, a_new, mx, acc, v_blank, v_label, v_big, durations, Tb, Ub, nd, uD, uDQ, uC
+):
+    """The forward sweep of one utterance: alpha(n, j) = LSE of the transitions into
+    the node, into ``A``, and the q of each of them, into ``Q`` (by destination).
+    Standard RNN-T: two loops per anti-diagonal; with big blanks one loop per step and
+    big blank (an inner loop over the big blanks, even one of zero trips, stops LLVM
+    from vectorising the loop around it). ``a_new``, ``mx``, ``acc``, ``v_*``: scratch
+    rows of C columns (``v_big``: N of them)."""
+    N = durations.size
+    A[_U1] = 0.0
+    for n in range(1, nd):
+        jlo, jhi, jend = _diag_range(n, Tb, Ub)
+        un = np.uint64(n)
+        rp = (un - _U1) * uC  # anti-diagonal n - 1 (blank and label sources)
+        rq = un * uC
+        if N == 0:
+            for j in range(jlo, jend):
+                v0 = A[rp + j] + L[rp + j]  # blank from (t - 1, u): needs t >= 1
+                v0 = v0 if j <= un else _NEG_INF
+                v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]  # label from (t, u-1)
+                v1 = v1 if j >= _U2 else _NEG_INF
+                hi = v0 if v0 > v1 else v1
+                ok = hi > _NEG_INF
+                lo = v1 if v0 > v1 else v0
+                # LSE = hi + log(1 + e); no call under a condition (LLVM would
+                # not if-convert it, and the loop would not vectorise)
+                e = exp64(lo - hi if ok else _NEG_INF)
+                s = 1.0 + e
+                a_new[j] = hi + log64(s)  # -inf when hi is
+                q_hi = 1.0 / s
+                q_hi = q_hi if ok else 0.0
+                q_lo = e * q_hi
+                Q[rq + j] = q_hi if v0 > v1 else q_lo
+                Q[uDQ + rq + j] = q_lo if v0 > v1 else q_hi
+            for j in range(jlo, jend):
+                A[rq + j] = a_new[j]
+            continue
+        for j in range(jlo, jend):
+            v0 = A[rp + j] + L[rp + j]
+            v0 = v0 if j <= un else _NEG_INF
+            v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]
+            v1 = v1 if j >= _U2 else _NEG_INF
+            v_blank[j] = v0
+            v_label[j] = v1
+            mx[j] = v0 if v0 > v1 else v1
         for i in range(N):
             d = durations[i]
-            q = 0.0
-            if Tb >= d:
-                r = np.uint64(nd - d) * uC + jl
-                q = math.exp(A[r] + L[np.uint64(2 + i) * uD + r] - lP)
-            Q[np.uint64(2 + i) * uDQ + r_fin] = q
-        # backward: gamma by anti-diagonal; 0 beyond the valid nodes except 1 at the
-        # end node. W = gamma(dest) q; the selects drop transitions into nodes with
-        # gamma 0 (their q may be anything, even uninitialised; loaded anyway: a load
-        # under a condition would stop vectorisation)
-        G = np.zeros((nd + dmax + 1) * C)
-        G[r_fin] = 1.0
-        for n in range(nd - 1, -1, -1):
-            jlo, jhi, jend = _diag_range(n, Tb, Ub)
-            un = np.uint64(n)
-            rn = (un + _U1) * uC  # anti-diagonal n + 1: blank and label destinations
-            rc = un * uC
-            for j in range(jlo, jend):
-                g = G[rn + j]  # blank -> (t + 1, u)
-                w = g * Q[rn + j]
-                w = w if g > 0.0 else 0.0
-                L[rc + j] = w
-                gam = w
-                g = G[rn + j + _U1]  # label -> (t, u + 1)
-                w = g * Q[uDQ + rn + j + _U1]
-                w = w if g > 0.0 else 0.0
-                L[uD + rc + j] = w
-                mx[j] = gam + w
-            for i in range(N):
-                rd = (un + np.uint64(durations[i])) * uC  # big blank -> (t + d, u)
-                rw = np.uint64(2 + i) * uD + rc
-                rq = np.uint64(2 + i) * uDQ + rd
+            vo = np.uint64(i) * uC
+            if n < d:
                 for j in range(jlo, jend):
-                    g = G[rd + j]
-                    w = g * Q[rq + j]
-                    w = w if g > 0.0 else 0.0
-                    L[rw + j] = w
-                    mx[j] += w
+                    v_big[vo + j] = _NEG_INF
+                continue
+            rs = np.uint64(n - d) * uC  # big blank from (t - d, u): needs t >= d
+            rg = np.uint64(2 + i) * uD + rs
+            lim = np.uint64(n - d + 1)
             for j in range(jlo, jend):
-                mx[j] = mx[j] if j <= jhi else 0.0
+                v = A[rs + j] + L[rg + j]
+                v = v if j <= lim else _NEG_INF
+                v_big[vo + j] = v
+                mx[j] = v if v > mx[j] else mx[j]
+        for j in range(jlo, jend):
+            m = mx[j] if mx[j] > _NEG_INF else 0.0
+            mx[j] = m
+            e0 = exp64(v_blank[j] - m)
+            e1 = exp64(v_label[j] - m)
+            v_blank[j] = e0
+            v_label[j] = e1
+            acc[j] = e0 + e1
+        for i in range(N):
+            vo = np.uint64(i) * uC
             for j in range(jlo, jend):
-                G[rc + j] = mx[j]
-        _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1)
+                e = exp64(v_big[vo + j] - mx[j])
+                v_big[vo + j] = e
+                acc[j] += e
+        for j in range(jlo, jend):
+            s = acc[j]
+            A[rq + j] = mx[j] + log64(s)  # -inf when s = 0
+            r = 1.0 / s
+            r = r if s > 0.0 else 0.0
+            mx[j] = r
+            Q[rq + j] = v_blank[j] * r
+            Q[uDQ + rq + j] = v_label[j] * r
+        for i in range(N):
+            vo = np.uint64(i) * uC
+            rg = np.uint64(2 + i) * uDQ + rq
+            for j in range(jlo, jend):
+                Q[rg + j] = v_big[vo + j] * mx[j]
+
+
+@njit(inline="always")
+def _log_p(A, L, durations, Tb, Ub, nd, uD, uC):
+    """log P of one utterance from its alpha: the blank from (T_b - 1, L_b) and the
+    big blanks landing exactly on T_b (-inf when no path completes)."""
+    N = durations.size
+    jl = np.uint64(Ub)
+    r_end = np.uint64(nd - 1) * uC + jl
+    v_end = A[r_end] + L[r_end]
+    m = v_end
+    for i in range(N):
+        d = durations[i]
+        if Tb >= d:
+            r = np.uint64(nd - d) * uC + jl
+            m = max(m, A[r] + L[np.uint64(2 + i) * uD + r])
+    if m == _NEG_INF:
+        return _NEG_INF
+    s = math.exp(v_end - m)
+    for i in range(N):
+        d = durations[i]
+        if Tb >= d:
+            r = np.uint64(nd - d) * uC + jl
+            s += math.exp(A[r] + L[np.uint64(2 + i) * uD + r] - m)
+    return m + math.log(s)
+
+
+@njit(inline="always")
+def _gamma_sweep(G, L, Q, A, mx, durations, Tb, Ub, nd, uD, uDQ, uC, lP):
+    """The backward sweep of one utterance: gamma by anti-diagonal into ``G`` (zeros
+    on entry: 0 beyond the valid nodes except 1 at the end node), the occupancy W =
+    gamma(dest) q of every transition over its log-prob in ``L``. The selects drop
+    transitions into nodes with gamma 0 (their q may be anything, even
+    uninitialised; loaded anyway: a load under a condition would stop
+    vectorisation)."""
+    N = durations.size
+    jl = np.uint64(Ub)
+    r_end = np.uint64(nd - 1) * uC + jl
+    v_end = A[r_end] + L[r_end]
+    # q of the final transitions: their destination is the end node (T_b, L_b), on
+    # anti-diagonal nd
+    r_fin = np.uint64(nd) * uC + jl
+    Q[r_fin] = math.exp(v_end - lP)
+    for i in range(N):
+        d = durations[i]
+        q = 0.0
+        if Tb >= d:
+            r = np.uint64(nd - d) * uC + jl
+            q = math.exp(A[r] + L[np.uint64(2 + i) * uD + r] - lP)
+        Q[np.uint64(2 + i) * uDQ + r_fin] = q
+    G[r_fin] = 1.0
+    for n in range(nd - 1, -1, -1):
+        jlo, jhi, jend = _diag_range(n, Tb, Ub)
+        un = np.uint64(n)
+        rn = (un + _U1) * uC  # anti-diagonal n + 1: blank and label destinations
+        rc = un * uC
+        for j in range(jlo, jend):
+            g = G[rn + j]  # blank -> (t + 1, u)
+            w = g * Q[rn + j]
+            w = w if g > 0.0 else 0.0
+            L[rc + j] = w
+            gam = w
+            g = G[rn + j + _U1]  # label -> (t, u + 1)
+            w = g * Q[uDQ + rn + j + _U1]
+            w = w if g > 0.0 else 0.0
+            L[uD + rc + j] = w
+            mx[j] = gam + w
+        for i in range(N):
+            rd = (un + np.uint64(durations[i])) * uC  # big blank -> (t + d, u)
+            rw = np.uint64(2 + i) * uD + rc
+            rq = np.uint64(2 + i) * uDQ + rd
+            for j in range(jlo, jend):
+                g = G[rd + j]
+                w = g * Q[rq + j]
+                w = w if g > 0.0 else 0.0
+                L[rw + j] = w
+                mx[j] += w
+        for j in range(jlo, jend):
+            mx[j] = mx[j] if j <= jhi else 0.0
+        for j in range(jlo, jend):
+            G[rc + j] = mx[j]
 
 
 @njit(**_OPTS)
@@ -432,10 +476,9 @@ def _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC):
     """Slots 0 .. K - 1 of utterance b's valid rows (row-major, K1 slots per node, from
     ``STf[sb:]``) to the K anti-diagonal planes of ``L`` (exact ranges: the loads
     must stay inside the utterance's rows). With big blanks (K > 2) a node's K slots
-    at once (one plane at a time re-reads each row K times, from L2 or beyond: lattice
-    with [2, 4, 8] 0.94-0.99x the time at (B, T, U) = (16, 100, 21) .. (2, 500,
-    101)); standard RNN-T plane by plane (vectorised strided loads: 1.06x the time
-    node by node)."""
+    at once (one plane at a time re-reads each row K times, from L2 or beyond);
+    standard RNN-T plane by plane (vectorised strided loads beat node by node
+    there)."""
     step = np.uint64((U - 1) * K1)
     if K > 2:  # big blanks: a node's K slots at once (contiguous loads)
         for n in range(Tb + Ub - 1):

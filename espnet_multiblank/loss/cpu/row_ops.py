@@ -1,25 +1,22 @@
 """Vectorisable primitives of the fused log-softmax kernels (Numba, CPU).
 
 Numba has no SVML here, so ``math.exp`` / ``math.log`` in a loop are scalar libm calls
-(~10 ns each). The functions below evaluate them with polynomials that LLVM vectorises
-(AVX-512: 16 float32 or 8 float64 lanes), and do the bit manipulations with scalar
-bit casts (``f32_bits`` & co., LLVM ``bitcast`` instructions: Numba has none):
+that stop vectorisation. The functions below evaluate them with polynomials that LLVM
+vectorises (AVX-512: 16 float32 or 8 float64 lanes), and do the bit manipulations with
+scalar bit casts (``f32_bits`` & co., LLVM ``bitcast`` instructions: Numba has none):
 
 * :func:`exp32` (float32, 8e-8 relative), :func:`exp64` and :func:`log64` (float64,
   about 1 ulp); each compiled with its own fast-math flags (no "reassoc": the
   rounding tricks and the Cody-Waite reductions rely on evaluation order), which LLVM
   keeps when it inlines them into a caller compiled with other flags;
 * range primitives over a flat array and a ``[lo, hi)`` range of np.uint64 indices,
-  used by ``kernels.py``: :func:`max_and_check` (max and NaN/+inf detection with
-  integer operations: LLVM vectorises integer max reductions but not float ones),
-  :func:`exp_sum`, :func:`exp_range`, :func:`sum_range`, :func:`scale_range`,
-  :func:`zero_range`, :func:`clamp_range`.
+  used by ``kernels.py`` and ``tdt_kernels.py``: :func:`max_and_check` (max and
+  NaN/+inf detection with integer operations: LLVM vectorises integer max reductions
+  but not float ones), :func:`exp_sum`, :func:`exp_range`, :func:`sum_range`,
+  :func:`scale_range`, :func:`zero_range`, :func:`clamp_range`.
   Unsigned indices need no negative-index wraparound (which stops vectorisation), and
   ranges of one flat array create no array views (each view costs two atomic
-  reference-count updates);
-* the row functions of the first CPU kernels (:func:`row_max`, :func:`row_exp`,
-  :func:`row_sum_checked`, ...), still used by the TDT kernels. Note that
-  :func:`row_max` does not vectorise (a float max reduction, see above).
+  reference-count updates).
 """
 
 import math
@@ -29,100 +26,10 @@ from llvmlite import ir as _ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-_ALL = True
-_NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
-_ONLY_REASSOC = {"reassoc", "contract"}
-
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)
 _EXP_LO = np.float32(-87.0)  # exp(-87) ~ 1.6e-38: smallest normal float32 range
-
-
-@njit(fastmath=_ALL, cache=True)
-def row_max(x):
-    """max(x) for a 1-D row (undefined if x holds NaN: check with row_sum_checked)."""
-    m = x[0]
-    for k in range(1, x.size):
-        m = max(m, x[k])
-    return m
-
-
-@njit(fastmath=_ONLY_REASSOC, cache=True)
-def row_sum_checked(x):
-    """sum(x) that stays non-finite when x holds NaN or +-inf."""
-    s = x.dtype.type(0.0)
-    for k in range(x.size):
-        s += x[k]
-    return s
-
-
-@njit(fastmath=_ALL, cache=True)
-def row_sum_fast(x):
-    """sum(x), vectorised (x must be finite)."""
-    s = x.dtype.type(0.0)
-    for k in range(x.size):
-        s += x[k]
-    return s
-
-
-@njit(cache=True)
-def row_has_nan_or_posinf(x):
-    """Exact scalar check, only run on rows whose checked sum is not finite."""
-    for k in range(x.size):
-        v = x[k]
-        if v != v or v == np.inf:
-            return True
-    return False
-
-
-def row_exp(x, shift, scale, out, ibuf):  # pragma: no cover - replaced by overload
-    """out[k] = scale * exp(x[k] - shift) for a 1-D row; shift >= max(x) expected."""
-    raise NotImplementedError
-
-
-@overload(row_exp, jit_options={"fastmath": _NO_REASSOC})
-def _row_exp_overload(x, shift, scale, out, ibuf):
-    if x.dtype == types.float32:
-
-        def impl(x, shift, scale, out, ibuf):
-            sh = np.float32(shift)
-            fbuf = ibuf.view(np.float32)
-            n = x.size
-            for k in range(n):
-                z = x[k] - sh
-                z = z if z > _EXP_LO else _EXP_LO
-                fi = np.floor(z * _LOG2E + np.float32(0.5))
-                r = z - fi * _LN2_HI - fi * _LN2_LO
-                p = np.float32(1.9875691500e-4)
-                p = p * r + np.float32(1.3981999507e-3)
-                p = p * r + np.float32(8.3334519073e-3)
-                p = p * r + np.float32(4.1665795894e-2)
-                p = p * r + np.float32(1.6666665459e-1)
-                p = p * r + np.float32(5.0000001201e-1)
-                p = p * r * r + r + np.float32(1.0)
-                ibuf[k] = (np.int32(fi) + np.int32(127)) << np.int32(23)
-                out[k] = p
-            sc = np.float32(scale)
-            for k in range(n):
-                out[k] = out[k] * fbuf[k] * sc
-
-        return impl
-
-    def impl64(x, shift, scale, out, ibuf):
-        for k in range(x.size):
-            out[k] = scale * math.exp(x[k] - shift)
-
-    return impl64
-
-
-@njit(fastmath=_ALL, cache=True)
-def row_clamp(g, c):
-    """g <- clip(g, -c, c) in place."""
-    for k in range(g.size):
-        v = g[k]
-        v = v if v < c else c
-        g[k] = v if v > -c else -c
 
 
 # --------------------------------------------------------------------------------------

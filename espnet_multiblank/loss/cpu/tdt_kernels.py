@@ -241,7 +241,6 @@ def tdt_lattice(
     K = D + 2
     C = U + 1
     STf = ST.reshape(ST.size)
-    uK1 = np.uint64(K1)
     dmax = 1
     for k in range(D):
         dmax = max(dmax, durations[k])
@@ -276,72 +275,12 @@ def tdt_lattice(
         mx = np.empty(W)
         acc = np.empty(W)
         wl = np.empty(W)
-        for b in range(b0, b1):
-            Tb = act_lens[b]
-            Ub = label_lens[b] + 1
-            if Tb == 0:
-                continue
-            c0 = 1 + (b - b0) * C
-            for j in range(C):
-                lo[c0 + j] = j - 1.0
-                if 1 <= j <= Ub:
-                    hi[c0 + j] = Tb + j - 2.0
-            endn[c0 + Ub] = Tb + Ub - 1.0
-            _tdt_rows_to_diagonals(
-                STf, np.uint64(b * T * U) * uK1, U, K1, K, Tb, Ub, L, uP, uW, c0
-            )
-        for b in range(b0, b1):  # alpha(0, 0) = 0 (anti-diagonal 0, column j = 1)
-            A[np.uint64(1 + (b - b0) * C + 1)] = 0.0
-        for n in range(1, nmax + 1):
-            fn = np.float64(n)
-            rq = np.uint64(n) * uW
-            for c in range(_U0, cend):
-                mx[c] = _NEG_INF
-            for k in range(D):
-                e = durations[k]
-                rd = np.uint64(2 + k) * uP
-                if e >= 1 and n >= e:  # blank from (t - e, u)
-                    rs = np.uint64(n - e) * uW
-                    qb = np.uint64(k) * uPQ + rq
-                    fs = np.float64(n - e)
-                    for c in range(_U0, cend):
-                        v = A[rs + c] + L[rs + c] + L[rd + rs + c]
-                        v = v if fs >= lo[c] else _NEG_INF
-                        Q[qb + c] = v
-                        mx[c] = v if v > mx[c] else mx[c]
-                if n >= e + 1:  # label from (t - e, u - 1); never into the end
-                    rs = np.uint64(n - e - 1) * uW - _U1
-                    ql = np.uint64(D + k) * uPQ + rq
-                    fs = np.float64(n - e)
-                    for c in range(_U1, cend):
-                        v = A[rs + c] + L[uP + rs + c] + L[rd + rs + c]
-                        ok = (lo[c] >= 1.0) & (fs >= lo[c]) & (fn <= hi[c])
-                        v = v if ok else _NEG_INF
-                        Q[ql + c] = v
-                        mx[c] = v if v > mx[c] else mx[c]
-            for c in range(_U0, cend):
-                m = mx[c]
-                mx[c] = m if m > _NEG_INF else 0.0
-                acc[c] = 0.0
-            for k in range(D):
-                e = durations[k]
-                if e >= 1 and n >= e:
-                    qb = np.uint64(k) * uPQ + rq
-                    for c in range(_U0, cend):
-                        x = exp64(Q[qb + c] - mx[c])
-                        Q[qb + c] = x
-                        acc[c] += x
-                if n >= e + 1:
-                    ql = np.uint64(D + k) * uPQ + rq
-                    for c in range(_U1, cend):
-                        x = exp64(Q[ql + c] - mx[c])
-                        Q[ql + c] = x
-                        acc[c] += x
-            for c in range(_U0, cend):
-                s = acc[c]
-                A[rq + c] = mx[c] + log64(s)  # -inf when s = 0
-                r = 1.0 / s
-                R[rq + c] = r if s > 0.0 else 0.0
+        _tdt_group_to_diagonals(
+            STf, act_lens, label_lens, b0, b1, T, U, K1, L, uP, uW, lo, hi, endn, A
+        )
+        _tdt_alpha_sweep(
+            A, R, L, Q, mx, acc, lo, hi, durations, nmax, cend, uW, uP, uPQ
+        )
         for b in range(b0, b1):
             Tb = act_lens[b]
             if Tb == 0:
@@ -350,68 +289,180 @@ def tdt_lattice(
             lp[b] = A[np.uint64(Tb + Ub - 1) * uW + np.uint64(1 + (b - b0) * C + Ub)]
         if not need_grad:
             continue
-        # backward: H = gamma / S by anti-diagonal (gamma(end) = 1), a step's
-        # occupancy W = H(dest) * Q; H is 0 at invalid nodes, the selects drop the
-        # steps into them (their Q may be anything)
-        for n in range(nmax, -1, -1):
-            fn = np.float64(n)
-            un = np.uint64(n)
-            rc = un * uW
-            for c in range(_U0, cend):
-                mx[c] = 0.0  # W_blank
-                wl[c] = 0.0  # W_label
-            for k in range(D):
-                e = np.uint64(durations[k])
-                rw = np.uint64(2 + k) * uP + rc
-                rl = (un + e + _U1) * uW + _U1  # label -> (t + e, u + 1)
-                ql = np.uint64(D + k) * uPQ + rl
-                if e >= _U1:
-                    rb = (un + e) * uW  # blank -> (t + e, u)
-                    qb = np.uint64(k) * uPQ + rb
-                    for c in range(_U0, cend - _U1):
-                        h = H[rb + c]
-                        w = h * Q[qb + c]
-                        w = w if h > 0.0 else 0.0
-                        h2 = H[rl + c]
-                        w2 = h2 * Q[ql + c]
-                        w2 = w2 if h2 > 0.0 else 0.0
-                        L[rw + c] = w + w2
-                        mx[c] += w
-                        wl[c] += w2
-                else:
-                    for c in range(_U0, cend - _U1):
-                        h2 = H[rl + c]
-                        w2 = h2 * Q[ql + c]
-                        w2 = w2 if h2 > 0.0 else 0.0
-                        L[rw + c] = w2
-                        wl[c] += w2
-            for c in range(_U0, cend - _U1):
-                gam = mx[c] + wl[c]
-                ok = (fn >= lo[c]) & (fn <= hi[c])
-                g = gam if ok else 0.0
-                g = 1.0 if fn == endn[c] else g
-                H[rc + c] = g * R[rc + c]
-                L[rc + c] = mx[c]
-                L[uP + rc + c] = wl[c]
-        for b in range(b0, b1):
-            Tb = act_lens[b]
-            if Tb == 0:
-                continue
-            Ub = label_lens[b] + 1
-            _tdt_diagonals_to_rows(
-                L,
-                uP,
-                uW,
-                np.uint64(1 + (b - b0) * C),
-                Tb,
-                Ub,
-                D,
-                fastemit_lambda,
-                STf,
-                np.uint64(b * T * U) * uK1,
-                U,
-                K1,
-            )
+        _tdt_gamma_sweep(
+            H, L, Q, R, mx, wl, lo, hi, endn, durations, nmax, cend, uW, uP, uPQ
+        )
+        _tdt_group_to_rows(
+            L, act_lens, label_lens, b0, b1, T, U, K1, uP, uW, fastemit_lambda, STf
+        )
+
+
+@njit(inline="always")
+def _tdt_group_to_diagonals(
+    STf, act_lens, label_lens, b0, b1, T, U, K1, L, uP, uW, lo, hi, endn, A
+):
+    """The rows of the group's utterances b0 .. b1 - 1 to their columns of the ``L``
+    planes, each column's range of valid anti-diagonals (``lo``, ``hi``; ``endn`` the
+    end node's), and alpha(0, 0) = 0."""
+    C = U + 1
+    K = K1 - 2
+    uK1 = np.uint64(K1)
+    for b in range(b0, b1):
+        Tb = act_lens[b]
+        Ub = label_lens[b] + 1
+        if Tb == 0:
+            continue
+        c0 = 1 + (b - b0) * C
+        for j in range(C):
+            lo[c0 + j] = j - 1.0
+            if 1 <= j <= Ub:
+                hi[c0 + j] = Tb + j - 2.0
+        endn[c0 + Ub] = Tb + Ub - 1.0
+        _tdt_rows_to_diagonals(
+            STf, np.uint64(b * T * U) * uK1, U, K1, K, Tb, Ub, L, uP, uW, c0
+        )
+    for b in range(b0, b1):  # alpha(0, 0) = 0 (anti-diagonal 0, column j = 1)
+        A[np.uint64(1 + (b - b0) * C + 1)] = 0.0
+
+
+@njit(inline="always")
+def _tdt_alpha_sweep(A, R, L, Q, mx, acc, lo, hi, durations, nmax, cend, uW, uP, uPQ):
+    """The forward sweep of a group: alpha by anti-diagonal into ``A`` (the end
+    node's alpha is log P), the exps of the steps into a node relative to their
+    maximum into ``Q`` (by destination) and 1 / their sum into ``R``. ``mx``,
+    ``acc``: scratch rows."""
+    D = durations.size
+    for n in range(1, nmax + 1):
+        fn = np.float64(n)
+        rq = np.uint64(n) * uW
+        for c in range(_U0, cend):
+            mx[c] = _NEG_INF
+        for k in range(D):
+            e = durations[k]
+            rd = np.uint64(2 + k) * uP
+            if e >= 1 and n >= e:  # blank from (t - e, u)
+                rs = np.uint64(n - e) * uW
+                qb = np.uint64(k) * uPQ + rq
+                fs = np.float64(n - e)
+                for c in range(_U0, cend):
+                    v = A[rs + c] + L[rs + c] + L[rd + rs + c]
+                    v = v if fs >= lo[c] else _NEG_INF
+                    Q[qb + c] = v
+                    mx[c] = v if v > mx[c] else mx[c]
+            if n >= e + 1:  # label from (t - e, u - 1); never into the end
+                rs = np.uint64(n - e - 1) * uW - _U1
+                ql = np.uint64(D + k) * uPQ + rq
+                fs = np.float64(n - e)
+                for c in range(_U1, cend):
+                    v = A[rs + c] + L[uP + rs + c] + L[rd + rs + c]
+                    ok = (lo[c] >= 1.0) & (fs >= lo[c]) & (fn <= hi[c])
+                    v = v if ok else _NEG_INF
+                    Q[ql + c] = v
+                    mx[c] = v if v > mx[c] else mx[c]
+        for c in range(_U0, cend):
+            m = mx[c]
+            mx[c] = m if m > _NEG_INF else 0.0
+            acc[c] = 0.0
+        for k in range(D):
+            e = durations[k]
+            if e >= 1 and n >= e:
+                qb = np.uint64(k) * uPQ + rq
+                for c in range(_U0, cend):
+                    x = exp64(Q[qb + c] - mx[c])
+                    Q[qb + c] = x
+                    acc[c] += x
+            if n >= e + 1:
+                ql = np.uint64(D + k) * uPQ + rq
+                for c in range(_U1, cend):
+                    x = exp64(Q[ql + c] - mx[c])
+                    Q[ql + c] = x
+                    acc[c] += x
+        for c in range(_U0, cend):
+            s = acc[c]
+            A[rq + c] = mx[c] + log64(s)  # -inf when s = 0
+            r = 1.0 / s
+            R[rq + c] = r if s > 0.0 else 0.0
+
+
+@njit(inline="always")
+def _tdt_gamma_sweep(
+    H, L, Q, R, mx, wl, lo, hi, endn, durations, nmax, cend, uW, uP, uPQ
+):
+    """The backward sweep of a group: H = gamma / S by anti-diagonal (zeros on entry;
+    gamma(end) = 1), a step's occupancy W = H(dest) * Q; H is 0 at invalid nodes, the
+    selects drop the steps into them (their Q may be anything). W_blank, W_label and
+    W_dur(j) of each node go over its log-probs in ``L``. ``mx``, ``wl``: scratch
+    rows."""
+    D = durations.size
+    for n in range(nmax, -1, -1):
+        fn = np.float64(n)
+        un = np.uint64(n)
+        rc = un * uW
+        for c in range(_U0, cend):
+            mx[c] = 0.0  # W_blank
+            wl[c] = 0.0  # W_label
+        for k in range(D):
+            e = np.uint64(durations[k])
+            rw = np.uint64(2 + k) * uP + rc
+            rl = (un + e + _U1) * uW + _U1  # label -> (t + e, u + 1)
+            ql = np.uint64(D + k) * uPQ + rl
+            if e >= _U1:
+                rb = (un + e) * uW  # blank -> (t + e, u)
+                qb = np.uint64(k) * uPQ + rb
+                for c in range(_U0, cend - _U1):
+                    h = H[rb + c]
+                    w = h * Q[qb + c]
+                    w = w if h > 0.0 else 0.0
+                    h2 = H[rl + c]
+                    w2 = h2 * Q[ql + c]
+                    w2 = w2 if h2 > 0.0 else 0.0
+                    L[rw + c] = w + w2
+                    mx[c] += w
+                    wl[c] += w2
+            else:
+                for c in range(_U0, cend - _U1):
+                    h2 = H[rl + c]
+                    w2 = h2 * Q[ql + c]
+                    w2 = w2 if h2 > 0.0 else 0.0
+                    L[rw + c] = w2
+                    wl[c] += w2
+        for c in range(_U0, cend - _U1):
+            gam = mx[c] + wl[c]
+            ok = (fn >= lo[c]) & (fn <= hi[c])
+            g = gam if ok else 0.0
+            g = 1.0 if fn == endn[c] else g
+            H[rc + c] = g * R[rc + c]
+            L[rc + c] = mx[c]
+            L[uP + rc + c] = wl[c]
+
+
+@njit(inline="always")
+def _tdt_group_to_rows(
+    L, act_lens, label_lens, b0, b1, T, U, K1, uP, uW, fastemit_lambda, STf
+):
+    """The occupancies of the group's utterances back to their rows."""
+    C = U + 1
+    D = K1 - 4
+    uK1 = np.uint64(K1)
+    for b in range(b0, b1):
+        Tb = act_lens[b]
+        if Tb == 0:
+            continue
+        Ub = label_lens[b] + 1
+        _tdt_diagonals_to_rows(
+            L,
+            uP,
+            uW,
+            np.uint64(1 + (b - b0) * C),
+            Tb,
+            Ub,
+            D,
+            fastemit_lambda,
+            STf,
+            np.uint64(b * T * U) * uK1,
+            U,
+            K1,
+        )
 
 
 @njit(**_OPTS)

@@ -1,17 +1,27 @@
 """CUDA backend of the multi-blank RNN-T and TDT losses (Numba CUDA kernels).
 
 Importing this package is free: ``numba.cuda`` (from the ``numba-cuda`` package, the
-``cuda`` extra) is imported only by the first call of :func:`compute`,
-:func:`tdt_compute` or their ``begin`` entry points, so a CPU-only install never
-needs it. The kernels are in :mod:`espnet_multiblank.loss.cuda.kernels` and
-``tdt_kernels`` (device functions shared by both in ``device_ops``), the launch
-layers in :mod:`espnet_multiblank.loss.cuda.launch` and ``tdt_launch``.
+``cuda`` extra) is imported only by the first call of ``compute``, ``tdt_compute``
+or their ``begin`` entry points, so a CPU-only install never needs it. The kernels
+are in :mod:`espnet_multiblank.loss.cuda.kernels` (multi-blank / standard RNN-T) and
+``tdt_kernels`` (TDT), device functions shared by both in ``device_ops``, the launch
+layer (one :class:`~espnet_multiblank.loss.cuda.launch.CudaKernelDriver` per family)
+in :mod:`espnet_multiblank.loss.cuda.launch`.
 
-Each of :func:`compute` and :func:`tdt_compute` offers the autograd Function's two
-contracts (``espnet_multiblank.loss.function``):
+Each of ``compute`` (multi-blank, logits (B, T, U, V)) and ``tdt_compute`` (TDT,
+logits (B, T, U, V + D)) offers the autograd Function's two contracts
+(``espnet_multiblank.loss.function``):
 
 * ``compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad)`` ->
-  ``(costs, grads)``;
+  ``(costs, grads)``: acts a float64 / float32 / float16 / bfloat16 CUDA tensor of raw
+  logits, labels (B, L) int64 with padding replaced by 0, lengths (B,) int64
+  (validated), grad_weights (B,) (utterance b's gradient is clamped, then multiplied
+  by grad_weights[b]); costs (B,) float64 for float64 logits, float32 otherwise
+  (``-(1 + lambda) log P``: +inf when impossible, 0 for T_b = 0 = L_b, NaN for NaN /
+  +inf logits), grads in acts' shape and dtype (0 at padding and for impossible
+  utterances) or None. All work is queued on torch's current stream of acts' device
+  without host synchronisation; the first call for a new dtype / duration set / row
+  layout compiles the kernels (a few seconds);
 * ``compute.begin(acts, labels, act_lens, label_lens, opts, need_grad)`` ->
   ``(costs (B,) float64 numpy, pending)`` and ``compute.finish(pending.tensors(),
   opts, factors (B,) float64 numpy)`` -> the gradient, written into the one
@@ -37,101 +47,43 @@ _INSTALL_HINT = (
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
-def _launch_module(name: str):
-    try:
-        if name == "tdt":
-            from espnet_multiblank.loss.cuda import tdt_launch as mod
-        else:
-            from espnet_multiblank.loss.cuda import launch as mod
-    except ImportError as e:  # numba without numba.cuda, or numba-cuda missing
-        raise ImportError(f"{_INSTALL_HINT} ({e})") from e
-    return mod
+class LazyCudaDriver:
+    """A :class:`~espnet_multiblank.loss.cuda.launch.CudaKernelDriver` of
+    ``launch.py`` imported on first use; same contracts."""
+
+    begin_dtypes = DTYPES
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @staticmethod
+    def launch_module():
+        """:mod:`espnet_multiblank.loss.cuda.launch` (ImportError with the install
+        hint without numba-cuda)."""
+        try:
+            from espnet_multiblank.loss.cuda import launch
+        except ImportError as e:  # numba without numba.cuda, or numba-cuda missing
+            raise ImportError(f"{_INSTALL_HINT} ({e})") from e
+        return launch
+
+    def driver(self):
+        return getattr(self.launch_module(), self.name)
+
+    def __call__(
+        self, acts, labels, act_lens, label_lens, opts, grad_weights, need_grad
+    ):
+        return self.driver()(
+            acts, labels, act_lens, label_lens, opts, grad_weights, need_grad
+        )
+
+    def begin(self, acts, labels, act_lens, label_lens, opts, need_grad):
+        return self.driver().begin(acts, labels, act_lens, label_lens, opts, need_grad)
+
+    def finish(self, tensors, opts, factors):
+        return self.driver().finish(tensors, opts, factors)
 
 
-def compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad):
-    """Costs and (optionally) gradients of the multi-blank RNN-T loss on a GPU.
-
-    Args:
-        acts: (B, T, U, V) float64 / float32 / float16 / bfloat16 CUDA tensor of raw
-            logits (made C-contiguous).
-        labels: (B, L) int64, L <= U - 1, padding replaced by 0.
-        act_lens, label_lens: (B,) int64 (validated: T_b <= T, L_b <= min(L, U - 1)).
-        opts: :class:`~espnet_multiblank.loss.options.LossOptions`.
-        grad_weights: (B,) tensor; utterance b's gradient is clamped to
-            [-clamp, clamp] (clamp > 0) and then multiplied by grad_weights[b].
-        need_grad: compute the gradient only when True.
-
-    Returns:
-        costs: (B,) float64 for float64 logits, float32 otherwise:
-            ``-(1 + fastemit_lambda) * log P`` (+inf for an impossible utterance, 0
-            for T_b = 0 = L_b, NaN for NaN / +inf logits).
-        grads: (B, T, U, V) in acts' dtype (0 at padding and for impossible
-            utterances), or None when need_grad is False.
-
-    All work is queued on torch's current stream of acts' device and nothing here
-    waits for the GPU (no host synchronisation; the caller's NaN check of the costs
-    is the first one). The first call for a new dtype / duration set / row layout
-    compiles the kernels (a few seconds).
-    """
-    return _launch_module("mb").compute(
-        acts, labels, act_lens, label_lens, opts, grad_weights, need_grad
-    )
-
-
-def _begin(acts, labels, act_lens, label_lens, opts, need_grad):
-    return _launch_module("mb").begin(
-        acts, labels, act_lens, label_lens, opts, need_grad
-    )
-
-
-def _finish(tensors, opts, factors):
-    return _launch_module("mb").finish(tensors, opts, factors)
-
-
-def tdt_compute(acts, labels, act_lens, label_lens, opts, grad_weights, need_grad):
-    """Costs and (optionally) gradients of the TDT loss on a GPU.
-
-    Args:
-        acts: (B, T, U, V + D) float64 / float32 / float16 / bfloat16 CUDA tensor of
-            raw logits.
-        labels: (B, L) int64, L <= U - 1, padding replaced by 0.
-        act_lens, label_lens: (B,) int64 (validated).
-        opts: :class:`~espnet_multiblank.loss.tdt_options.TDTOptions` (omega is drawn
-            by the caller).
-        grad_weights: (B,) tensor; utterance b's gradient is clamped (clamp > 0), then
-            multiplied by grad_weights[b].
-        need_grad: compute the gradient only when True.
-
-    Returns:
-        costs: (B,) float64 for float64 logits, float32 otherwise:
-            ``-(1 + fastemit_lambda) * log P`` (+inf when impossible, 0 for
-            T_b = 0 = L_b, NaN for NaN / +inf logits).
-        grads: (B, T, U, V + D) in acts' dtype (0 at padding and for impossible
-            utterances), or None.
-
-    Queued on torch's current stream without host synchronisation, like
-    :func:`compute`.
-    """
-    return _launch_module("tdt").tdt_compute(
-        acts, labels, act_lens, label_lens, opts, grad_weights, need_grad
-    )
-
-
-def _tdt_begin(acts, labels, act_lens, label_lens, opts, need_grad):
-    return _launch_module("tdt").tdt_begin(
-        acts, labels, act_lens, label_lens, opts, need_grad
-    )
-
-
-def _tdt_finish(tensors, opts, factors):
-    return _launch_module("tdt").tdt_finish(tensors, opts, factors)
-
-
-compute.begin = _begin
-compute.finish = _finish
-compute.begin_dtypes = DTYPES
-tdt_compute.begin = _tdt_begin
-tdt_compute.finish = _tdt_finish
-tdt_compute.begin_dtypes = DTYPES
+compute = LazyCudaDriver("compute")
+tdt_compute = LazyCudaDriver("tdt_compute")
 
 __all__ = ["compute", "tdt_compute"]

@@ -1,5 +1,8 @@
 """Launch layer of the CUDA kernels: torch tensors in, torch tensors out.
 
+One :class:`CudaKernelDriver` per lattice family: ``compute`` (multi-blank /
+standard RNN-T, ``kernels.py``) and ``tdt_compute`` (TDT, ``tdt_kernels.py``).
+
 On a GPU, every tensor (inputs, outputs and the float64 workspaces, all allocated with
 torch's caching allocator) is handed to Numba in place through
 ``__cuda_array_interface__`` (``numba.cuda.as_cuda_array(t, sync=False)``: torch
@@ -20,11 +23,12 @@ Two contracts (see ``espnet_multiblank.loss.function``):
 
 Memory (per (b, t, u) row; the logits themselves are the caller's): the gradient
 buffer, the size and dtype of the logits, allocated by ``begin`` / ``compute`` when the
-gradient is needed; float64 workspaces ``denom`` (8 bytes) and ``lpw`` (8 (N + 2)),
-kept until the gradient is finished, and ``alphas``, ``betas`` (8 each), freed when
-``begin`` returns: 8 (N + 5) bytes per row at the peak, 8 (N + 3) held between
-forward and backward, plus O(B). With 4-byte logits that is (N + 5) / (V / 2) of
-the gradient (0.6 % for V = 1024, N = 3; 25 % for V = 64), with 2-byte logits twice
+gradient is needed; float64 workspaces ``denom`` (8 bytes; TDT: 16, a token and a
+duration part) and ``lpw`` (8 (N + 2); TDT: 8 (D + 2)), kept until the gradient is
+finished, and ``alphas``, ``betas`` (8 each), freed when ``begin`` returns: 8 (N + 5)
+bytes per row at the peak, 8 (N + 3) held between forward and backward (TDT: 8 (D +
+6) and 8 (D + 4)), plus O(B). With 4-byte logits that is (N + 5) / (V / 2) of the
+gradient (0.6 % for V = 1024, N = 3; 25 % for V = 64), with 2-byte logits twice
 that. ``begin`` keeps a reference to the logits for ``finish`` (the autograd graph
 usually holds them anyway; non-contiguous logits are first copied, and that copy is
 what is kept).
@@ -46,6 +50,7 @@ except ImportError:  # pragma: no cover - older numba-cuda / numba's built-in cu
 
 from espnet_multiblank.loss.cuda.device_ops import SIMULATOR
 from espnet_multiblank.loss.cuda.kernels import get_kernels
+from espnet_multiblank.loss.cuda.tdt_kernels import get_tdt_kernels
 
 #: logits dtypes the kernels read directly
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -401,7 +406,14 @@ compute = CudaKernelDriver(
     num_tokens=lambda opts, width: width,
     tdt=False,
 )
-forward = compute.forward
-gradient = compute.gradient
-begin = compute.begin
-finish = compute.finish
+
+# the TDT family: token and duration log-sum-exps per row; W_blank, W_label and D
+# duration weights per node; the row kernels reduce the V token logits (the D
+# duration logits follow)
+tdt_compute = CudaKernelDriver(
+    get_tdt_kernels,
+    denom_tail=(2,),
+    weights_width=lambda opts: 2 + opts.lattice.num_durations,
+    num_tokens=lambda opts, width: width - opts.lattice.num_durations,
+    tdt=True,
+)

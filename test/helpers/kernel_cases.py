@@ -1,71 +1,66 @@
-"""Test cases of the CUDA kernels, shared by the simulator run and the real-GPU tests.
+"""Kernel-level cases of the losses, for every device: the kernels' two contracts
+(``compute`` and, with ``via_function``, the autograd Function around it) against
+the float64 PyTorch reference.
 
-Each case builds small random inputs, runs ``espnet_multiblank.loss.cuda.compute`` on
-a given device (``cpu`` under ``NUMBA_ENABLE_CUDASIM=1``, ``cuda`` on a GPU) and
-compares the costs and gradients with the float64 PyTorch reference
-(``reference_costs`` + autograd, the gradient clamp done by LogSoftmaxGradModification
-as in ``dispatch.ClampedReferenceFunction``), computed on the CPU.
-
-Run as a script (``python test/cuda_cases.py --sim [--cpu-kernel] [-k NAME]``) it sets
-``NUMBA_ENABLE_CUDASIM=1`` *before* numba is imported, runs every case (then the TDT
-cases of ``tdt_cuda_cases.py``) in the simulator and prints one JSON line per case:
-``{"case": name, "ok": bool, "msg": str}``.
-``test/test_loss_cuda_sim.py`` runs it in a subprocess so that the simulator never
-leaks into other tests.
+Each :class:`KernelCase` builds small random inputs of one lattice family, runs a
+kernel driver's ``compute(acts, labels, act_lens, label_lens, opts, grad_weights,
+need_grad)`` on a device and compares the costs and gradients with the float64
+reference (the family's reference costs + autograd, the gradient clamp done by
+LogSoftmaxGradModification as in ``dispatch.ClampedReferenceFunction``) and,
+optionally, with another driver (:func:`compare_with_kernel`: the CUDA kernels
+against the CPU ones). ``test_loss_kernels.py`` runs them on the CPU (the CPU
+drivers), in the CUDA simulator and on a GPU (the CUDA drivers); the cases include
+row layouts whose shared-memory tree crosses warps, the exact layouts a GPU uses for
+V = 64, 1000 and 3000, float16 / bfloat16 logits and long float32 utterances.
 """
 
 import contextlib
-import json
 import math
-import os
-import sys
-import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
-if __name__ == "__main__" and "--sim" in sys.argv:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba.cuda is imported
+import torch
 
-import torch  # noqa: E402
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from espnet_multiblank.loss.function import (  # noqa: E402
-    FusedMultiblankRNNTFunction,
+from espnet_multiblank.loss.families import family_of
+from espnet_multiblank.loss.function import (
+    FusedTransducerFunction,
+    reduce_costs,
     reduction_weights,
 )
-from espnet_multiblank.loss.options import LossOptions, make_options  # noqa: E402
-from espnet_multiblank.loss.reference import reference_costs  # noqa: E402
+from espnet_multiblank.loss.options import make_options, make_tdt_options
 
 
 @dataclass
-class Case:
+class KernelCase:
     """One kernel test: shapes, lengths, options and what to check.
 
     Attributes:
         name: unique id.
-        B, T, U, V: acts shape (B, T, U, V).
+        tdt: a TDT case (V token logits, then len(durations) duration logits), else
+            multi-blank (standard RNN-T without durations).
+        B, T, U, V: acts shape (B, T, U, V) (TDT: V + len(durations) wide).
         act_lens, label_lens: per-utterance lengths (None = full).
         blank, durations, sigma, fastemit_lambda, clamp, reduction: loss options.
         label_width: labels.shape[1] (None = U - 1); may be < U - 1 or 0.
-        dtype: acts dtype given to the kernel (float32 / float64).
+        dtype: acts dtype given to the kernel.
         weights: grad_weights (None = reduction_weights of the options).
         need_grad: passed to compute.
-        special: "nan", "posinf", "neginf" put such logits in, "" none.
-        via_function: also run FusedMultiblankRNNTFunction + backward (incoming
+        special: logits that make a case: "nan", "posinf", "nan_token",
+            "nan_duration", "nan_dead_end" (utterance 0's cost must be NaN; the
+            dead end: a NaN duration logit in a row none of whose steps can reach
+            the end), "neginf" (a masked symbol), "" none.
+        via_function: also run FusedTransducerFunction + backward (incoming
             gradient 0.7, then a retain_graph backward with 1.3).
         seed: torch seed.
         tol: {"cost": .., "grad": ..} bounds of |got - want| / (1 + |want|).
-        row_cfg: (team, block, unroll) forced on the row kernels (None: the
+        row_cfg: (team, block, unroll) forced on the CUDA row kernels (None: the
             launch layer's choice, tiny in the simulator).
         gpu_layout: force the layout a GPU would use for this V (also in the
             simulator: its team of up to 512 threads and 8 loads per chunk).
     """
 
     name: str
+    tdt: bool = False
     B: int = 2
     T: int = 5
     U: int = 3
@@ -89,16 +84,27 @@ class Case:
     row_cfg: Optional[Tuple[int, int, int]] = None
     gpu_layout: bool = False
 
+    @property
+    def expects_nan(self) -> bool:
+        return self.special.startswith("nan") or self.special == "posinf"
+
+
+def _tdt_case(name, **kw) -> KernelCase:
+    """A TDT case; its defaults: V = 5 token logits, durations (0, 1, 2)."""
+    kw.setdefault("V", 5)
+    kw.setdefault("durations", (0, 1, 2))
+    return KernelCase(name, tdt=True, **kw)
+
 
 F32_TOL = dict(cost=1e-5, grad=1e-5)
 # half-precision logits: the costs are float32 sums, the gradient is stored in half
 F16_TOL = dict(cost=1e-5, grad=1e-3)
 BF16_TOL = dict(cost=1e-5, grad=5e-3)
 
-CASES = [
-    Case("rnnt_n0_full", B=2, T=5, U=3, V=5, blank=0),
-    Case("rnnt_n0_blank_last", B=2, T=4, U=3, V=5, blank=4, label_lens=[2, 1]),
-    Case(
+MULTIBLANK_CASES = [
+    KernelCase("rnnt_n0_full", B=2, T=5, U=3, V=5, blank=0),
+    KernelCase("rnnt_n0_blank_last", B=2, T=4, U=3, V=5, blank=4, label_lens=[2, 1]),
+    KernelCase(
         "mb_d2_sigma",
         B=2,
         T=5,
@@ -110,7 +116,7 @@ CASES = [
         act_lens=[5, 4],
         label_lens=[2, 1],
     ),
-    Case(
+    KernelCase(
         "mb_d24_varlen",
         B=3,
         T=6,
@@ -123,7 +129,7 @@ CASES = [
         label_lens=[3, 1, 2],
         reduction="mean",
     ),
-    Case(
+    KernelCase(
         "mb_d42_blank_mid",
         B=2,
         T=6,
@@ -134,7 +140,7 @@ CASES = [
         act_lens=[6, 4],
         label_lens=[2, 2],
     ),
-    Case(
+    KernelCase(
         "mb_fastemit",
         B=2,
         T=5,
@@ -146,8 +152,8 @@ CASES = [
         act_lens=[5, 3],
         label_lens=[3, 1],
     ),
-    Case("n0_fastemit", B=2, T=4, U=3, V=5, blank=0, fastemit_lambda=0.01),
-    Case(
+    KernelCase("n0_fastemit", B=2, T=4, U=3, V=5, blank=0, fastemit_lambda=0.01),
+    KernelCase(
         "mb_clamp",
         B=2,
         T=5,
@@ -159,7 +165,7 @@ CASES = [
         act_lens=[5, 4],
         label_lens=[2, 1],
     ),
-    Case(
+    KernelCase(
         "mb_clamp_weights_fastemit",
         B=2,
         T=5,
@@ -172,7 +178,7 @@ CASES = [
         sigma=0.05,
         weights=[0.5, 3.0],
     ),
-    Case(
+    KernelCase(
         "zero_length_utts",
         B=3,
         T=4,
@@ -183,8 +189,10 @@ CASES = [
         act_lens=[0, 0, 4],
         label_lens=[0, 2, 1],
     ),
-    Case("all_T_zero", B=2, T=0, U=3, V=5, blank=1, durations=(2,), label_lens=[0, 1]),
-    Case(
+    KernelCase(
+        "all_T_zero", B=2, T=0, U=3, V=5, blank=1, durations=(2,), label_lens=[0, 1]
+    ),
+    KernelCase(
         "narrow_labels",
         B=2,
         T=5,
@@ -195,7 +203,7 @@ CASES = [
         label_width=1,
         label_lens=[1, 0],
     ),
-    Case(
+    KernelCase(
         "no_labels",
         B=2,
         T=4,
@@ -206,7 +214,7 @@ CASES = [
         label_width=0,
         label_lens=[0, 0],
     ),
-    Case(
+    KernelCase(
         "float32",
         B=2,
         T=6,
@@ -220,7 +228,7 @@ CASES = [
         label_lens=[3, 2],
         tol=dict(cost=1e-5, grad=1e-5),
     ),
-    Case(
+    KernelCase(
         "float32_fastemit_clamp",
         B=2,
         T=5,
@@ -233,8 +241,8 @@ CASES = [
         dtype=torch.float32,
         tol=dict(cost=1e-5, grad=1e-5),
     ),
-    Case("no_grad", B=2, T=5, U=3, V=6, blank=3, durations=(2,), need_grad=False),
-    Case(
+    KernelCase("no_grad", B=2, T=5, U=3, V=6, blank=3, durations=(2,), need_grad=False),
+    KernelCase(
         "masked_neginf",
         B=2,
         T=5,
@@ -244,9 +252,11 @@ CASES = [
         durations=(2,),
         special="neginf",
     ),
-    Case("nan_logit", B=2, T=4, U=3, V=5, blank=2, durations=(2,), special="nan"),
-    Case("posinf_logit", B=2, T=4, U=3, V=5, blank=2, durations=(2,), special="posinf"),
-    Case(
+    KernelCase("nan_logit", B=2, T=4, U=3, V=5, blank=2, durations=(2,), special="nan"),
+    KernelCase(
+        "posinf_logit", B=2, T=4, U=3, V=5, blank=2, durations=(2,), special="posinf"
+    ),
+    KernelCase(
         "function_mean_volume",
         B=3,
         T=5,
@@ -260,7 +270,7 @@ CASES = [
         clamp=0.2,
         via_function=True,
     ),
-    Case(
+    KernelCase(
         "function_sum_fastemit",
         B=2,
         T=6,
@@ -275,7 +285,7 @@ CASES = [
     ),
     # row layouts: a team of 64 threads (its shared-memory tree crosses warps),
     # three chunks per thread with a partial last one
-    Case(
+    KernelCase(
         "xwarp_team64_3chunks",
         B=2,
         T=3,
@@ -290,7 +300,7 @@ CASES = [
         seed=11,
     ),
     # two 64-thread teams per block, float32
-    Case(
+    KernelCase(
         "xwarp_2rows_per_block_f32",
         B=2,
         T=3,
@@ -305,7 +315,7 @@ CASES = [
     ),
     # the layouts a GPU uses: V = 64 (teams of 8, 16 rows per block), V = 1000
     # (one 128-thread team, one chunk of 8 loads), V = 3000 (512 threads)
-    Case(
+    KernelCase(
         "gpu_layout_V64_f32",
         B=3,
         T=4,
@@ -320,7 +330,7 @@ CASES = [
         gpu_layout=True,
         seed=13,
     ),
-    Case(
+    KernelCase(
         "gpu_layout_V1000_f32",
         B=1,
         T=2,
@@ -334,7 +344,7 @@ CASES = [
         gpu_layout=True,
         seed=14,
     ),
-    Case(
+    KernelCase(
         "gpu_layout_V3000_bf16",
         B=1,
         T=2,
@@ -348,7 +358,7 @@ CASES = [
         seed=15,
     ),
     # half-precision logits read directly (bfloat16 as int16 bits)
-    Case(
+    KernelCase(
         "float16",
         B=2,
         T=5,
@@ -363,7 +373,7 @@ CASES = [
         tol=F16_TOL,
         seed=16,
     ),
-    Case(
+    KernelCase(
         "bfloat16_clamp_fastemit_weights",
         B=2,
         T=5,
@@ -378,7 +388,7 @@ CASES = [
         tol=BF16_TOL,
         seed=17,
     ),
-    Case(
+    KernelCase(
         "function_float16",
         B=3,
         T=5,
@@ -394,7 +404,7 @@ CASES = [
         via_function=True,
         seed=18,
     ),
-    Case(
+    KernelCase(
         "function_bfloat16",
         B=2,
         T=5,
@@ -411,7 +421,7 @@ CASES = [
     ),
     # a long utterance in float32 against the float64 reference: the row sums are
     # float32, alpha/beta float64 (one thread per row: few simulated barriers)
-    Case(
+    KernelCase(
         "long_T1200_float32",
         B=2,
         T=1200,
@@ -430,15 +440,215 @@ CASES = [
 ]
 
 
-def make_inputs(case: Case, device="cpu"):
-    """(acts, labels, act_lens, label_lens, opts) for ``case``, on ``device``.
+TDT_CASES = [
+    _tdt_case(
+        "tdt_d012_blank_last",
+        blank=4,
+        sigma=0.05,
+        act_lens=[5, 4],
+        label_lens=[2, 1],
+    ),
+    _tdt_case(
+        "tdt_d021_unsorted", blank=0, durations=(0, 2, 1), act_lens=[5, 3], seed=1
+    ),
+    _tdt_case(
+        "tdt_d23_no_one_impossible",
+        B=3,
+        T=6,
+        blank=2,
+        durations=(2, 3),
+        act_lens=[6, 1, 5],
+        label_lens=[2, 0, 1],
+        seed=2,
+    ),
+    _tdt_case(
+        "tdt_d31_fastemit",
+        T=6,
+        U=4,
+        blank=1,
+        durations=(3, 1),
+        fastemit_lambda=0.3,
+        sigma=0.05,
+        act_lens=[6, 4],
+        label_lens=[3, 2],
+        seed=3,
+    ),
+    _tdt_case("tdt_d1_clamp", blank=3, durations=(1,), clamp=0.05, seed=4),
+    _tdt_case(
+        "tdt_all_options_float32",
+        B=3,
+        T=7,
+        U=4,
+        V=6,
+        blank=5,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        fastemit_lambda=0.2,
+        clamp=0.1,
+        act_lens=[7, 5, 3],
+        label_lens=[3, 1, 2],
+        dtype=torch.float32,
+        weights=[0.5, 3.0, 1.0],
+        tol=dict(cost=1e-5, grad=1e-5),
+        seed=5,
+    ),
+    _tdt_case(
+        "tdt_zero_length_utts",
+        B=3,
+        T=4,
+        blank=1,
+        act_lens=[0, 0, 4],
+        label_lens=[0, 2, 1],
+        seed=6,
+    ),
+    _tdt_case("tdt_all_T_zero", T=0, blank=1, label_lens=[0, 1]),
+    _tdt_case(
+        "tdt_no_labels",
+        U=2,
+        blank=2,
+        durations=(2, 1),
+        label_width=0,
+        label_lens=[0, 0],
+        seed=7,
+    ),
+    _tdt_case("tdt_no_grad", blank=3, need_grad=False, seed=8),
+    _tdt_case("tdt_masked_neginf", V=6, blank=3, special="neginf", seed=9),
+    _tdt_case("tdt_nan_token", blank=2, special="nan_token"),
+    _tdt_case("tdt_nan_duration", blank=2, special="nan_duration"),
+    _tdt_case("tdt_posinf", blank=2, special="posinf"),
+    _tdt_case(
+        "tdt_nan_dead_end",
+        T=5,
+        blank=2,
+        durations=(2, 3),
+        special="nan_dead_end",
+        act_lens=[5, 5],
+        label_lens=[1, 1],
+    ),
+    _tdt_case(
+        "tdt_function_mean_volume",
+        B=3,
+        T=5,
+        U=4,
+        blank=3,
+        durations=(1, 0, 2),
+        act_lens=[5, 2, 4],
+        label_lens=[3, 1, 0],
+        reduction="mean_volume",
+        clamp=0.2,
+        sigma=0.05,
+        via_function=True,
+        seed=10,
+    ),
+    # a 64-thread team (shared-memory tree across warps), three chunks per thread
+    _tdt_case(
+        "tdt_xwarp_team64_3chunks",
+        B=2,
+        T=4,
+        U=3,
+        V=300,
+        blank=7,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        act_lens=[4, 3],
+        label_lens=[2, 1],
+        row_cfg=(64, 64, 2),
+        seed=11,
+    ),
+    # the layouts a GPU uses for V = 64 and V = 1000
+    _tdt_case(
+        "tdt_gpu_layout_V64_f32",
+        B=3,
+        T=4,
+        U=3,
+        V=64,
+        blank=0,
+        durations=(0, 1, 2, 3, 4),
+        act_lens=[4, 3, 2],
+        label_lens=[2, 1, 2],
+        dtype=torch.float32,
+        tol=F32_TOL,
+        gpu_layout=True,
+        seed=12,
+    ),
+    _tdt_case(
+        "tdt_gpu_layout_V1000_f32",
+        B=1,
+        T=3,
+        U=2,
+        V=1000,
+        blank=999,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        dtype=torch.float32,
+        tol=F32_TOL,
+        gpu_layout=True,
+        seed=13,
+    ),
+    # half-precision logits read directly
+    _tdt_case(
+        "tdt_float16_clamp",
+        blank=1,
+        durations=(0, 2, 1),
+        clamp=0.1,
+        act_lens=[5, 4],
+        label_lens=[2, 1],
+        dtype=torch.float16,
+        tol=F16_TOL,
+        seed=14,
+    ),
+    _tdt_case(
+        "tdt_function_bfloat16",
+        B=3,
+        T=5,
+        U=3,
+        blank=4,
+        durations=(1, 2, 0),
+        sigma=0.05,
+        fastemit_lambda=0.1,
+        reduction="mean",
+        act_lens=[5, 4, 2],
+        label_lens=[2, 1, 1],
+        dtype=torch.bfloat16,
+        tol=BF16_TOL,
+        via_function=True,
+        seed=15,
+    ),
+    # a long utterance in float32 against the float64 reference
+    _tdt_case(
+        "tdt_long_T1000_float32",
+        B=2,
+        T=1000,
+        U=3,
+        V=5,
+        blank=2,
+        durations=(0, 1, 2, 3, 4),
+        sigma=0.05,
+        act_lens=[1000, 700],
+        label_lens=[2, 1],
+        dtype=torch.float32,
+        tol=dict(cost=1e-6, grad=1e-6),
+        row_cfg=(1, 128, 4),
+        seed=16,
+    ),
+]
 
-    acts: (B, T, U, V) case.dtype. labels: (B, label_width) int64 with non-blank ids
-    (0 beyond label_lens, as validate_inputs leaves them). Lengths: (B,) int64.
-    """
-    g = torch.Generator().manual_seed(case.seed)
-    B, T, U, V = case.B, case.T, case.U, case.V
-    opts = make_options(
+
+CASES = MULTIBLANK_CASES + TDT_CASES
+
+
+def case_options(case: KernelCase):
+    if case.tdt:
+        return make_tdt_options(
+            case.blank,
+            case.durations,
+            case.reduction,
+            case.sigma,
+            0.0,
+            case.fastemit_lambda,
+            case.clamp,
+        )
+    return make_options(
         case.blank,
         case.durations,
         case.reduction,
@@ -446,45 +656,65 @@ def make_inputs(case: Case, device="cpu"):
         case.clamp,
         case.sigma,
     )
-    acts = torch.randn((B, T, U, V), generator=g, dtype=torch.float64) * 2.0
-    if case.special:
-        val = {"nan": math.nan, "posinf": math.inf, "neginf": -math.inf}[case.special]
-        if case.special == "neginf":
-            # mask one non-blank symbol everywhere in utterance 0 and most of row 1's
-            masked = [k for k in range(V) if k not in opts.all_blank_ids][-1]
-            acts[0, :, :, masked] = val
-            acts[1, :, 1:, masked] = val
+
+
+def make_inputs(case: KernelCase, device="cpu"):
+    """(acts, labels, act_lens, label_lens, opts) for ``case``, on ``device``.
+
+    acts: (B, T, U, V') case.dtype (V' = V, or V + D for a TDT). labels:
+    (B, label_width) int64 with non-blank ids (0 beyond label_lens, as the input
+    checks leave them). Lengths: (B,) int64.
+    """
+    g = torch.Generator().manual_seed(case.seed)
+    B, T, U, V = case.B, case.T, case.U, case.V
+    opts = case_options(case)
+    D = len(case.durations) if case.tdt else 0
+    acts = torch.randn((B, T, U, V + D), generator=g, dtype=torch.float64) * 2.0
+    blank_ids = (case.blank,) if case.tdt else opts.all_blank_ids
+    tokens = [k for k in range(V) if k not in blank_ids]
+    special = case.special
+    if special == "neginf":
+        # mask one label everywhere in utterance 0 and in most of utterance 1's rows
+        acts[0, :, :, tokens[-1]] = -math.inf
+        acts[1, :, 1:, tokens[-1]] = -math.inf
+        tokens = tokens[:-1]
+    elif special in ("nan", "nan_token"):
+        acts[0, 0, 0, case.blank] = math.nan
+    elif special == "posinf":
+        if case.tdt:
+            acts[0, 0, 1, V] = math.inf
         else:
-            acts[0, 0, 0, opts.blank] = val
+            acts[0, 0, 0, case.blank] = math.inf
+    elif special == "nan_duration":
+        acts[0, 1, 1, V + 1] = math.nan
+    elif special == "nan_dead_end":
+        # durations (2, 3), T_b = 5: from frame 4 every step overshoots or lands on
+        # T_b with labels left, so this row's value reaches no path
+        acts[0, 4, 0, V] = math.nan
     width = U - 1 if case.label_width is None else case.label_width
     act_lens = torch.tensor(case.act_lens if case.act_lens else [T] * B)
     label_lens = torch.tensor(case.label_lens if case.label_lens else [width] * B)
-    non_blank = [k for k in range(V) if k not in opts.all_blank_ids]
-    if case.special == "neginf":
-        non_blank = non_blank[:-1]
-    pick = torch.randint(0, len(non_blank), (B, width), generator=g)
-    labels = torch.tensor(non_blank)[pick] if width > 0 else torch.zeros((B, 0))
+    pick = torch.randint(0, len(tokens), (B, width), generator=g)
+    labels = torch.tensor(tokens)[pick] if width > 0 else torch.zeros((B, 0))
     labels = labels.long()
     pos = torch.arange(width)[None, :]
     labels = torch.where(pos < label_lens[:, None], labels, torch.zeros_like(labels))
-    to = dict(device=device)
     return (
-        acts.to(case.dtype).to(**to),
-        labels.to(**to),
-        act_lens.long().to(**to),
-        label_lens.long().to(**to),
+        acts.to(case.dtype).to(device),
+        labels.to(device),
+        act_lens.long().to(device),
+        label_lens.long().to(device),
         opts,
     )
 
 
-def reference(
-    acts, labels, act_lens, label_lens, opts: LossOptions, weights, device="cpu"
-):
-    """float64 oracle (on ``device``, CPU by default): CPU costs (B,), grads (B,T,U,V).
+def reference(acts, labels, act_lens, label_lens, opts, weights, device="cpu"):
+    """float64 oracle (on ``device``, CPU by default): CPU costs (B,), grads.
 
     grads[b] = clamp(d cost_b / d acts_b) * weights[b] (clamp only if opts.clamp > 0),
     0 for utterances with a non-finite cost.
     """
+    reference_costs = family_of(opts).reference
     x = acts.detach().double().to(device).requires_grad_(True)
     labels, act_lens, label_lens = (
         labels.to(device),
@@ -493,12 +723,11 @@ def reference(
     )
     costs = reference_costs(x, labels, act_lens, label_lens, opts, clamp=opts.clamp)
     finite = torch.isfinite(costs)
+    grads = torch.zeros_like(x)
     if bool(finite.any()) and x.numel() > 0:
-        (grads,) = torch.autograd.grad(costs[finite].sum(), x, allow_unused=True)
-        if grads is None:
-            grads = torch.zeros_like(x)
-    else:
-        grads = torch.zeros_like(x)
+        (g,) = torch.autograd.grad(costs[finite].sum(), x, allow_unused=True)
+        if g is not None:
+            grads = g
     grads = grads * weights.double().to(device).view(-1, 1, 1, 1)
     return costs.detach().cpu(), grads.cpu()
 
@@ -527,8 +756,9 @@ def _close(name, got, want, tol):
 
 
 @contextlib.contextmanager
-def row_layout(case, V: int):
-    """Force ``case.row_cfg`` (or the GPU layout for V) on the launch layer."""
+def row_layout(case: KernelCase):
+    """Force ``case.row_cfg`` (or the GPU layout for its V) on the CUDA launch
+    layer."""
     if case.row_cfg is None and not case.gpu_layout:
         yield
         return
@@ -536,7 +766,7 @@ def row_layout(case, V: int):
 
     prev = launch.ROW_CONFIG_OVERRIDE
     launch.ROW_CONFIG_OVERRIDE = (
-        launch.gpu_row_config(V) if case.gpu_layout else tuple(case.row_cfg)
+        launch.gpu_row_config(case.V) if case.gpu_layout else tuple(case.row_cfg)
     )
     try:
         yield
@@ -549,8 +779,14 @@ def cost_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _weights(case, opts, label_lens, dtype, device):
+    if case.weights is not None:
+        return torch.tensor(case.weights, dtype=dtype, device=device)
+    return reduction_weights(opts, label_lens, dtype)
+
+
 def check_function(case, acts, labels, act_lens, label_lens, opts, compute, ref):
-    """FusedMultiblankRNNTFunction around ``compute``: loss, then backward with an
+    """FusedTransducerFunction around ``compute``: loss, then backward with an
     incoming gradient of 0.7 (folded into the kernel), then a ``retain_graph``
     backward with 1.3 (a rescaled copy); ``ref`` = (reference loss, reference
     d loss / d acts for an incoming gradient of 1)."""
@@ -558,9 +794,7 @@ def check_function(case, acts, labels, act_lens, label_lens, opts, compute, ref)
     tol_c = case.tol.get("cost", 1e-10)
     tol_g = case.tol.get("grad", 1e-10)
     x = acts.detach().clone().requires_grad_(True)
-    loss = FusedMultiblankRNNTFunction.apply(
-        x, labels, act_lens, label_lens, opts, compute
-    )
+    loss = FusedTransducerFunction.apply(x, labels, act_lens, label_lens, opts, compute)
     _close("function loss", loss, want_loss, tol_c)
     if loss.device != acts.device:
         raise AssertionError(f"loss on {loss.device}, acts on {acts.device}")
@@ -601,34 +835,31 @@ def check_half_rounding(name, got, want, dtype):
         raise AssertionError(f"{name}: more than one ulp from the rounded reference")
 
 
-def run_case(
-    case: Case,
-    device="cpu",
-    compute=None,
-    check_padding=True,
-    keep=None,
-    ref_device="cpu",
-):
-    """Run ``case`` through ``compute`` (default: the CUDA backend) and check it.
+def run_kernel(case: KernelCase, device, compute):
+    """(costs, grads) of the driver ``compute`` on ``case``'s inputs on ``device``."""
+    acts, labels, act_lens, label_lens, opts = make_inputs(case, device)
+    weights = _weights(case, opts, label_lens, cost_dtype(acts.dtype), device)
+    with row_layout(case):
+        return compute(
+            acts, labels, act_lens, label_lens, opts, weights, case.need_grad
+        )
 
-    ``ref_device``: where the float64 reference runs (the GPU for big cases).
+
+def run_case(case: KernelCase, device, compute, keep=None, ref_device="cpu"):
+    """Run ``case`` through the driver ``compute`` on ``device`` ("cpu" for the CPU
+    drivers and the simulator, "cuda") and check it against the float64 reference
+    (computed on ``ref_device``: the GPU for big cases).
 
     Raises AssertionError with a message on any mismatch; returns a short summary.
     ``keep`` (a dict), if given, receives the kernel's "costs" and "grads".
     """
-    if compute is None:
-        from espnet_multiblank.loss.cuda import compute
     acts, labels, act_lens, label_lens, opts = make_inputs(case, device)
-    B, T, U, V = acts.shape
+    B, T, U, _ = acts.shape
     wdtype = cost_dtype(acts.dtype)
-    if case.weights is not None:
-        weights = torch.tensor(case.weights, dtype=wdtype, device=device)
-    else:
-        weights = reduction_weights(opts, label_lens, wdtype)
+    weights = _weights(case, opts, label_lens, wdtype, device)
     tol_c = case.tol.get("cost", 1e-10)
     tol_g = case.tol.get("grad", 1e-10)
-
-    with row_layout(case, V):
+    with row_layout(case):
         costs, grads = compute(
             acts, labels, act_lens, label_lens, opts, weights, case.need_grad
         )
@@ -636,16 +867,12 @@ def run_case(
         keep["costs"], keep["grads"] = costs, grads
     if costs.shape != (B,) or costs.dtype != wdtype or costs.device != acts.device:
         raise AssertionError(f"costs: {costs.shape} {costs.dtype} {costs.device}")
-
-    if case.special in ("nan", "posinf"):
+    if case.expects_nan:
         if not bool(torch.isnan(costs[0])):
-            raise AssertionError(
-                f"{case.special} logit: cost[0] = {costs[0]}, want NaN"
-            )
+            raise AssertionError(f"{case.special}: cost[0] = {costs[0]}, want NaN")
         if not bool(torch.isfinite(costs[1:]).all()):
             raise AssertionError(f"other utterances must stay finite: {costs}")
         return "nan reported"
-
     if T == 0:  # (the reference needs T >= 1) every T_b = 0: 0 or +inf, no gradient
         ref_c = torch.where(label_lens.cpu() == 0, 0.0, math.inf).double()
         ref_g = torch.zeros(acts.shape, dtype=torch.float64)
@@ -662,21 +889,18 @@ def run_case(
         raise AssertionError(f"grads: {grads.shape} {grads.dtype}")
     _close("grads", grads, ref_g, tol_g)
     check_half_rounding("grads", grads, ref_g, acts.dtype)
-    if check_padding and T > 0:
+    if T > 0:
         t = torch.arange(T, device=device)[None, :, None]
         u = torch.arange(U, device=device)[None, None, :]
         pad = (t >= act_lens[:, None, None]) | (u >= (label_lens + 1)[:, None, None])
         pad = pad | ~torch.isfinite(costs)[:, None, None]
         if bool((grads[pad] != 0).any()):
             raise AssertionError("non-zero gradient at padding / impossible utterance")
-
     if case.via_function:
-        from espnet_multiblank.loss.function import reduce_costs
-
         # d loss / d acts for an incoming gradient of 1: the reduction's weights
         w = reduction_weights(opts, label_lens.cpu(), torch.float64)
         ref_fn = reference(acts, labels, act_lens, label_lens, opts, w, ref_device)[1]
-        with row_layout(case, V):
+        with row_layout(case):
             check_function(
                 case,
                 acts,
@@ -690,78 +914,27 @@ def run_case(
     return f"costs {[round(float(c), 6) for c in costs]}"
 
 
-def compare_with_cpu_kernel(case: Case, costs, grads, cpu_compute):
-    """Check the CUDA backend's (costs, grads) against the CPU Numba kernel's."""
+def compare_with_kernel(case: KernelCase, costs, grads, other_compute):
+    """(costs, grads) of one driver against another driver's (the CPU kernels) on
+    the same values, on the CPU."""
     acts, labels, act_lens, label_lens, opts = make_inputs(case, "cpu")
     if acts.dtype in (torch.float16, torch.bfloat16):
         acts = acts.float()  # the same values; the CPU kernel computes in float32
-    if case.weights is not None:
-        weights = torch.tensor(case.weights, dtype=acts.dtype)
-    else:
-        weights = reduction_weights(opts, label_lens, acts.dtype)
-    c2, g2 = cpu_compute(
+    weights = _weights(case, opts, label_lens, acts.dtype, "cpu")
+    c2, g2 = other_compute(
         acts, labels, act_lens, label_lens, opts, weights, case.need_grad
     )
-    if case.special in ("nan", "posinf"):
+    if case.expects_nan:
         if not bool(torch.isnan(c2[0])):
-            raise AssertionError(f"NaN handling differs: {costs} vs cpu {c2}")
+            raise AssertionError(f"NaN handling differs: {costs} vs {c2}")
         return "both NaN"
     tol = max(case.tol.get("cost", 1e-10), 1e-9)
-    _close("costs vs cpu kernel", costs, c2, tol)
+    _close("costs vs the other kernel", costs, c2, tol)
     if case.need_grad:
-        _close("grads vs cpu kernel", grads, g2, max(case.tol.get("grad", 1e-10), 1e-9))
-    return "matches the cpu kernel"
-
-
-def _main(argv):
-    # the simulator's block manager polls its threads: a short switch interval makes
-    # each simulated syncthreads ~50x cheaper
-    sys.setswitchinterval(1e-4)
-    from tdt_cuda_cases import TDT_CASES, compare_tdt_with_cpu_kernel, run_tdt_case
-
-    only = None
-    if "-k" in argv:
-        only = argv[argv.index("-k") + 1]
-    cpu_compute, tdt_cpu_compute, cpu_skip = None, None, "not asked for (--cpu-kernel)"
-    if "--cpu-kernel" in argv:
-        try:
-            from espnet_multiblank.loss.cpu import compute as cpu_compute
-            from espnet_multiblank.loss.cpu.tdt_driver import (
-                tdt_compute as tdt_cpu_compute,
-            )
-        except ImportError as e:
-            cpu_skip = f"espnet_multiblank.loss.cpu not importable: {e}"
-    jobs = [(c, run_case, compare_with_cpu_kernel, cpu_compute) for c in CASES]
-    jobs += [
-        (c, run_tdt_case, compare_tdt_with_cpu_kernel, tdt_cpu_compute)
-        for c in TDT_CASES
-    ]
-    for case, run, compare, cpu in jobs:
-        if only and only not in case.name:
-            continue
-        t0 = time.time()
-        out = {}
-        try:
-            msg = run(case, "cpu", keep=out)
-            ok = True
-        except Exception as e:  # report, keep going
-            ok = False
-            msg = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        rec = dict(case=case.name, kind="ref", ok=ok, msg=msg, s=time.time() - t0)
-        print(json.dumps(rec), flush=True)
-        rec = dict(case=case.name, kind="cpu", ok=True, skip=cpu_skip, msg="")
-        if cpu is not None:
-            rec["skip"] = None
-            if "costs" not in out:
-                rec["skip"] = "the CUDA backend itself failed"
-            else:
-                try:
-                    rec["msg"] = compare(case, out["costs"], out["grads"], cpu)
-                except Exception as e:
-                    rec["ok"] = False
-                    rec["msg"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        print(json.dumps(rec), flush=True)
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])
+        _close(
+            "grads vs the other kernel",
+            grads,
+            g2,
+            max(case.tol.get("grad", 1e-10), 1e-9),
+        )
+    return "matches the other kernel"

@@ -3,7 +3,7 @@
 The simulator runs the kernels as Python and so cannot catch what only Numba's CUDA
 compiler rejects (typing, literal shared-array sizes, unsupported casts), nor show
 what the compiled code looks like. This script compiles every kernel with exactly
-the argument types ``launch.py`` and ``tdt_launch.py`` pass (C-contiguous arrays;
+the argument types ``launch.py`` passes (C-contiguous arrays;
 Python ints -> int64, floats -> float64) for the four logits storages (bfloat16 as
 int16 bits), two duration sets each and the row layouts a GPU uses for V = 64, 1000
 and 32000, and checks the PTX:
@@ -20,10 +20,10 @@ and 32000, and checks the PTX:
 When ``ptxas`` (CUDA toolkit) is on PATH, each PTX is also assembled for sm_90 with
 ``-v`` and the registers, spill bytes and shared memory per kernel are printed;
 spills fail the check. It needs NVVM (``numba-cuda[cu13]`` or ``[cu12]`` brings it);
-exit code 3 when NVVM is missing. Run by ``test/test_loss_cuda_sim.py`` in a
+exit code 3 when NVVM is missing. Run by ``test/test_loss_cuda.py`` in a
 subprocess (no simulator there).
 
-Usage: python test/cuda_ptx_check.py [--verbose]
+Usage: python test/helpers/cuda_ptx_check.py [--verbose]
 """
 
 import os
@@ -37,7 +37,8 @@ os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
 
 from numba import cuda, types  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # the repository root
 
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice  # noqa: E402
 from espnet_multiblank.loss.cuda.kernels import get_kernels  # noqa: E402

@@ -9,7 +9,7 @@ at (or importing) ``espnet_multiblank.loss.reference``:
   ``lp = log_softmax(logits) - sigma``;
 * :func:`brute_force_costs` returns the per-utterance costs ``-(1 + lambda) log P`` and
   the per-utterance gradients ``d cost_b / d logits_b`` (autograd on the enumerated
-  sum), with the FastEmit term of loss_math.md built explicitly and the clamp applied
+  sum), with the FastEmit term of docs/lattice.md built explicitly and the clamp applied
   per utterance;
 * :func:`reduce_oracle` applies a reduction and its gradient weights;
 * :func:`diagonal_log_prob`: a float64 NumPy alpha recursion (one vectorised step per
@@ -103,8 +103,8 @@ def brute_force_costs(
 
     Returns:
         costs: (B,) float64, ``-(1 + lambda) log P_b`` (+inf when no path exists).
-        grads: (B, T, U, V) float64, ``d cost_b / d logits_b`` as loss_math.md defines
-            it: the exact gradient of ``-log P_b`` plus, with FastEmit,
+        grads: (B, T, U, V) float64, ``d cost_b / d logits_b`` as docs/lattice.md
+            defines it: the exact gradient of ``-log P_b`` plus, with FastEmit,
             ``lambda * w(t,u) * (p(t,u,:) - onehot(y_u))`` where
             ``w(t,u) = d log P_b / d lp(t,u,y_u)`` (the label-transition occupancy),
             i.e. the label term times (1 + lambda) plus lambda * w * p; then clipped to
@@ -141,13 +141,18 @@ def brute_force_costs(
 
 
 def reduction_weights_oracle(reduction: str, label_lens: torch.Tensor) -> torch.Tensor:
-    """(B,) weights w_b such that the reduced loss is sum_b w_b cost_b."""
+    """(B,) float64 CPU weights w_b such that the reduced loss is sum_b w_b cost_b
+    (each reduction's definition written out, not the package's code)."""
+    label_lens = label_lens.cpu()
     B = label_lens.shape[0]
     if reduction in ("none", "sum"):
         return torch.ones(B, dtype=torch.float64)
-    if reduction == "mean":
+    if reduction in ("mean", "mean_batch"):  # ESPnet's mean, NeMo's mean_batch
         return torch.full((B,), 1.0 / B, dtype=torch.float64)
-    if reduction == "mean_volume":
+    if reduction == "mean_volume":  # NeMo's: sum of costs / sum of label counts
+        total = float(label_lens.to(torch.float64).sum())
+        return torch.full((B,), 1.0 / max(total, 1.0), dtype=torch.float64)
+    if reduction == "mean_label_normalized":  # NeMo's mean
         L = label_lens.to(torch.float64).clamp(min=1.0)
         return 1.0 / (B * L)
     raise ValueError(reduction)

@@ -1,113 +1,51 @@
-"""Tests of the CUDA backend (espnet_multiblank.loss.cuda).
+"""Tests of the CUDA backend that are not kernel cases (those are in
+``test_loss_kernels.py`` and ``test_loss.py``, run in the CUDA simulator and on a
+GPU).
 
-1. Without a GPU (CI): every case of ``test/cuda_cases.py`` and
-   ``test/tdt_cuda_cases.py`` runs in Numba's CUDA simulator, in ONE subprocess with
-   ``NUMBA_ENABLE_CUDASIM=1`` (the variable must be set before numba.cuda is imported,
-   and must not leak into the other tests), and is compared with the float64 PyTorch
-   reference and, when it is importable, with the CPU Numba kernel. The cases include
-   row layouts whose shared-memory tree crosses warps, the exact layouts a GPU uses for
-   V = 64, 1000 and 3000, float16 / bfloat16 logits and long float32 utterances. About
-   a minute on a 2-core machine. The kernels are also compiled to PTX for sm_90
-   (``test/cuda_ptx_check.py``: no local memory, the unrolled loads, no float64 work
-   in the float32 row loops, ptxas register / spill counts).
-2. On a real GPU (skipped otherwise, with the reason): the same cases on CUDA tensors
-   (float64 and float32), gradient-checked V = 1000 and 3000 in float32 / float16 /
-   bfloat16 for both losses (float64 reference on the GPU, the CPU kernel), float32
-   utterances of T = 2000 against float64, the gradient's memory (one logits-sized
-   buffer above the inputs for an incoming gradient of 0.7), more than 1023 labels,
-   T = 3000, a non-default stream, no torch host synchronisation, and ESPnet's own
-   CUDA multi-blank loss as a second oracle.
+Without a GPU: importing the package does not import numba.cuda, and the kernels
+compile to PTX for sm_90 (``helpers/cuda_ptx_check.py``: no local memory, the
+unrolled loads, no float64 work in the float32 row loops, ptxas register / spill
+counts). On a real GPU (skipped otherwise, with the reason): V = 1000 and 3000 in
+float32 / float16 / bfloat16 for both losses (float64 reference on the GPU, the CPU
+kernel), float32 utterances of T = 2000 against float64, the gradient's memory (one
+logits-sized buffer above the inputs for an incoming gradient of 0.7), more than
+1023 labels, T = 3000, a non-default stream, no torch host synchronisation, and
+ESPnet's own CUDA multi-blank loss as a second oracle.
 """
 
-import importlib.util
-import json
 import math
 import os
 import subprocess
 import sys
 
+import devices
 import pytest
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from cuda_cases import (  # noqa: E402
+from kernel_cases import (
     BF16_TOL,
-    CASES,
     F16_TOL,
-    Case,
-    compare_with_cpu_kernel,
+    KernelCase,
+    _tdt_case,
+    case_options,
+    compare_with_kernel,
     make_inputs,
     reference,
     run_case,
 )
-from tdt_cuda_cases import (  # noqa: E402
-    TDT_CASES,
-    TDTCase,
-    compare_tdt_with_cpu_kernel,
-    run_tdt_case,
-)
+
+from espnet_multiblank.loss.families import family_of
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-SIM_TIMEOUT_S = 900
+gpu = devices.gpu
 
 
-def _numba_cuda_importable() -> bool:
-    """numba-cuda installed? (looked up without importing it)"""
-    return importlib.util.find_spec("numba_cuda") is not None
+def _cuda(case):
+    return family_of(case_options(case)).cuda_driver()
 
 
-# --------------------------------------------------------------------------- simulator
-
-
-@pytest.fixture(scope="module")
-def sim_results():
-    """Run every case once in the simulator subprocess; {(case, kind): record}."""
-    if not _numba_cuda_importable():
-        pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
-    env = dict(os.environ)
-    env["NUMBA_ENABLE_CUDASIM"] = "1"
-    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(_HERE, "cuda_cases.py"), "--sim", "--cpu-kernel"],
-        cwd=_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SIM_TIMEOUT_S,
-    )
-    records = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            records[(rec["case"], rec["kind"])] = rec
-    if proc.returncode != 0 or not records:
-        pytest.fail(
-            f"simulator run failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n"
-            f"{proc.stderr[-4000:]}"
-        )
-    return records
-
-
-SIM_NAMES = [c.name for c in CASES] + [c.name for c in TDT_CASES]
-
-
-@pytest.mark.parametrize("name", SIM_NAMES)
-def test_sim_matches_reference(sim_results, name):
-    rec = sim_results.get((name, "ref"))
-    assert rec is not None, f"case {name} did not run"
-    assert rec["ok"], rec["msg"]
-
-
-@pytest.mark.parametrize("name", SIM_NAMES)
-def test_sim_matches_cpu_kernel(sim_results, name):
-    rec = sim_results.get((name, "cpu"))
-    assert rec is not None, f"case {name} did not run"
-    if rec.get("skip"):
-        pytest.skip(rec["skip"])
-    assert rec["ok"], rec["msg"]
+def _cpu(case):
+    return family_of(case_options(case)).cpu_driver()
 
 
 def test_import_is_lazy():
@@ -127,74 +65,6 @@ def test_import_is_lazy():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
-# --------------------------------------------------------------------------- real GPU
-
-
-def _gpu_reason():
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        return "NUMBA_ENABLE_CUDASIM is set: no real GPU run"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU (torch.cuda.is_available() is False)"
-    if not _numba_cuda_importable():
-        return "numba-cuda is not installed"
-    try:
-        from numba import cuda
-
-        if not cuda.is_available():
-            return "numba.cuda sees no GPU (driver / NVVM missing?)"
-    except Exception as e:  # pragma: no cover - depends on the machine
-        return f"numba.cuda unusable: {e}"
-    return None
-
-
-_GPU_REASON = _gpu_reason()
-gpu = pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))
-
-
-def _f32(case: Case) -> Case:
-    tol = dict(cost=2e-5, grad=2e-5)
-    return Case(
-        **{
-            **case.__dict__,
-            "name": case.name + "_f32",
-            "dtype": torch.float32,
-            "tol": tol,
-        }
-    )
-
-
-@gpu
-@pytest.mark.parametrize(
-    "case",
-    CASES + [_f32(c) for c in CASES if c.dtype == torch.float64],
-    ids=lambda c: c.name,
-)
-def test_gpu_cases(case):
-    run_case(case, "cuda")
-
-
-@gpu
-@pytest.mark.parametrize(
-    "case",
-    TDT_CASES
-    + [
-        TDTCase(
-            **{
-                **c.__dict__,
-                "name": c.name + "_f32",
-                "dtype": torch.float32,
-                "tol": dict(cost=2e-5, grad=2e-5),
-            }
-        )
-        for c in TDT_CASES
-        if c.dtype == torch.float64
-    ],
-    ids=lambda c: c.name,
-)
-def test_gpu_tdt_cases(case):
-    run_tdt_case(case, "cuda")
-
-
 _LARGE_TOL = {
     torch.float32: dict(cost=1e-5, grad=1e-5),
     torch.float16: F16_TOL,
@@ -211,7 +81,7 @@ def test_gpu_large_vocab(V, dtype):
     gradients against the float64 reference on the same values (on the GPU), through
     the autograd Function with incoming gradients 0.7 and 1.3, and against the CPU
     kernel."""
-    case = Case(
+    case = KernelCase(
         f"large_V{V}",
         B=3,
         T=40,
@@ -229,10 +99,8 @@ def test_gpu_large_vocab(V, dtype):
         seed=V,
     )
     keep = {}
-    run_case(case, "cuda", keep=keep, ref_device="cuda")
-    from espnet_multiblank.loss.cpu import compute as cpu_compute
-
-    compare_with_cpu_kernel(case, keep["costs"].cpu(), keep["grads"].cpu(), cpu_compute)
+    run_case(case, "cuda", _cuda(case), keep=keep, ref_device="cuda")
+    compare_with_kernel(case, keep["costs"].cpu(), keep["grads"].cpu(), _cpu(case))
 
 
 @gpu
@@ -241,9 +109,7 @@ def test_gpu_large_vocab(V, dtype):
 def test_gpu_tdt_large_vocab(V, dtype):
     """TDT, durations [0, 1, 2, 3, 4], V = 1000 / 3000 tokens: as
     :func:`test_gpu_large_vocab`."""
-    from espnet_multiblank.loss.cpu.tdt_driver import tdt_compute as cpu_compute
-
-    case = TDTCase(
+    case = _tdt_case(
         f"tdt_large_V{V}",
         B=3,
         T=40,
@@ -261,17 +127,15 @@ def test_gpu_tdt_large_vocab(V, dtype):
         seed=V,
     )
     keep = {}
-    run_tdt_case(case, "cuda", keep=keep)
-    compare_tdt_with_cpu_kernel(
-        case, keep["costs"].cpu(), keep["grads"].cpu(), cpu_compute
-    )
+    run_case(case, "cuda", _cuda(case), keep=keep)
+    compare_with_kernel(case, keep["costs"].cpu(), keep["grads"].cpu(), _cpu(case))
 
 
 @gpu
 def test_gpu_long_float32_vs_float64():
     """T = 2000 in float32 (float32 row sums, float64 lattice) against the float64
     reference: the error must not grow with the utterance's length."""
-    case = Case(
+    case = KernelCase(
         "long_T2000_f32",
         B=2,
         T=2000,
@@ -285,8 +149,8 @@ def test_gpu_long_float32_vs_float64():
         dtype=torch.float32,
         tol=dict(cost=1e-6, grad=1e-6),
     )
-    run_case(case, "cuda", ref_device="cuda")
-    tdt = TDTCase(
+    run_case(case, "cuda", _cuda(case), ref_device="cuda")
+    tdt = _tdt_case(
         "tdt_long_T2000_f32",
         B=2,
         T=2000,
@@ -300,7 +164,7 @@ def test_gpu_long_float32_vs_float64():
         dtype=torch.float32,
         tol=dict(cost=1e-6, grad=1e-6),
     )
-    run_tdt_case(tdt, "cuda")
+    run_case(tdt, "cuda", _cuda(tdt))
 
 
 @gpu
@@ -329,7 +193,9 @@ def test_gpu_gradient_memory(family, dtype):
                 x, labels, tl, ll, 0 + len(durs), durs, "mean", backend="numba"
             )
         else:
-            loss = tdt_loss(x, labels, tl, ll, 0, durs, "mean", backend="numba")
+            loss = tdt_loss(
+                x, labels, tl, ll, 0, durs, reduction="mean", backend="numba"
+            )
         (loss * 0.7).backward()
 
     run()  # compile, warm the caching allocator
@@ -380,7 +246,7 @@ def test_gpu_tdt_api_vs_cpu():
 def test_gpu_half_via_api(dtype):
     from espnet_multiblank.loss import multiblank_rnnt_loss
 
-    case = Case(
+    case = KernelCase(
         "half",
         B=3,
         T=20,
@@ -411,7 +277,7 @@ def test_gpu_half_via_api(dtype):
 @gpu
 def test_gpu_more_than_1023_labels():
     """U = 1100 > 1023, and anti-diagonals of 1040 > 1024 cells (thread strides)."""
-    case = Case(
+    case = KernelCase(
         "long_labels",
         B=2,
         T=1040,
@@ -424,12 +290,12 @@ def test_gpu_more_than_1023_labels():
         dtype=torch.float64,
         tol=dict(cost=1e-9, grad=1e-9),
     )
-    run_case(case, "cuda", ref_device="cuda")  # the float64 oracle on the GPU too
+    run_case(case, "cuda", _cuda(case), ref_device="cuda")  # float64 oracle on the GPU
 
 
 @gpu
 def test_gpu_T3000():
-    case = Case(
+    case = KernelCase(
         "long_T",
         B=2,
         T=3000,
@@ -443,7 +309,7 @@ def test_gpu_T3000():
         dtype=torch.float64,
         tol=dict(cost=1e-9, grad=1e-9),
     )
-    run_case(case, "cuda", ref_device="cuda")  # the float64 oracle on the GPU too
+    run_case(case, "cuda", _cuda(case), ref_device="cuda")  # float64 oracle on the GPU
 
 
 @gpu
@@ -451,7 +317,7 @@ def test_gpu_side_stream_and_no_torch_sync():
     """Runs on torch's current (non-default) stream; torch makes no host sync."""
     from espnet_multiblank.loss.cuda import compute
 
-    case = Case(
+    case = KernelCase(
         "stream",
         B=4,
         T=30,
@@ -518,7 +384,7 @@ def test_gpu_matches_espnet_numba():
 def test_gpu_numba_backend_forward_only():
     from espnet_multiblank.loss import multiblank_rnnt_loss
 
-    case = Case("fwd", B=2, T=7, U=4, V=10, blank=2, durations=(2,))
+    case = KernelCase("fwd", B=2, T=7, U=4, V=10, blank=2, durations=(2,))
     acts, labels, tl, ll, opts = make_inputs(case, "cuda")
     with torch.no_grad():
         c = multiblank_rnnt_loss(acts, labels, tl, ll, 2, (2,), "none", backend="numba")
@@ -527,14 +393,15 @@ def test_gpu_numba_backend_forward_only():
     assert math.isfinite(float(c.sum()))
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     """The kernels pass Numba's real CUDA compiler (PTX for sm_90), no GPU needed."""
-    if not _numba_cuda_importable():
+    if not devices.numba_cuda_installed():
         pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
-        [sys.executable, os.path.join(_HERE, "cuda_ptx_check.py")],
+        [sys.executable, os.path.join(_HERE, "helpers", "cuda_ptx_check.py")],
         cwd=_ROOT,
         env=env,
         capture_output=True,

@@ -35,6 +35,8 @@ VARIANTS = {
     # sum: ESPnet weights each rank's loss by its share of the batch, so a summed loss
     # gets 1/world of the one-process gradient; no CTC so that the factor is exact
     "sum": dict(transducer_reduction="sum", ctc_weight=0.0),
+    # the fused joint + loss: "mean"'s step, under DDP too
+    "fused_mean": dict(transducer_fused_joint=True),
 }
 BATCH = 8
 SAMPLES = 2400

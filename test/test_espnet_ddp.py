@@ -308,8 +308,9 @@ def test_one_step_over_two_ranks_equals_one_process_over_the_global_batch(tmp_pa
     """2 ranks x 4 utterances vs 1 process x 8, one SGD step through ESPnet's trainer:
     the same parameters for "mean", FastEmit + clamp and "mean_label_normalized"
     (per-utterance losses; ESPnet weights each rank by its batch share and DDP
-    averages); "sum" moves
-    the parameters half as far (documented in docs/espnet_integration.md)."""
+    averages); "sum" moves the parameters half as far (documented in
+    docs/espnet_integration.md); the fused joint + loss
+    (model_conf.transducer_fused_joint) gives "mean"'s step."""
     import ddp_grad_case as case
 
     case.write_configs(str(tmp_path))
@@ -342,6 +343,11 @@ def test_one_step_over_two_ranks_equals_one_process_over_the_global_batch(tmp_pa
     # the clamp was active (otherwise the variant would not test it)
     diff = (deltas["fastemit_clamp"] - deltas["mean"]).abs().max()
     assert diff > 0.05 * deltas["mean"].abs().max()
+    # model_conf.transducer_fused_joint: the dense model's step
+    err = (deltas["fused_mean"] - deltas["mean"]).abs().max() / deltas[
+        "mean"
+    ].abs().max()
+    assert err < 1e-5, float(err)
 
 
 # ------------------------------------------------------------ in-process option checks

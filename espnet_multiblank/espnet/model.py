@@ -3,7 +3,8 @@
 Selected from YAML with ``model: multiblank_espnet`` once
 :func:`espnet_multiblank.espnet.registration.register` has run. Its ``model_conf``
 keys are checked by :mod:`espnet_multiblank.espnet.model_conf`; the training loss
-leaves utterances without a path out (:mod:`espnet_multiblank.espnet.no_path`);
+leaves utterances without a path out (:mod:`espnet_multiblank.espnet.no_path`) and
+can run through the fused joint + loss (:mod:`espnet_multiblank.espnet.fused_joint`);
 validation CER/WER come from :mod:`espnet_multiblank.espnet.error_calculators`.
 """
 
@@ -31,7 +32,9 @@ from espnet_multiblank.espnet.error_calculators import (  # noqa: F401  (re-expo
 )
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
+from espnet_multiblank.espnet.fused_joint import FusedJointLoss
 from espnet_multiblank.espnet.model_conf import (
+    FUSED_JOINT_DEFAULT,
     KEYS,
     MULTI_BLANK_SIGMA_DEFAULT,
     TransducerConf,
@@ -200,6 +203,11 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
     * ``batch_exact_encoding`` (default true): make the encoder padding-invariant in
       training and decoding (:mod:`espnet_multiblank.espnet.exact_encoding`); false
       trains ESPnet's encoder layers as they are.
+    * ``transducer_fused_joint`` (default false): the training and validation loss
+      runs the joint network's activation and output layer inside the fused joint +
+      loss (:mod:`espnet_multiblank.espnet.fused_joint`): no (B, T, U, V) tensor, the
+      same parameters, costs and gradients; decoding is unchanged. A joint network
+      it cannot fuse is refused when the model is built.
 
     Utterances without a path (see :mod:`espnet_multiblank.espnet.no_path`) are left
     out of the transducer loss with a warning; the stats hold their share of the
@@ -232,6 +240,10 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         batch_exact_encoding (BatchExactness): whether ``encode`` gives each
             utterance of a padded batch what it gives the utterance alone (see
             :mod:`espnet_multiblank.espnet.exact_encoding`; in training too).
+        fused_joint_loss (FusedJointLoss | None): the fused joint + loss that
+            computes the transducer costs instead of ``joint_network`` +
+            ``criterion_transducer`` when ``transducer_fused_joint`` is true (it
+            holds options only; the parameters are ``joint_network``'s).
 
     The CTC branch (if ``ctc_weight > 0``) uses the standard blank as CTC blank, and
     validation CER/WER decode greedily with big blanks (TDT durations) skipping frames
@@ -274,6 +286,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         transducer_loss_backend: Any = "auto",
         transducer_allow_unreachable_lengths: Any = False,
         batch_exact_encoding: Any = True,
+        transducer_fused_joint: Any = FUSED_JOINT_DEFAULT,
         sym_sos: str = "<sos/eos>",
         sym_eos: str = "<sos/eos>",
         autocast_frontend: bool = False,
@@ -292,12 +305,18 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             transducer_loss_backend=transducer_loss_backend,
             transducer_allow_unreachable_lengths=transducer_allow_unreachable_lengths,
             batch_exact_encoding=batch_exact_encoding,
+            transducer_fused_joint=transducer_fused_joint,
         )
         _check_transducer_parts(decoder, joint_network, ctc_weight)
         lattice = _check_token_layout(token_list, sym_blank, conf)
         if conf.tdt_durations:
             _add_duration_outputs(joint_network, vocab_size, len(conf.tdt_durations))
         _check_ctc_blank(ctc, ctc_weight, lattice.blank)
+        fused_joint_loss = None
+        if conf.fused_joint:  # checks the joint network, before anything is built
+            fused_joint_loss = FusedJointLoss(
+                joint_network, conf, lattice.blank, vocab_size
+            )
 
         # ESPnet's constructor imports warprnnt_pytorch for an empty duration list; a
         # non-empty list makes it build its own (unused) Numba loss instead, which
@@ -340,6 +359,7 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             list(token_list), sym_space, sym_blank, report_cer, report_wer
         )
         self._set_batch_exact_encoding(conf.batch_exact_encoding)
+        self.fused_joint_loss: Optional[FusedJointLoss] = fused_joint_loss
 
     def _set_lattice(
         self, lattice: Union[MultiblankLattice, TDTLattice], conf: TransducerConf
@@ -491,7 +511,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         t_len: torch.Tensor,
         u_len: torch.Tensor,
     ) -> torch.Tensor:
-        """Per-utterance transducer costs: the joint network and the loss.
+        """Per-utterance transducer costs: the joint network and the loss (or,
+        with ``transducer_fused_joint``, the fused joint + loss: the same costs and
+        gradients).
 
         Args:
             encoder_out: (B, T, D_enc) encoder output.
@@ -503,6 +525,16 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
         Returns:
             (B,) float32 costs, ``+inf`` for an utterance without a path.
         """
+        if self.fused_joint_loss is not None:
+            return self.fused_joint_loss(
+                self.joint_network,
+                encoder_out,
+                decoder_out,
+                target,
+                t_len,
+                u_len,
+                training=self.training,
+            )
         joint_out = self.joint_logits(encoder_out, decoder_out)
         # The loss computes in float32 whatever autocast chose for the joint network.
         if joint_out.dtype not in (torch.float32, torch.float64):

@@ -7,7 +7,9 @@ twice on the way to a model: in :func:`espnet_multiblank.espnet.task.check_args`
 (the plug-in's entry point, before ESPnet's ``build_model`` edits the token list with
 the keys), and in the model's constructor (every path, ESPnet's stock scripts
 included). The keys' defaults have one definition, the constructor's signature
-(which ESPnet's ``--print_config`` shows); :func:`check_model_conf` takes every key.
+(which ESPnet's ``--print_config`` shows; two of its defaults are the constants
+here, :data:`MULTI_BLANK_SIGMA_DEFAULT` and :data:`FUSED_JOINT_DEFAULT`);
+:func:`check_model_conf` takes every key.
 
 The loss's own validators check the numbers (their messages name the key here), the
 lattice module checks the durations and tells which encoder lengths a TDT cannot
@@ -51,11 +53,16 @@ KEYS = (
     "transducer_loss_backend",
     "transducer_allow_unreachable_lengths",
     "batch_exact_encoding",
+    "transducer_fused_joint",
 )
 
 #: the default of ``transducer_multi_blank_sigma`` (the constructor's): a value other
 #: than this one counts as given when both sigma keys are set for a TDT
 MULTI_BLANK_SIGMA_DEFAULT = 0.05
+
+#: the default of ``transducer_fused_joint`` (the constructor's): the dense joint
+#: network and loss
+FUSED_JOINT_DEFAULT = False
 
 
 def key(name: str) -> str:
@@ -81,6 +88,9 @@ class TransducerConf:
         allow_unreachable_lengths: whether a TDT whose durations leave some encoder
             lengths without a path was accepted.
         batch_exact_encoding: whether the encoder is made batch-exact.
+        fused_joint: whether the training and validation loss runs the joint
+            network's activation and output layer inside the fused joint + loss
+            (:mod:`espnet_multiblank.espnet.fused_joint`).
     """
 
     big_blank_durations: Tuple[int, ...]
@@ -93,6 +103,7 @@ class TransducerConf:
     loss_backend: str
     allow_unreachable_lengths: bool
     batch_exact_encoding: bool
+    fused_joint: bool
 
 
 def _checked(name: str, check: Callable[[str, Any], Any], value: Any) -> Any:
@@ -178,6 +189,7 @@ def check_model_conf(
     transducer_loss_backend: Any,
     transducer_allow_unreachable_lengths: Any,
     batch_exact_encoding: Any,
+    transducer_fused_joint: Any,
 ) -> TransducerConf:
     """Validate the plug-in's ``model_conf`` keys (every one of :data:`KEYS`).
 
@@ -253,6 +265,7 @@ def check_model_conf(
         loss_backend=transducer_loss_backend,
         allow_unreachable_lengths=allow_unreachable,
         batch_exact_encoding=_flag("batch_exact_encoding", batch_exact_encoding),
+        fused_joint=_flag("transducer_fused_joint", transducer_fused_joint),
     )
 
 

@@ -16,7 +16,7 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 PY=${PYTHON:-python3}
 STAMP="$VENV/.espnet-multiblank-setup"
-HASH=$(cat requirements/*.txt setup.py tools/setup_env.sh | sha256sum | cut -c1-16)
+HASH=$(cat requirements/*.txt pyproject.toml setup.py tools/setup_env.sh | sha256sum | cut -c1-16)
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV with $($PY --version 2>&1)"
@@ -34,7 +34,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
   pip_quiet install -q "setuptools>=77" wheel
   pip_quiet install -q -r requirements/torch.txt
   pip_quiet install -q -r requirements/espnet.txt -r requirements/test.txt \
-    -c requirements/torch.txt "setuptools>=77"
+    -r requirements/lint.txt -c requirements/torch.txt "setuptools>=77"
   pip_quiet install -q --no-deps "espnet==202511"
   pip_quiet install -q --no-deps -e .
   echo "$HASH" > "$STAMP"

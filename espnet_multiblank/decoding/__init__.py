@@ -17,6 +17,7 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
 See ``docs/decoding.md``.
 """
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
@@ -26,14 +27,15 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
+from espnet_multiblank.decoding.multiblank_table import SymbolTable
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
-from espnet_multiblank.decoding.symbols import SymbolTable
-from espnet_multiblank.decoding.tdt import TDTGreedySearch
 from espnet_multiblank.decoding.tdt_beam import TDTBeamSearch
+from espnet_multiblank.decoding.tdt_greedy import TDTGreedySearch
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 from espnet_multiblank.decoding.threads import single_thread_on_cpu
 
 __all__ = [
+    "Arcs",
     "BatchedHyps",
     "Hypothesis",
     "JointStepper",

@@ -14,13 +14,17 @@ carries duration logits, and a symbol table built from ``TDTLattice``) plug in t
 
 from abc import ABC, abstractmethod
 from numbers import Integral
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
+from espnet_multiblank.decoding.multiblank_table import (
+    SymbolTable,
+    check_blank_decision,
+)
 from espnet_multiblank.decoding.stepper import Stepper
-from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 Lattice = Union[MultiblankLattice, TDTLattice]
@@ -144,12 +148,13 @@ class FrameLoopingGreedySearch(TransducerSearch):
     """What the frame-looping greedy searches share (multi-blank and TDT): one
     utterance at a time with :meth:`search_one`, and B at once with
     :meth:`search_batch`, which takes one step for every active utterance per
-    iteration: one joint call, the subclass's :meth:`choose` of one symbol per row,
+    iteration: one joint call, :meth:`row_arcs` of the lattice kind for every row,
     one prediction-network call for the rows that emitted a label; each utterance
     advances by its own number of frames and leaves when it reaches its T_b.
 
     Args: those of :class:`TransducerSearch` (``nbest`` is 1) and ``blank_decision``
-    (``"total"`` or ``"symbol"``, see :mod:`~espnet_multiblank.decoding.symbols`).
+    (``"total"`` or ``"symbol"``, see
+    :mod:`~espnet_multiblank.decoding.multiblank_table`).
     """
 
     batched = True
@@ -173,7 +178,7 @@ class FrameLoopingGreedySearch(TransducerSearch):
         """Greedy search for one utterance; enc_out: (T, D_enc)."""
 
     @abstractmethod
-    def choose(
+    def row_arcs(
         self,
         table,
         enc_proj: torch.Tensor,
@@ -181,19 +186,10 @@ class FrameLoopingGreedySearch(TransducerSearch):
         frame: torch.Tensor,
         length: torch.Tensor,
         num_sym: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One greedy step for A active rows.
-
-        Args:
-            table: :meth:`table` of the device.
-            enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
-            frame: (A,) long current frame t; length: (A,) long T_b (> t).
-            num_sym: (A,) long labels already emitted at this frame.
-
-        Returns:
-            symbol (A,) long, frames (A,) long it advances (0: stays), score (A,) the
-            log-probability added, is_label (A,) bool.
-        """
+        lm_labels: Optional[torch.Tensor] = None,
+    ) -> Arcs:
+        """One greedy step for A rows: the lattice kind's mixin
+        (:mod:`~espnet_multiblank.decoding.row_step`)."""
 
     @torch.no_grad()
     def search_batch(
@@ -221,7 +217,7 @@ class FrameLoopingGreedySearch(TransducerSearch):
         active = (hyps.frame < lens).nonzero().squeeze(1)
         while active.numel() > 0:
             t = hyps.frame[active]  # (A,)
-            symbol, frames, score, is_label = self.choose(
+            arcs = self.row_arcs(
                 table,
                 enc_proj[active, t],
                 dec_proj[active],
@@ -229,11 +225,12 @@ class FrameLoopingGreedySearch(TransducerSearch):
                 lens[active],
                 hyps.num_sym[active],
             )
-            hyps.record(active, symbol, frames, score, is_label)
+            is_label = arcs.is_label
+            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label)
             if bool(is_label.any()):
                 rows = active[is_label]
                 new_proj, new_state = stepper.step(
-                    symbol[is_label], stepper.select_state(state, rows)
+                    arcs.symbol[is_label], stepper.select_state(state, rows)
                 )
                 dec_proj[rows] = new_proj
                 stepper.scatter_state(state, rows, new_state)

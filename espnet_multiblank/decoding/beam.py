@@ -55,7 +55,10 @@ import torch
 
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
+from espnet_multiblank.decoding.multiblank_table import (
+    SymbolTable,
+    check_blank_decision,
+)
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
@@ -76,7 +79,7 @@ class MultiblankBeamSearch(TransducerSearch):
             ``"total"``: each hypothesis has one blank candidate, scored with the
             total log-probability of its allowed blanks and parked where the most
             probable of them lands (beam 1 is then the greedy search's default
-            rule). See :mod:`~espnet_multiblank.decoding.symbols` and
+            rule). See :mod:`~espnet_multiblank.decoding.multiblank_table` and
             ``docs/decoding.md``.
     """
 

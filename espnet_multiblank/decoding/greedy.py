@@ -3,9 +3,9 @@
 Algorithm (Xu et al. 2023, "multi-blank greedy"; ``docs/decoding.md``): a hypothesis
 sits at frame t with label history y and emits one allowed symbol k of
 ``log_softmax(joint(enc[t], pred(y)))``, decided by ``blank_decision``
-(:mod:`~espnet_multiblank.decoding.symbols`; default ``"total"``: a blank when the
-allowed blanks together are at least as probable as the best label, then the most
-probable blank; ``"symbol"``: the arg-max symbol):
+(:mod:`~espnet_multiblank.decoding.multiblank_table`; default ``"total"``: a blank
+when the allowed blanks together are at least as probable as the best label, then the
+most probable blank; ``"symbol"``: the arg-max symbol):
 
 * a label: y <- y + [k], the prediction network advances, t stays (at most
   ``max_sym_per_frame`` labels per frame; after that only blanks are allowed);
@@ -24,10 +24,11 @@ import torch
 
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import log_sum_exp
+from espnet_multiblank.decoding.multiblank_table import log_sum_exp
+from espnet_multiblank.decoding.row_step import MultiblankRowStep
 
 
-class MultiblankGreedySearch(FrameLoopingGreedySearch):
+class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
     """Multi-blank greedy search (standard greedy search without big blanks).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`
@@ -87,10 +88,3 @@ class MultiblankGreedySearch(FrameLoopingGreedySearch):
         hyp.dec_state = state
         hyp.dec_proj = dec_proj[0]
         return hyp
-
-    def choose(self, table, enc_proj, dec_proj, frame, length, num_sym):
-        logp = self.stepper.log_probs(enc_proj, dec_proj)  # (A, V)
-        masked = table.mask(logp, frame, length, num_sym, self.max_sym_per_frame)
-        k, score = table.decide(logp, masked, self.blank_decision)  # (A,), (A,)
-        frames = table.frames[k]  # (A,)
-        return k, frames, score, frames == 0

@@ -1,10 +1,10 @@
 """Label-looping greedy search (Bataev et al. 2024, arXiv 2406.06220), batched.
 
 The frame-looping greedy searches (:mod:`~espnet_multiblank.decoding.greedy`,
-:mod:`~espnet_multiblank.decoding.tdt`) take one step per iteration for every active
-utterance: one joint-network call, then one prediction-network call for the rows that
-emitted a label. Label-looping reorders the same steps so that the prediction network
-runs once per emitted label, for the whole batch at once:
+:mod:`~espnet_multiblank.decoding.tdt_greedy`) take one step per iteration for every
+active utterance: one joint-network call, then one prediction-network call for the rows
+that emitted a label. Label-looping reorders the same steps so that the prediction
+network runs once per emitted label, for the whole batch at once:
 
 * **outer loop**: one label per utterance. After the inner loop every active utterance
   stands at its next label arc (unless the inner loop was limited, below); the labels
@@ -18,9 +18,10 @@ runs once per emitted label, for the whole batch at once:
 Each utterance takes exactly the steps of the one-utterance greedy search (the same
 arcs, the same ``max_sym_per_frame`` guard, the same end rule, the same scores): only
 the order in which the utterances' steps are computed changes. The arc of a joint row
-comes from the symbol tables (``SymbolTable``'s mask and ``decide``,
-``TDTSymbolTable.step``); the two subclasses differ only in
-:meth:`LabelLoopingGreedySearch.best_arcs`.
+comes from the step the frame-looping searches take
+(:mod:`~espnet_multiblank.decoding.row_step`: ``SymbolTable.best_arcs``,
+``TDTSymbolTable.best_arcs``); the two subclasses differ only in their lattice kind's
+mixin.
 
 **Window.** The prediction output of an utterance does not change until its next
 label, so the inner loop may evaluate the joint network at ``window`` = W frames
@@ -56,36 +57,17 @@ W = window.
 """
 
 from abc import abstractmethod
-from typing import Dict, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.base import TransducerSearch, check_positive_int
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
-from espnet_multiblank.decoding.tdt import TDT_GREEDY_DECISION, TDTSearchMixin
+from espnet_multiblank.decoding.multiblank_table import check_blank_decision
+from espnet_multiblank.decoding.row_step import MultiblankRowStep, TDTRowStep
+from espnet_multiblank.decoding.tdt_greedy import TDT_GREEDY_DECISION
 from espnet_multiblank.lattice import TDTLattice
-
-
-class Arcs(NamedTuple):
-    """The best allowed arc of each row.
-
-    Attributes:
-        symbol: (N,) long, the emitted symbol (a label or a blank).
-        frames: (N,) long, frames the arc moves on (0: a label that stays), never past
-            the utterance's last frame (for rows inside their utterance).
-        score: (N,) float, the arc's log-probability (the search's score increment).
-        is_label: (N,) bool.
-    """
-
-    symbol: torch.Tensor
-    frames: torch.Tensor
-    score: torch.Tensor
-    is_label: torch.Tensor
-
-    def where(self, mask: torch.Tensor, other: "Arcs") -> "Arcs":
-        """``self`` in the rows of ``mask`` ((N,) bool), ``other`` elsewhere."""
-        return Arcs(*(torch.where(mask, a, b) for a, b in zip(self, other)))
 
 
 class Window(NamedTuple):
@@ -134,7 +116,8 @@ class _Batch:
 class LabelLoopingGreedySearch(TransducerSearch):
     """Base class of the label-looping greedy searches (module docstring).
 
-    Subclasses implement :meth:`best_arcs` (the arc a joint row chooses); the loops,
+    Subclasses take :meth:`row_arcs` (the arc a joint row chooses) from their
+    lattice kind's mixin; the loops,
     the bookkeeping and the results are here. :meth:`search` decodes one utterance as
     a batch of one.
 
@@ -175,7 +158,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         self._rounds = (self.window - 1).bit_length()
 
     @abstractmethod
-    def best_arcs(
+    def row_arcs(
         self,
         table,
         enc_rows: torch.Tensor,
@@ -183,18 +166,12 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frame: torch.Tensor,
         length: torch.Tensor,
         num_sym: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
     ) -> Arcs:
-        """The arc each row takes, from the joint network at its node.
-
-        Args:
-            table: :meth:`table` of the device.
-            enc_rows: (N, J) projected encoder frame of each row.
-            dec_proj: (N, J) projected prediction-network output of each row.
-            frame: (N,) long, the row's frame t (rows with ``t >= length`` are past
-                their end: their result is ignored, it only has to be computable).
-            length: (N,) long, T of each row.
-            num_sym: (N,) long, labels already emitted at ``frame`` without moving.
-        """
+        """The arc each row takes, from the joint network at its node: the lattice
+        kind's mixin (:mod:`~espnet_multiblank.decoding.row_step`; rows with ``t >=
+        length`` are past their end: their result is ignored, it only has to be
+        computable)."""
 
     def inner_limit(self, device: torch.device) -> float:
         """:attr:`max_inner`, or its default on ``device`` (class docstring)."""
@@ -235,7 +212,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         table = ctx.table
         if W == 1:
             enc_rows = ctx.enc_proj[ctx.rows, frame]
-            arcs = self.best_arcs(table, enc_rows, dec_proj, frame, ctx.lens, num_sym)
+            arcs = self.row_arcs(table, enc_rows, dec_proj, frame, ctx.lens, num_sym)
             blank = rows & ~arcs.is_label
             moved = torch.where(blank, arcs.frames, 0)
             score = torch.where(blank, arcs.score, 0.0)
@@ -244,7 +221,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frames_w = frame.unsqueeze(1) + offsets  # (B, W)
         enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
         num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
-        flat = self.best_arcs(
+        flat = self.row_arcs(
             table,
             enc_rows.reshape(B * W, J),
             dec_proj.unsqueeze(1).expand(B, W, J).reshape(B * W, J),
@@ -403,13 +380,14 @@ class LabelLoopingGreedySearch(TransducerSearch):
         ]
 
 
-class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
+class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):
     """Label-looping multi-blank greedy search: the hypotheses of
     :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (standard RNN-T
     without big blanks).
 
     Args: those of :class:`LabelLoopingGreedySearch`, and ``blank_decision``
-    (``"total"`` or ``"symbol"``, see :mod:`~espnet_multiblank.decoding.symbols`).
+    (``"total"`` or ``"symbol"``, see
+    :mod:`~espnet_multiblank.decoding.multiblank_table`).
     """
 
     def __init__(
@@ -429,51 +407,9 @@ class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
             max_inner=max_inner,
         )
         self.blank_decision = check_blank_decision(blank_decision)
-        self._masks: Dict[torch.device, torch.Tensor] = {}
-
-    def mask_rows(self, table: SymbolTable) -> torch.Tensor:
-        """:meth:`SymbolTable.mask` as a lookup (cached per device).
-
-        The mask of a row depends only on whether the guard holds (``num_sym >=
-        max_sym_per_frame``) and on the frames left, ``T - t``, up to the longest
-        blank: row ``g * (R + 1) + r`` (``R = max_frames``) is the mask of a row
-        with guard ``g`` and ``min(T - t, R) = r`` frames left, taken from
-        :meth:`SymbolTable.mask` itself.
-
-        Returns:
-            (2 (R + 1), V) additive masks: 0 where allowed, -inf where not.
-        """
-        rows = self._masks.get(table.frames.device)
-        if rows is None:
-            device = table.frames.device
-            R = table.max_frames
-            left = torch.arange(R + 1, device=device).repeat(2)
-            n = left.numel()
-            guard = torch.arange(n, device=device) > R
-            rows = table.mask(
-                torch.zeros(n, table.vocab_size, device=device),
-                frame=R - left,
-                length=torch.full((n,), R, device=device),
-                num_sym=guard.long() * self.max_sym_per_frame,
-                max_sym=self.max_sym_per_frame,
-            )
-            self._masks[device] = rows
-        return rows
-
-    def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
-        # the frame-looping search's step: SymbolTable's mask and decision
-        logp = self.stepper.log_probs(enc_rows, dec_proj)  # (N, V)
-        R = table.max_frames
-        which = (length - frame).clamp(0, R) + (R + 1) * (
-            num_sym >= self.max_sym_per_frame
-        )
-        masked = logp + self.mask_rows(table)[which]
-        symbol, score = table.decide(logp, masked, self.blank_decision)
-        frames = table.frames[symbol]
-        return Arcs(symbol, frames, score, frames == 0)
 
 
-class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
+class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
     """Label-looping TDT greedy search: the hypotheses of
     :class:`~espnet_multiblank.decoding.TDTGreedySearch`. A label arc with a
     duration >= 1 moves its utterance on when it is recorded (outer loop).
@@ -499,10 +435,3 @@ class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
             max_inner=max_inner,
         )
         self.blank_decision = check_blank_decision(blank_decision)
-
-    def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
-        # the frame-looping search's step: TDTSymbolTable.step
-        tok, dur = table.log_probs(self.stepper.joint(enc_rows, dec_proj))
-        guard = num_sym >= self.max_sym_per_frame
-        arcs = table.step(tok, dur, length - frame, guard, self.blank_decision)
-        return Arcs(arcs.symbol, arcs.frames, arcs.score, arcs.is_label)

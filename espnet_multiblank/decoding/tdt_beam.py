@@ -28,14 +28,14 @@ import torch
 
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.tdt import TDTSearchMixin
+from espnet_multiblank.decoding.row_step import TDTRowStep
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 
 #: the TDT beam search's default ``blank_decision`` (chosen on the digits dev set)
 TDT_BEAM_DECISION = "symbol"
 
 
-class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
+class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
     """Frame-synchronous TDT beam search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, with a

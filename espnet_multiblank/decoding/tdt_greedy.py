@@ -29,33 +29,16 @@ import torch
 
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import log_sum_exp
-from espnet_multiblank.decoding.tdt_table import END_RULES, TDTSymbolTable
+from espnet_multiblank.decoding.multiblank_table import log_sum_exp
+from espnet_multiblank.decoding.row_step import TDTRowStep
+from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 from espnet_multiblank.lattice import TDTLattice
 
 #: the TDT searches' default ``blank_decision`` (chosen on the digits dev set)
 TDT_GREEDY_DECISION = "total"
 
 
-class TDTSearchMixin:
-    """What the TDT searches share: the lattice type, the end rule and the symbol
-    table."""
-
-    lattice_types = (TDTLattice,)
-    end_rule = "exact"
-
-    def _set_end_rule(self, end_rule: str) -> None:
-        if end_rule not in END_RULES:
-            raise ValueError(f"end_rule must be one of {END_RULES}, got {end_rule!r}")
-        self.end_rule = end_rule
-
-    def make_table(self, device: torch.device) -> TDTSymbolTable:
-        return TDTSymbolTable(
-            self.lattice, self.stepper.vocab_size, device, end_rule=self.end_rule
-        )
-
-
-class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
+class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
     """TDT greedy search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch` with a
@@ -103,7 +86,7 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
     @torch.no_grad()
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
         """Greedy search for one utterance (a plain Python loop: no batch overhead;
-        the same arcs as :meth:`TDTSymbolTable.step`).
+        the same arcs as :meth:`TDTSymbolTable.best_arcs`).
 
         Args:
             enc_out: (T, D_enc) encoder output.
@@ -190,9 +173,3 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
         hyp.dec_state = state
         hyp.dec_proj = dec_proj[0]
         return hyp
-
-    def choose(self, table, enc_proj, dec_proj, frame, length, num_sym):
-        tok, dur = table.log_probs(self.stepper.joint(enc_proj, dec_proj))
-        guard = num_sym >= self.max_sym_per_frame
-        arcs = table.step(tok, dur, length - frame, guard, self.blank_decision)
-        return arcs.symbol, arcs.frames, arcs.score, arcs.is_label

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 
 from espnet_multiblank.decoding.arcs import Arcs
+from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
     SymbolTable,
@@ -46,6 +47,9 @@ class TransducerSearch(ABC):
         max_sym_per_frame: Labels a hypothesis may emit at one frame; after that only
             blanks are allowed there.
         nbest: Hypotheses :meth:`search` returns.
+        fusion: Language models fused into the search
+            (:class:`~espnet_multiblank.decoding.fusion.ShallowFusion` over the
+            search's tokens), or None.
 
     Attributes:
         batched: True when :meth:`search_batch` decodes the utterances together.
@@ -62,6 +66,7 @@ class TransducerSearch(ABC):
         lattice: Lattice,
         max_sym_per_frame: int = 10,
         nbest: int = 1,
+        fusion: Optional[ShallowFusion] = None,
     ):
         if not isinstance(stepper, Stepper):
             raise TypeError(
@@ -84,6 +89,42 @@ class TransducerSearch(ABC):
         )
         self.nbest = check_positive_int("nbest", nbest)
         self._tables: Dict[torch.device, SymbolTable] = {}
+        self.fusion = self._check_fusion(fusion)
+
+    @property
+    def num_tokens(self) -> int:
+        """V: the joint network's token outputs (a TDT's duration logits excluded)."""
+        if isinstance(self.lattice, TDTLattice):
+            return self.stepper.vocab_size - self.lattice.num_durations
+        return self.stepper.vocab_size
+
+    def _check_fusion(self, fusion: Optional[ShallowFusion]):
+        if fusion is None:
+            return None
+        if not isinstance(fusion, ShallowFusion):
+            raise TypeError(
+                "fusion must be an espnet_multiblank.decoding.ShallowFusion, got "
+                f"{type(fusion).__name__}"
+            )
+        if fusion.vocab_size != self.num_tokens:
+            raise ValueError(
+                f"the fused language models score {fusion.vocab_size} tokens, the "
+                f"model has {self.num_tokens}"
+            )
+        missing = set(self.lattice.blank_ids) - set(fusion.blank_ids)
+        if missing:
+            raise ValueError(
+                f"the fusion must leave every blank of the lattice unscored; it does "
+                f"not know {sorted(missing)}"
+            )
+        return fusion
+
+    def start_lm(self, batch: int, device: torch.device) -> Optional[FusionState]:
+        """The fused language models at the start of the sentence for ``batch`` rows
+        (None without an LM)."""
+        if self.fusion is None:
+            return None
+        return self.fusion.start(batch, device)
 
     @property
     def blank_id(self) -> int:
@@ -165,8 +206,11 @@ class FrameLoopingGreedySearch(TransducerSearch):
         lattice: Lattice,
         max_sym_per_frame: int = 10,
         blank_decision: str = "total",
+        fusion: Optional[ShallowFusion] = None,
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
+        )
         self.beam_size = 1
         self.blank_decision = check_blank_decision(blank_decision)
 
@@ -212,6 +256,8 @@ class FrameLoopingGreedySearch(TransducerSearch):
         lens = enc_lens.to(device=device, dtype=torch.long)
         enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
         dec_proj, state = self.start(B, device)  # (B, J)
+        lm = self.start_lm(B, device)
+        fusion = self.fusion
         hyps = BatchedHyps(B, device)
 
         active = (hyps.frame < lens).nonzero().squeeze(1)
@@ -224,24 +270,37 @@ class FrameLoopingGreedySearch(TransducerSearch):
                 t,
                 lens[active],
                 hyps.num_sym[active],
+                None if lm is None else lm.labels[active],
             )
             is_label = arcs.is_label
             hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label)
             if bool(is_label.any()):
                 rows = active[is_label]
+                labels = arcs.symbol[is_label]
                 new_proj, new_state = stepper.step(
-                    arcs.symbol[is_label], stepper.select_state(state, rows)
+                    labels, stepper.select_state(state, rows)
                 )
                 dec_proj[rows] = new_proj
                 stepper.scatter_state(state, rows, new_state)
+                if lm is not None:
+                    fusion.scatter(
+                        lm, rows, fusion.step(labels, fusion.select(lm, rows))
+                    )
             active = (hyps.frame < lens).nonzero().squeeze(1)
 
+        if lm is not None:  # every hypothesis is complete: the end of the sentence
+            hyps.score += lm.end.double()
         return [
             hyps.hypothesis(
                 b,
                 self.blank_id,
                 stepper.select_state(state, torch.tensor([b], device=device)),
                 dec_proj[b],
+                (
+                    None
+                    if lm is None
+                    else fusion.select(lm, torch.tensor([b], device=device))
+                ),
             )
             for b in range(B)
         ]

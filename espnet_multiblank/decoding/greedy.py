@@ -48,6 +48,7 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         T = enc_out.size(0)
         enc_proj = stepper.project_enc(enc_out)  # (T, J)
         dec_proj, state = self.start(1, device)
+        lm = self.start_lm(1, device)
         hyp = Hypothesis(score=0.0, yseq=[self.blank_id])
         length = torch.tensor([T], device=device)
         # up to this frame every big blank fits: no mask needed while labels are allowed
@@ -57,6 +58,8 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         while hyp.frame < T:
             t = hyp.frame
             logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
+            if lm is not None:  # fused scores of the labels (the blanks' are 0)
+                logp = logp + lm.labels
             if t <= free_until and hyp.num_sym_frame < self.max_sym_per_frame:
                 masked = logp
             else:
@@ -83,8 +86,13 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
                 hyp.num_sym_frame += 1
                 label = torch.full((1,), k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
+                if lm is not None:
+                    lm = self.fusion.step(label, lm)
             else:
                 hyp.advance(frames)
         hyp.dec_state = state
         hyp.dec_proj = dec_proj[0]
+        if lm is not None:
+            hyp.score += float(lm.end[0])
+            hyp.lm_state = lm
         return hyp

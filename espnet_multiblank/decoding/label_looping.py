@@ -113,6 +113,12 @@ class _Batch:
         self.after_values = torch.zeros(B, extra, 3, dtype=torch.float64, device=device)
 
 
+def _repeat_rows(x: torch.Tensor, W: int) -> torch.Tensor:
+    """(B, N) -> (B * W, N): every row W times in a row."""
+    B, N = x.shape
+    return x.unsqueeze(1).expand(B, W, N).reshape(B * W, N)
+
+
 class LabelLoopingGreedySearch(TransducerSearch):
     """Base class of the label-looping greedy searches (module docstring).
 
@@ -144,8 +150,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
         max_sym_per_frame: int = 10,
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
+        fusion=None,
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
+        )
         self.beam_size = 1
         if window is None:
             window = 16 if lattice.max_frames == 1 else 1
@@ -193,6 +202,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frame: torch.Tensor,
         num_sym: torch.Tensor,
         rows: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
     ) -> Window:
         """Evaluate the joint network at frames ``t .. t + W - 1`` of every row and
         follow the blank arcs of the rows in ``rows`` from ``t`` until a label, the
@@ -206,13 +216,17 @@ class LabelLoopingGreedySearch(TransducerSearch):
                 window are reached by a blank: 0 there).
             rows: (B,) bool, rows inside their utterance that follow their blank
                 arcs (the others get offset 0, and their ``arcs`` are to be ignored).
+            lm_labels: (B, V) float32 weighted LM scores of the next label (they
+                do not change before the next label either), or None.
         """
         B, J = dec_proj.shape
         W = self.window
         table = ctx.table
         if W == 1:
             enc_rows = ctx.enc_proj[ctx.rows, frame]
-            arcs = self.row_arcs(table, enc_rows, dec_proj, frame, ctx.lens, num_sym)
+            arcs = self.row_arcs(
+                table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
+            )
             blank = rows & ~arcs.is_label
             moved = torch.where(blank, arcs.frames, 0)
             score = torch.where(blank, arcs.score, 0.0)
@@ -224,10 +238,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
         flat = self.row_arcs(
             table,
             enc_rows.reshape(B * W, J),
-            dec_proj.unsqueeze(1).expand(B, W, J).reshape(B * W, J),
+            _repeat_rows(dec_proj, W),
             frames_w.view(-1),
             ctx.lens_w.reshape(-1),
             num_sym_w.view(-1),
+            None if lm_labels is None else _repeat_rows(lm_labels, W),
         )
         arcs = Arcs(*(a.view(B, W) for a in flat))
         # blank arcs of the followed rows, inside their utterance, move on
@@ -306,6 +321,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
         enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
         ctx = _Batch(self.table(device), enc_proj, lens, W)
         dec_proj, state = self.start(B, device)  # (B, J)
+        fusion = self.fusion
+        lm = self.start_lm(B, device)
 
         def zeros(dtype=torch.long):
             return torch.zeros(B, dtype=dtype, device=device)
@@ -332,13 +349,18 @@ class LabelLoopingGreedySearch(TransducerSearch):
 
         active = frame < lens
         while bool(active.any()):
-            window = self.follow_blanks(ctx, dec_proj, frame, num_sym, active)
+            lm_labels = None if lm is None else lm.labels
+            window = self.follow_blanks(
+                ctx, dec_proj, frame, num_sym, active, lm_labels
+            )
             arcs = window.arcs
             searching = take(window)
             # inner loop: blank arcs, joint network only
             calls = 1
             while calls < max_inner and bool(searching.any()):
-                window = self.follow_blanks(ctx, dec_proj, frame, num_sym, searching)
+                window = self.follow_blanks(
+                    ctx, dec_proj, frame, num_sym, searching, lm_labels
+                )
                 arcs = window.arcs.where(searching, arcs)
                 searching = take(window)
                 calls += 1
@@ -354,12 +376,16 @@ class LabelLoopingGreedySearch(TransducerSearch):
             frame.add_(moved)
             moves.add_(moved > 0)
             num_sym = torch.where(moved > 0, 0, num_sym + emit.long())
-            new_proj, new_state = stepper.step(
-                torch.where(emit, arcs.symbol, blank), state
-            )
+            emitted = torch.where(emit, arcs.symbol, blank)
+            new_proj, new_state = stepper.step(emitted, state)
             dec_proj = torch.where(emit.unsqueeze(1), new_proj, dec_proj)
             state = stepper.where_state(emit, new_state, state)
+            if lm is not None:
+                lm = fusion.where(emit, fusion.step(emitted, lm), lm)
             active = frame < lens
+
+        if lm is not None:  # every hypothesis is complete: the end of the sentence
+            score.add_(lm.end.double())
 
         out_labels = labels[:, :iteration].tolist()
         # every arc that moved covered one frame more than it skipped
@@ -375,6 +401,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
                 num_sym_frame=values[2][b],
                 big_blank_emissions=values[3][b],
                 frames_skipped=values[4][b],
+                lm_state=(
+                    None
+                    if lm is None
+                    else fusion.select(lm, torch.tensor([b], device=device))
+                ),
             )
             for b in range(B)
         ]
@@ -398,6 +429,7 @@ class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):
         blank_decision: str = "total",
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
+        fusion=None,
     ):
         super().__init__(
             stepper,
@@ -405,6 +437,7 @@ class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):
             max_sym_per_frame=max_sym_per_frame,
             window=window,
             max_inner=max_inner,
+            fusion=fusion,
         )
         self.blank_decision = check_blank_decision(blank_decision)
 
@@ -426,6 +459,7 @@ class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
         blank_decision: str = TDT_GREEDY_DECISION,
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
+        fusion=None,
     ):
         super().__init__(
             stepper,
@@ -433,5 +467,6 @@ class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
             max_sym_per_frame=max_sym_per_frame,
             window=window,
             max_inner=max_inner,
+            fusion=fusion,
         )
         self.blank_decision = check_blank_decision(blank_decision)

@@ -151,7 +151,11 @@ class JointStepper(Stepper):
         return self.joint_network(enc_proj, dec_proj)
 
     def init_state(self, batch: int) -> RNNState:
-        return self.decoder.init_state(batch)
+        # in the networks' dtype: ESPnet's decoder makes float32 zeros whatever the
+        # model was cast to (--dtype float16 / bfloat16)
+        h, c = self.decoder.init_state(batch)
+        dtype = self.decoder.embed.weight.dtype
+        return h.to(dtype), (None if c is None else c.to(dtype))
 
     def step(
         self, labels: torch.Tensor, state: RNNState

@@ -57,8 +57,11 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         max_sym_per_frame: int = 10,
         blank_decision: str = TDT_GREEDY_DECISION,
         end_rule: str = "exact",
+        fusion=None,
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame, blank_decision)
+        super().__init__(
+            stepper, lattice, max_sym_per_frame, blank_decision, fusion=fusion
+        )
         self._set_end_rule(end_rule)
 
     def _slot_sets(self, table: TDTSymbolTable):
@@ -122,6 +125,7 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         T = enc_out.size(0)
         enc_proj = stepper.project_enc(enc_out)  # (T, J)
         dec_proj, state = self.start(1, device)
+        lm = self.start_lm(1, device)
         hyp = Hypothesis(score=0.0, yseq=[blank])
         while hyp.frame < T:
             t = hyp.frame
@@ -137,6 +141,8 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             # best() value (log of its ex sum) - log(sum(ex)); so subtract:
             norm = math.log(sum(ex)) + (0.0 if total else top)
             tok = z_tok.float().log_softmax(-1)  # (1, V)
+            if lm is not None:  # fused scores of the labels (the blank's is 0)
+                tok = tok + lm.labels
             blank_slots, label_slots = slot_sets[
                 min(T - t, R1), hyp.num_sym_frame >= max_sym
             ]
@@ -162,6 +168,8 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                 hyp.yseq.append(label_k)
                 label = torch.full((1,), label_k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
+                if lm is not None:
+                    lm = self.fusion.step(label, lm)
                 frames = min(durations[l_j], T - t)
                 if frames == 0:
                     hyp.num_sym_frame += 1
@@ -172,4 +180,7 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                 hyp.advance(min(durations[b_j], T - t))
         hyp.dec_state = state
         hyp.dec_proj = dec_proj[0]
+        if lm is not None:
+            hyp.score += float(lm.end[0])
+            hyp.lm_state = lm
         return hyp

@@ -62,6 +62,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout", "matplotlib"],
         "cuda": ["numba-cuda[cu13]>=0.30"],
+        # n-gram LM fusion (--ngram_file): kenlm builds from its source with gcc
+        "ngram": ["kenlm"],
     },
     entry_points={
         "console_scripts": [

@@ -39,8 +39,8 @@ from espnet_multiblank.decoding.label_looping import (
     TDTLabelLoopingSearch,
 )
 from espnet_multiblank.espnet.lm_fusion import (
-    BatchScorerLM,
     RNNLM,
+    BatchScorerLM,
     build_fusion,
     lm_token_ids,
 )

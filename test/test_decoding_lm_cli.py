@@ -16,8 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_decoding_cli import REPO, make_data, make_experiment  # noqa: I100
-from test_decoding_cli import run_inference
+from test_decoding_cli import (  # noqa: I100
+    REPO,
+    make_data,
+    make_experiment,
+    run_inference,
+)
 from test_decoding_stock import decode_args, read_outputs
 from test_tdt_cli import make_tdt_experiment
 

@@ -12,7 +12,6 @@ not finite.
 """
 
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +22,11 @@ import pytest
 import soundfile
 import torch
 from test_decoding_cli import REPO, make_experiment  # noqa: I100
-from test_decoding_stock import decode_args, read_outputs
+from test_decoding_stock import decode_args, read_outputs, stock_env
 from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
 from espnet_multiblank.bin.asr_inference import get_parser, main
-from espnet_multiblank.espnet import autoregister
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -172,19 +170,7 @@ def test_bad_inputs_are_reported_and_the_run_goes_on(setup):
 
 def test_stock_entry_point_treats_bad_inputs_the_same(setup, tmp_path):
     root, scp, exps = setup
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path\n"
-        "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
-        + autoregister.pth_line()
-    )
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
-    )
-    env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
+    env = stock_env(tmp_path)
     out = root / "o_stock"
     proc = subprocess.run(
         [sys.executable, "-m", "espnet2.bin.asr_inference"]

@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 from test_decoding_search import brute_force_sequences  # noqa: I100
+from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
 from test_decoding_search import enc_batch as mb_enc_batch
 from test_decoding_search import make_model as mb_make_model
 from test_decoding_search import reference_greedy as mb_reference_greedy
@@ -47,14 +48,6 @@ from espnet_multiblank.espnet.lm_fusion import (
 from espnet_multiblank.espnet.search import build_transducer_search, lattice_from_model
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: threads only add overhead (shared CPUs)
-    yield
-    torch.set_num_threads(n)
 
 
 def lm_tokens_for(asr_tokens, blank_ids, seed=0):
@@ -380,14 +373,7 @@ def test_fused_wide_mb_beam_equals_acoustic_plus_lm_rescoring(seed):
         max_sym_per_frame=2,
         blank_decision="symbol",
     )
-    nbest = wide(enc[0])
-    got = {tuple(h.labels): h.score for h in nbest}
-    assert set(got) == set(acoustic)
-    for y, score in acoustic.items():
-        fused = score + oracle.sentence(list(y))
-        assert got[y] == pytest.approx(fused, rel=1e-5, abs=1e-5)
-    scores = [h.score for h in nbest]
-    assert scores == sorted(scores, reverse=True)
+    got = assert_exact_fused_nbest(wide(enc[0]), acoustic, oracle.sentence)
     # the loss as a second acoustic oracle, where max_sym_per_frame excludes no path
     for y in [y for y in got if len(y) <= 2]:
         logits = mb_logits(model, enc[0], list(y))
@@ -402,6 +388,20 @@ def test_fused_wide_mb_beam_equals_acoustic_plus_lm_rescoring(seed):
         )
         fused = -float(loss[0]) + oracle.sentence(list(y))
         assert got[y] == pytest.approx(fused, rel=1e-5, abs=1e-5)
+
+
+def assert_exact_fused_nbest(nbest, acoustic, lm_score):
+    """A wide beam's n-best list holds every label sequence with its acoustic
+    log-probability plus ``lm_score(labels)``, in that fused order. Returns {labels:
+    score}."""
+    got = {tuple(h.labels): h.score for h in nbest}
+    assert set(got) == set(acoustic)
+    for y, score in acoustic.items():
+        fused = score + lm_score(list(y))
+        assert got[y] == pytest.approx(fused, rel=1e-5, abs=1e-5)
+    scores = [h.score for h in nbest]
+    assert scores == sorted(scores, reverse=True)
+    return got
 
 
 def mb_logits(model, enc, labels):
@@ -433,14 +433,7 @@ def test_fused_wide_tdt_beam_equals_acoustic_plus_lm_rescoring(durations):
         nbest=10**6,
         max_sym_per_frame=1,
     )
-    nbest = wide(enc[0])
-    got = {tuple(h.labels): h.score for h in nbest}
-    assert set(got) == set(acoustic)
-    for y, score in acoustic.items():
-        assert got[y] == pytest.approx(
-            score + oracle.sentence(list(y)), rel=1e-5, abs=1e-5
-        )
-    assert [h.score for h in nbest] == sorted(got.values(), reverse=True)
+    got = assert_exact_fused_nbest(wide(enc[0]), acoustic, oracle.sentence)
     if 0 not in durations:  # no label stays: max_sym_per_frame excludes no path
         for y in got:
             logits = tdt_logits(model, enc[0], list(y))
@@ -669,12 +662,12 @@ def test_ngram_and_neural_lm_together_in_a_wide_beam(arpa):
         ngram_file=str(arpa),
         ngram_weight=0.7,
     )
-    got = {tuple(h.labels): h.score for h in wide(enc[0])}
-    assert set(got) == set(acoustic)
-    for y, score in acoustic.items():
-        words = [model.token_list[k] for k in y]
-        fused = score + neural.sentence(list(y)) + 0.7 * ngram.full(words, eos=True)
-        assert got[y] == pytest.approx(fused, rel=1e-5, abs=1e-5)
+
+    def both(labels):
+        words = [model.token_list[k] for k in labels]
+        return neural.sentence(labels) + 0.7 * ngram.full(words, eos=True)
+
+    assert_exact_fused_nbest(wide(enc[0]), acoustic, both)
 
 
 def test_ngram_refused_where_it_cannot_apply(arpa):

@@ -9,7 +9,6 @@ apply (ESPnet's beam search) is refused naming the option.
 """
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +21,10 @@ from test_decoding_cli import (  # noqa: I100
     make_experiment,
     run_inference,
 )
-from test_decoding_stock import decode_args, read_outputs
+from test_decoding_stock import decode_args, read_outputs, stock_env
 from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
-from espnet_multiblank.espnet import autoregister
 
 pytestmark = pytest.mark.timeout(1800)
 HAVE_KENLM = importlib.util.find_spec("kenlm") is not None
@@ -103,20 +101,7 @@ def setup(tmp_path_factory):
     lm = make_lm(root)
     arpa = root / "lm.arpa"
     arpa.write_text(ARPA)
-    site = root / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path\n"
-        "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
-        + autoregister.pth_line()
-    )
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
-    )
-    env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
-    return root, scp, exps, lm, arpa, env
+    return root, scp, exps, lm, arpa, stock_env(root)
 
 
 def lm_args(lm: Path, weight: float = 1.0):

@@ -44,6 +44,26 @@ def read_outputs(out: Path):
     return result
 
 
+def stock_env(root: Path) -> dict:
+    """The environment of a stock ``espnet2.bin.asr_inference`` subprocess that runs
+    this checkout's start-up hook (a ``sitecustomize`` in ``root/site`` first on
+    PYTHONPATH; the rest of PYTHONPATH is kept, e.g. for kenlm)."""
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path\n"
+        "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
+        + autoregister.pth_line()
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
+    )
+    env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
+    return env
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("stock")
@@ -60,16 +80,7 @@ def setup(tmp_path_factory):
         state = torch.load(path)
         state["joint_network.lin_out.weight"] *= scale
         torch.save(state, path)
-    site = root / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path\n"
-        "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
-        + autoregister.pth_line()
-    )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(site))
-    env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
+    env = stock_env(root)
     return root, scp, exps, env
 
 

@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
@@ -189,7 +188,8 @@ class FrameLoopingGreedySearch(TransducerSearch):
     """What the frame-looping greedy searches share (multi-blank and TDT): one
     utterance at a time with :meth:`search_one`, and B at once with
     :meth:`search_batch`, which takes one step for every active utterance per
-    iteration: one joint call, :meth:`row_arcs` of the lattice kind for every row,
+    iteration: one joint call, ``row_arcs`` of the lattice kind for every row (the
+    subclasses take it from a :mod:`~espnet_multiblank.decoding.row_step` mixin),
     one prediction-network call for the rows that emitted a label; each utterance
     advances by its own number of frames and leaves when it reaches its T_b.
 
@@ -221,19 +221,15 @@ class FrameLoopingGreedySearch(TransducerSearch):
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
         """Greedy search for one utterance; enc_out: (T, D_enc)."""
 
-    @abstractmethod
-    def row_arcs(
-        self,
-        table,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Arcs:
-        """One greedy step for A rows: the lattice kind's mixin
-        (:mod:`~espnet_multiblank.decoding.row_step`)."""
+    def _finish_one(self, hyp: Hypothesis, state: Any, dec_proj, lm) -> Hypothesis:
+        """:meth:`search_one`'s end: the prediction network's state and output after
+        the last label, and with an LM its state and the end-of-sentence score."""
+        hyp.dec_state = state
+        hyp.dec_proj = dec_proj[0]
+        if lm is not None:
+            hyp.score += float(lm.end[0])
+            hyp.lm_state = lm
+        return hyp
 
     @torch.no_grad()
     def search_batch(

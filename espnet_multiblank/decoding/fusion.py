@@ -28,6 +28,8 @@ from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import torch
 
+from espnet_multiblank.decoding.stepper import where_by_rows
+
 State = Any  # whatever a TokenLM keeps per row
 
 
@@ -83,10 +85,7 @@ class TokenLM(ABC):
 
     def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
         """Row ``a`` of ``new`` where ``mask[a]`` ((A,) bool), else of ``old``."""
-        idx = mask.nonzero().squeeze(1)
-        out = self.select_state(old, torch.arange(mask.numel(), device=mask.device))
-        self.scatter_state(out, idx, self.select_state(new, idx))
-        return out
+        return where_by_rows(self, mask, new, old)
 
 
 class FusionState(NamedTuple):

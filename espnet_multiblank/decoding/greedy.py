@@ -90,9 +90,4 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
                     lm = self.fusion.step(label, lm)
             else:
                 hyp.advance(frames)
-        hyp.dec_state = state
-        hyp.dec_proj = dec_proj[0]
-        if lm is not None:
-            hyp.score += float(lm.end[0])
-            hyp.lm_state = lm
-        return hyp
+        return self._finish_one(hyp, state, dec_proj, lm)

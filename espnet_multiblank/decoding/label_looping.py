@@ -56,7 +56,6 @@ Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs
 W = window.
 """
 
-from abc import abstractmethod
 from typing import List, NamedTuple, Optional
 
 import torch
@@ -122,8 +121,8 @@ def _repeat_rows(x: torch.Tensor, W: int) -> torch.Tensor:
 class LabelLoopingGreedySearch(TransducerSearch):
     """Base class of the label-looping greedy searches (module docstring).
 
-    Subclasses take :meth:`row_arcs` (the arc a joint row chooses) from their
-    lattice kind's mixin; the loops,
+    Subclasses take ``row_arcs`` (the arc a joint row chooses) from their lattice
+    kind's :mod:`~espnet_multiblank.decoding.row_step` mixin; the loops,
     the bookkeeping and the results are here. :meth:`search` decodes one utterance as
     a batch of one.
 
@@ -165,22 +164,6 @@ class LabelLoopingGreedySearch(TransducerSearch):
         # pointer-doubling rounds: after k rounds a row has followed 2^k arcs, and
         # W positions hold at most W of them
         self._rounds = (self.window - 1).bit_length()
-
-    @abstractmethod
-    def row_arcs(
-        self,
-        table,
-        enc_rows: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Arcs:
-        """The arc each row takes, from the joint network at its node: the lattice
-        kind's mixin (:mod:`~espnet_multiblank.decoding.row_step`; rows with ``t >=
-        length`` are past their end: their result is ignored, it only has to be
-        computable)."""
 
     def inner_limit(self, device: torch.device) -> float:
         """:attr:`max_inner`, or its default on ``device`` (class docstring)."""

@@ -88,10 +88,17 @@ class Stepper(ABC):
             mask: (A,) bool.
             new, old: States of the same A rows.
         """
-        idx = mask.nonzero().squeeze(1)
-        out = self.select_state(old, torch.arange(mask.numel(), device=mask.device))
-        self.scatter_state(out, idx, self.select_state(new, idx))
-        return out
+        return where_by_rows(self, mask, new, old)
+
+
+def where_by_rows(owner: Any, mask: torch.Tensor, new: Any, old: Any) -> Any:
+    """Row ``a`` of ``new`` where ``mask[a]``, else of ``old``, through ``owner``'s
+    ``select_state`` and ``scatter_state`` (a :class:`Stepper` or a language model's
+    adapter): a copy of ``old`` with the rows of ``mask`` overwritten."""
+    idx = mask.nonzero().squeeze(1)
+    out = owner.select_state(old, torch.arange(mask.numel(), device=mask.device))
+    owner.scatter_state(out, idx, owner.select_state(new, idx))
+    return out
 
 
 class JointStepper(Stepper):

@@ -178,9 +178,4 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             else:
                 hyp.score += blank_tok + b_val
                 hyp.advance(min(durations[b_j], T - t))
-        hyp.dec_state = state
-        hyp.dec_proj = dec_proj[0]
-        if lm is not None:
-            hyp.score += float(lm.end[0])
-            hyp.lm_state = lm
-        return hyp
+        return self._finish_one(hyp, state, dec_proj, lm)

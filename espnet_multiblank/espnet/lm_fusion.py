@@ -171,7 +171,22 @@ class RNNLM(_MappedLM):
         return tuple(torch.where(keep, n, o) for n, o in zip(new, old))
 
 
-class BatchScorerLM(_MappedLM):
+class _RowListState:
+    """State operations of an adapter whose state is a list with one entry per
+    row."""
+
+    def select_state(self, state, idx):
+        return [state[i] for i in idx.tolist()]
+
+    def cat_states(self, states):
+        return [row for s in states for row in s]
+
+    def scatter_state(self, state, idx, rows):
+        for i, row in zip(idx.tolist(), rows):
+            state[i] = row
+
+
+class BatchScorerLM(_RowListState, _MappedLM):
     """Any ESPnet LM with ``batch_score(ys (n, L), states, xs)`` (``TransformerLM``):
     the state of a row is ``(LM-id prefix, the LM's state)``, and rows with prefixes
     of the same length are scored in one call.
@@ -210,18 +225,8 @@ class BatchScorerLM(_MappedLM):
         prefixes = [p + (k,) for (p, _), k in zip(state, ids)]
         return self._score(prefixes, [s for _, s in state], labels.device)
 
-    def select_state(self, state, idx):
-        return [state[i] for i in idx.tolist()]
 
-    def cat_states(self, states):
-        return [row for s in states for row in s]
-
-    def scatter_state(self, state, idx, rows):
-        for i, row in zip(idx.tolist(), rows):
-            state[i] = row
-
-
-class KenLMNgram(TokenLM):
+class KenLMNgram(_RowListState, TokenLM):
     """An n-gram language model (ARPA or KenLM binary file) through ``kenlm``.
 
     The state of a row is a ``kenlm.State``; the next-label scores of a state are
@@ -310,16 +315,6 @@ class KenLMNgram(TokenLM):
             self.model.BaseScore(s, word, out)
             new.append(out)
         return self._output(new, labels.device)
-
-    def select_state(self, state, idx):
-        return [state[i] for i in idx.tolist()]
-
-    def cat_states(self, states):
-        return [row for s in states for row in s]
-
-    def scatter_state(self, state, idx, rows):
-        for i, row in zip(idx.tolist(), rows):
-            state[i] = row
 
 
 def espnet_lm(lm: Any, token_ids: Sequence[int], lm_vocab: int) -> TokenLM:

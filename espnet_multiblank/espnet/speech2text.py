@@ -21,6 +21,7 @@ while it is being executed.
 """
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -97,6 +98,10 @@ class DecodingStats:
         self.search_seconds = 0.0
 
     def add(self, frames: int, hyp: Any) -> None:
+        """Count a decoded utterance (not one whose score is not finite: the
+        decoding loop reports it instead of writing it)."""
+        if not math.isfinite(float(hyp.score)):
+            return
         self.num_utterances += 1
         self.total_frames += int(frames)
         self.big_blank_emissions += int(getattr(hyp, "big_blank_emissions", 0))

@@ -231,6 +231,26 @@ def test_half_precision_decodes_like_float32(setup, model, conf, batch):
         assert tokens >= 5 and errors <= limit * tokens, (dtype, errors, tokens)
 
 
+def test_half_precision_with_digital_silence(setup):
+    """Exact zeros (the padding of synthesised audio) in float16: ESPnet's log-mel
+    clamps at 1e-10, which is 0 in float16, so a frontend in float16 gives -inf
+    features and NaN scores; the frontend runs in float32 and the utterance decodes
+    as in float32."""
+    root, _, exps = setup
+    rng = np.random.default_rng(3)
+    wav = np.concatenate([np.zeros(4000), 0.3 * rng.standard_normal(8000)])
+    soundfile.write(root / "silence.wav", wav.astype(np.float32), FS)
+    scp = root / "silence.scp"
+    scp.write_text(f"s0 {root / 'silence.wav'}\n")
+    outs = {}
+    for dtype in ("float32", "float16"):
+        out = root / f"o_silence_{dtype}"
+        assert cli(exps["mb"], scp, out, "mb_greedy.yaml", "--dtype", dtype) == 0
+        outs[dtype] = read_outputs(out)
+    assert outs["float16"]["token_int"] == outs["float32"]["token_int"]
+    assert np.isfinite(float(outs["float16"]["score"]["s0"]))
+
+
 def test_half_precision_refused_with_espnets_searches_on_cpu(setup):
     """ESPnet's own transducer search (greedy.yaml on a standard model) cannot run in
     half precision on a CPU: refused at start-up, naming --dtype."""

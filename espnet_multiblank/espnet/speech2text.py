@@ -20,6 +20,7 @@ This module does not import ``espnet2.bin.asr_inference`` until
 while it is being executed.
 """
 
+import functools
 import logging
 import math
 import time
@@ -217,6 +218,16 @@ def warn_unused_options(kwargs: Dict[str, Any], nbest: int, search: Any) -> None
         )
 
 
+def _inputs_to_float32(module, args):
+    """Forward pre-hook: the first argument (the waveform) in float32."""
+    return (args[0].float(),) + tuple(args[1:])
+
+
+def _features_to(dtype: torch.dtype, module, args, out):
+    """Forward hook: the features (the output's first entry) in ``dtype``."""
+    return (out[0].to(dtype),) + tuple(out[1:])
+
+
 def _refuse_half_precision_espnet_search(dtype: str, device: Any) -> None:
     """ESPnet's transducer searches step the prediction network with ``nn.LSTM``,
     which has no half-precision CPU kernel: every utterance would fail."""
@@ -324,12 +335,14 @@ class PluginSearchMixin:
             )
         self.stats = DecodingStats()
         self.plugin_search = False
+        self.float32_frontend = False
         if self.beam_search_transducer is None:
             return
         if replace or is_plugin_model(self.asr_model):
             self._use_plugin_search(
                 search_beam, search_type, nbest, ngram_file, ngram_weight, conf, kwargs
             )
+            self._float32_frontend()
         warn_unused_options(kwargs, nbest, self.beam_search_transducer)
         if not isinstance(self.beam_search_transducer, TransducerSearch):
             _refuse_half_precision_espnet_search(self.dtype, self.device)
@@ -370,6 +383,46 @@ class PluginSearchMixin:
             type(self.beam_search_transducer).__name__,
             self.lattice,
         )
+
+    def _float32_frontend(self) -> None:
+        """With ``--dtype float16`` / ``bfloat16``, run the frontend and the feature
+        normalisation in float32 and give the encoder their output in the model's
+        dtype: in float16 the STFT's power spectrum overflows (inf features, NaN
+        scores for every utterance), in bfloat16 the waveform and the features lose
+        all but 8 bits. The encoder and the search run in the model's dtype."""
+        model = self.asr_model
+        dtype = getattr(torch, self.dtype)
+        frontend = getattr(model, "frontend", None)
+        if dtype not in (torch.float16, torch.bfloat16) or frontend is None:
+            return
+        # the batch-exact layers first (they may replace these modules): the hooks
+        # go on the modules that will run
+        self.batch_exactness()
+        frontend, normalize = model.frontend, getattr(model, "normalize", None)
+        for module in (frontend, normalize):
+            if module is not None:
+                module.float()
+        frontend.register_forward_pre_hook(_inputs_to_float32)
+        last = normalize if normalize is not None else frontend
+        last.register_forward_hook(functools.partial(_features_to, dtype))
+        self.float32_frontend = True
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype the model's input is given in (float32 when the frontend runs in
+        float32)."""
+        return torch.float32 if self.float32_frontend else getattr(torch, self.dtype)
+
+    def __call__(self, speech):
+        """ESPnet's ``Speech2Text.__call__`` (one utterance), with the waveform left
+        in float32 when the frontend runs in float32."""
+        if not getattr(self, "float32_frontend", False):
+            return super().__call__(speech)
+        dtype, self.dtype = self.dtype, "float32"  # ESPnet casts speech to self.dtype
+        try:
+            return super().__call__(speech)
+        finally:
+            self.dtype = dtype
 
     @property
     def supports_batch(self) -> bool:
@@ -457,7 +510,7 @@ class PluginSearchMixin:
                 f"{type(self.beam_search_transducer).__name__} decodes one utterance "
                 "at a time"
             )
-        dtype = getattr(torch, self.dtype)
+        dtype = self.input_dtype
         if self.batch_exactness().exact:
             batch = {"speech": speech.to(dtype), "speech_lengths": speech_lengths}
             enc, enc_lens = self.asr_model.encode(**to_device(batch, self.device))

@@ -21,8 +21,13 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from test_decoding_cli import REPO, make_experiment  # noqa: I100
-from test_decoding_stock import decode_args, read_outputs, stock_env
+from test_decoding_cli import REPO  # noqa: I100
+from test_decoding_stock import (
+    decode_args,
+    plugin_experiments,
+    read_outputs,
+    stock_env,
+)
 from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
@@ -90,15 +95,8 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     scp = write_data(root)
     espnet_multiblank.register()
-    exps = {}
-    for name, durations in (("mb", (2, 4)), ("std", ())):
-        (root / name).mkdir()
-        exps[name] = make_experiment(
-            root / name, durations, model="multiblank_espnet", blank_bias=0.5
-        )
-        state = torch.load(exps[name] / "model.pth")
-        state["joint_network.lin_out.weight"] *= 10.0  # labels, not only blanks
-        torch.save(state, exps[name] / "model.pth")
+    # labels, not only blanks
+    exps = plugin_experiments(root, (("mb", (2, 4), 0.5, 10.0), ("std", (), 0.5, 10.0)))
     (root / "tdt").mkdir()
     exps["tdt"] = make_tdt_experiment(root / "tdt")
     return root, scp, exps

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_decoding_cli import (  # noqa: I100
-    REPO,
-    make_data,
-    make_experiment,
-    run_inference,
+from test_decoding_cli import REPO, make_data, run_inference  # noqa: I100
+from test_decoding_stock import (
+    decode_args,
+    plugin_experiments,
+    read_outputs,
+    stock_env,
 )
-from test_decoding_stock import decode_args, read_outputs, stock_env
 from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
@@ -87,15 +87,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm_cli")
     scp = make_data(root)
     espnet_multiblank.register()
-    exps = {}
-    for name, durations, bias in (("mb", (2, 4), 0.5), ("std", (), 0.5)):
-        (root / name).mkdir()
-        exps[name] = make_experiment(
-            root / name, durations, model="multiblank_espnet", blank_bias=bias
-        )
-        state = torch.load(exps[name] / "model.pth")
-        state["joint_network.lin_out.weight"] *= 10.0
-        torch.save(state, exps[name] / "model.pth")
+    exps = plugin_experiments(root, (("mb", (2, 4), 0.5, 10.0), ("std", (), 0.5, 10.0)))
     (root / "tdt").mkdir()
     exps["tdt"] = make_tdt_experiment(root / "tdt")
     lm = make_lm(root)

@@ -44,6 +44,22 @@ def read_outputs(out: Path):
     return result
 
 
+def plugin_experiments(root: Path, specs) -> dict:
+    """``{name: exp dir}`` of tiny random ``model: multiblank_espnet`` models, one per
+    ``(name, big-blank durations, blank bias, joint output scale)``."""
+    exps = {}
+    for name, durations, bias, scale in specs:
+        (root / name).mkdir()
+        exps[name] = make_experiment(
+            root / name, durations, model="multiblank_espnet", blank_bias=bias
+        )
+        path = exps[name] / "model.pth"
+        state = torch.load(path)
+        state["joint_network.lin_out.weight"] *= scale
+        torch.save(state, path)
+    return exps
+
+
 def stock_env(root: Path) -> dict:
     """The environment of a stock ``espnet2.bin.asr_inference`` subprocess that runs
     this checkout's start-up hook (a ``sitecustomize`` in ``root/site`` first on
@@ -69,17 +85,8 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("stock")
     scp = make_data(root)
     espnet_multiblank.register()
-    exps = {}
     # joint networks that make these random models emit labels (and big blanks)
-    for name, durations, bias, scale in (("mb", (2, 4), 0.5, 10.0), ("std", (), 0, 1)):
-        (root / name).mkdir()
-        exps[name] = make_experiment(
-            root / name, durations, model="multiblank_espnet", blank_bias=bias
-        )
-        path = exps[name] / "model.pth"
-        state = torch.load(path)
-        state["joint_network.lin_out.weight"] *= scale
-        torch.save(state, path)
+    exps = plugin_experiments(root, (("mb", (2, 4), 0.5, 10.0), ("std", (), 0, 1)))
     env = stock_env(root)
     return root, scp, exps, env
 

@@ -22,19 +22,20 @@ network's outputs without a TDT's duration logits).
 """
 
 import math
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from numbers import Real
 from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.stepper import where_by_rows
+from espnet_multiblank.decoding.stepper import RowStates
 
 State = Any  # whatever a TokenLM keeps per row
 
 
-class TokenLM(ABC):
-    """A language model over the search's token ids.
+class TokenLM(RowStates):
+    """A language model over the search's token ids (and the row operations on its
+    state, :class:`~espnet_multiblank.decoding.stepper.RowStates`).
 
     Attributes:
         vocab_size: V, the tokens it scores (ids ``0 .. V - 1``; the columns of the
@@ -70,22 +71,6 @@ class TokenLM(ABC):
             (A, V) float32 next-label log-probabilities, (A,) float32 end-of-sentence
             log-probabilities, and the new state.
         """
-
-    @abstractmethod
-    def select_state(self, state: State, idx: torch.Tensor) -> State:
-        """Rows ``idx`` ((A,) long) of a state."""
-
-    @abstractmethod
-    def cat_states(self, states: List[State]) -> State:
-        """Concatenate states along the row axis."""
-
-    @abstractmethod
-    def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
-        """Write ``rows`` into ``state`` at ``idx`` ((A,) long), in place."""
-
-    def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
-        """Row ``a`` of ``new`` where ``mask[a]`` ((A,) bool), else of ``old``."""
-        return where_by_rows(self, mask, new, old)
 
 
 class FusionState(NamedTuple):

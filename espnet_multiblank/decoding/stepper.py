@@ -21,7 +21,38 @@ State = Any  # whatever the stepper keeps per row; JointStepper: RNNState
 RNNState = Tuple[torch.Tensor, Optional[torch.Tensor]]  # ((N, A, H), (N, A, H)|None)
 
 
-class Stepper(ABC):
+class RowStates(ABC):
+    """State operations on rows: what the searches need of every per-row state (a
+    :class:`Stepper`'s prediction network, a fused language model's)."""
+
+    @abstractmethod
+    def select_state(self, state: State, idx: torch.Tensor) -> State:
+        """Rows ``idx`` ((A,) long) of a state."""
+
+    @abstractmethod
+    def cat_states(self, states: List[State]) -> State:
+        """Concatenate states along the row axis."""
+
+    @abstractmethod
+    def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
+        """Write ``rows`` (A rows) into ``state`` at ``idx`` ((A,) long), in place."""
+
+    def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
+        """Row ``a`` of ``new`` where ``mask[a]``, else of ``old`` (a new state).
+
+        The label-looping search keeps a fixed batch and merges with a mask so that it
+        never waits for the device; this default goes through row indices (a host
+        sync), owners whose state is made of tensors override it with
+        ``torch.where``.
+
+        Args:
+            mask: (A,) bool.
+            new, old: States of the same A rows.
+        """
+        return where_by_rows(self, mask, new, old)
+
+
+class Stepper(RowStates):
     """Interface between the searches and a prediction + joint network pair.
 
     Attributes:
@@ -63,32 +94,6 @@ class Stepper(ABC):
             (A, J) projected prediction-network outputs and the new state (a new
             object: ``state`` is not modified).
         """
-
-    @abstractmethod
-    def select_state(self, state: State, idx: torch.Tensor) -> State:
-        """Rows ``idx`` ((A,) long) of a state."""
-
-    @abstractmethod
-    def cat_states(self, states: List[State]) -> State:
-        """Concatenate states along the row axis."""
-
-    @abstractmethod
-    def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
-        """Write ``rows`` (A rows) into ``state`` at ``idx`` ((A,) long), in place."""
-
-    def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
-        """Row ``a`` of ``new`` where ``mask[a]``, else of ``old`` (a new state).
-
-        The label-looping search keeps a fixed batch and merges with a mask so that it
-        never waits for the device; this default goes through row indices (a host
-        sync), steppers whose state is made of tensors override it with
-        ``torch.where``.
-
-        Args:
-            mask: (A,) bool.
-            new, old: States of the same A rows.
-        """
-        return where_by_rows(self, mask, new, old)
 
 
 def where_by_rows(owner: Any, mask: torch.Tensor, new: Any, old: Any) -> Any:

@@ -45,8 +45,8 @@ DECODES = [
     ("tdt", "tdt_beam"),
 ]
 # the smoke run's --lm_searches and --dtype_jobs
-LM_SEARCHES = [("standard", "beam"), ("tdt", "tdt_beam")]
-DTYPE_JOBS = [("multiblank", "mb_greedy"), ("tdt", "tdt_beam")]
+LM_SEARCHES = [("tdt", "tdt_beam")]
+DTYPE_JOBS = [("multiblank", "mb_greedy")]
 #: LM -> (dev set, test sets, the smoke run's candidate weights)
 LMS = {
     "train": ("dev", ("test", "test_real"), ("0.2",)),

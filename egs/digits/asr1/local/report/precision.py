@@ -49,8 +49,9 @@ def section(exp, jobs, dtypes, inference_model, test_set):
         return []
     L = ["## Half precision", ""]
     L.append(
-        f"`--dtype` of the plug-in's searches on `{test_set}` against float32 (model "
-        "and input cast; log-softmax and scores in float32), one utterance at a time:"
+        f"`--dtype` of the plug-in's searches on `{test_set}` against float32 (the "
+        "model cast, its frontend and normalisation in float32; log-softmax and "
+        "scores in float32), one utterance at a time:"
     )
     L += [
         "",

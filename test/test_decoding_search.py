@@ -107,9 +107,13 @@ def test_greedy_uses_big_blanks_and_labels(blank_decision):
         assert all(k > BLANK for k in h.yseq[1:])  # never a blank in the output
 
 
-def reference_greedy(model, enc, blank_decision, max_sym):
+def reference_greedy(model, enc, blank_decision, max_sym, lm=None):
     """Greedy search of docs/decoding.md written again for one utterance, with the
-    decoder and joint network called directly. Returns (labels, score, big blanks)."""
+    decoder and joint network called directly. Returns (labels, score, big blanks).
+
+    ``lm(labels) -> ({label: weighted LM score of it next}, weighted end score)``:
+    shallow fusion, every label's log-probability plus its LM score, the end score
+    added once at the end."""
     blank, durations = model.blank_id, model.big_blank_durations
     dec, joint = model.decoder, model.joint_network
     frames = {blank: 1}
@@ -125,6 +129,9 @@ def reference_greedy(model, enc, blank_decision, max_sym):
     with torch.no_grad():
         while t < T:
             logp = torch.log_softmax(joint(enc[t], out), -1).double().tolist()
+            if lm is not None:
+                bonus, _ = lm(labels)
+                logp = [v + bonus.get(k, 0.0) for k, v in enumerate(logp)]
             blanks = [k for k, f in frames.items() if t + f <= T]
             allowed = blanks + (
                 [k for k in range(V) if k not in frames] * (n < max_sym)
@@ -144,6 +151,8 @@ def reference_greedy(model, enc, blank_decision, max_sym):
                 labels.append(k)
                 n += 1
                 out, state = pred(k, state)
+    if lm is not None:
+        score += lm(labels)[1]
     return labels, score, big
 
 
@@ -501,11 +510,12 @@ def test_lattice_from_espnet_multiblank_model_and_validation():
         lattice_from_model(model)
 
 
-def test_unknown_conf_key_and_lm_rejected():
+def test_unknown_conf_key_and_lm_without_token_list_rejected():
     model = make_model(0)
     with pytest.raises(ValueError, match="u_max"):
         build_transducer_search(model, search_type="mb_beam", beam_size=2, u_max=5)
-    with pytest.raises(NotImplementedError):
+    # LM fusion maps tokens by their text: an LM without its token list is refused
+    with pytest.raises(ValueError, match="lm_train_config"):
         build_transducer_search(model, search_type="mb_greedy", lm=object())
 
 

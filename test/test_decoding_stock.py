@@ -44,14 +44,11 @@ def read_outputs(out: Path):
     return result
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stock")
-    scp = make_data(root)
-    espnet_multiblank.register()
+def plugin_experiments(root: Path, specs) -> dict:
+    """``{name: exp dir}`` of tiny random ``model: multiblank_espnet`` models, one per
+    ``(name, big-blank durations, blank bias, joint output scale)``."""
     exps = {}
-    # joint networks that make these random models emit labels (and big blanks)
-    for name, durations, bias, scale in (("mb", (2, 4), 0.5, 10.0), ("std", (), 0, 1)):
+    for name, durations, bias, scale in specs:
         (root / name).mkdir()
         exps[name] = make_experiment(
             root / name, durations, model="multiblank_espnet", blank_bias=bias
@@ -60,6 +57,13 @@ def setup(tmp_path_factory):
         state = torch.load(path)
         state["joint_network.lin_out.weight"] *= scale
         torch.save(state, path)
+    return exps
+
+
+def stock_env(root: Path) -> dict:
+    """The environment of a stock ``espnet2.bin.asr_inference`` subprocess that runs
+    this checkout's start-up hook (a ``sitecustomize`` in ``root/site`` first on
+    PYTHONPATH; the rest of PYTHONPATH is kept, e.g. for kenlm)."""
     site = root / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
@@ -68,8 +72,22 @@ def setup(tmp_path_factory):
         "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
         + autoregister.pth_line()
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(site))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
+    )
     env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stock")
+    scp = make_data(root)
+    espnet_multiblank.register()
+    # joint networks that make these random models emit labels (and big blanks)
+    exps = plugin_experiments(root, (("mb", (2, 4), 0.5, 10.0), ("std", (), 0, 1)))
+    env = stock_env(root)
     return root, scp, exps, env
 
 

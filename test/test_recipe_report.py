@@ -34,17 +34,19 @@ def test_run_span_covers_parallel_stages(make_report, tmp_path):
     stages[6] = ("2026-01-01T09:20:00", 1000)
     stages[7] = ("2026-01-01T09:20:05", 1000)
     stages[8] = ("2026-01-01T09:20:03", 1000)
-    stages[9] = ("2026-01-01T09:29:59", 590)
-    stages[10] = ("2026-01-01T09:30:00", 1)
+    stages[9] = ("2026-01-01T09:21:00", 55)
+    stages[10] = ("2026-01-01T09:25:00", 240)
+    stages[11] = ("2026-01-01T09:29:59", 299)
+    stages[12] = ("2026-01-01T09:30:00", 1)
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) == pytest.approx(1810.0)
 
 
 def test_run_span_needs_every_stage(make_report, tmp_path):
-    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 10)}  # no 10
+    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 12)}  # no 12
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) is None
-    (tmp_path / "done" / "10").write_text("garbled\n")
+    (tmp_path / "done" / "12").write_text("garbled\n")
     assert make_report.run_span(str(tmp_path / "done")) is None
 
 
@@ -105,6 +107,115 @@ def test_wer_vs_search_time_plot(report_modules, tmp_path):
         ("b", "greedy", 0.5, 7.5),
     ]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_labels_avoid_each_other_and_ticks_are_plain_seconds(report_modules):
+    """Neighbouring points (the standard model's greedy and mb_greedy at the same
+    WER, as in the recipe's run): no two search names overlap, none covers another
+    marker, and the log axis is labelled with plain 1-2-5 seconds only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, speed_plot = report_modules
+    pts = [
+        ("standard", "greedy", 0.85, 7.30),
+        ("standard", "mb_greedy", 0.8, 7.28),
+        ("standard", "beam", 7.1, 7.38),
+        ("multiblank", "mb_greedy", 0.6, 8.03),
+        ("multiblank", "mb_beam", 9.0, 7.98),
+        ("tdt", "tdt_greedy", 0.5, 5.62),
+        ("tdt", "tdt_beam", 5.0, 5.42),
+    ]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for _, _, secs, wer in pts:
+        ax.scatter([secs], [wer], s=50)
+    ax.set_xscale("log")
+    labels = speed_plot.place_labels(ax, fig, pts)
+    renderer = fig.canvas.get_renderer()
+    boxes = [a.get_window_extent(renderer) for a in labels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert speed_plot._overlap(a, b) == 0
+        for j, (_, _, secs, wer) in enumerate(pts):
+            x, y = ax.transData.transform((secs, wer))
+            if j != i:
+                assert not (a.x0 < x < a.x1 and a.y0 < y < a.y1)
+    plt.close(fig)
+    assert speed_plot.nice_ticks(0.4, 11) == [0.5, 1, 2, 5, 10]
+    assert speed_plot.nice_ticks(3.1, 3.9) == [3.1, 3.9]
+    assert [speed_plot.plain_seconds(v) for v in (0.5, 1.0, 20.0)] == ["0.5", "1", "20"]
+
+
+def test_lm_weight_choice_and_section(tmp_path):
+    """The weight of the lowest dev WER (ties: the smaller), and the LM section's
+    rows and goal lines from hand-written score files."""
+    import json
+
+    sys.path.insert(0, str(LOCAL))
+    try:
+        choose = importlib.import_module("choose_lm_weight")
+        lm = importlib.import_module("report.lm")
+    finally:
+        sys.path.remove(str(LOCAL))
+    assert choose.choose({"0.4": 5.0, "0.1": 6.0, "0.2": 5.0}) == "0.2"
+    exp, im = tmp_path / "exp", "valid.loss.ave"
+    (exp / "lm_train").mkdir(parents=True)
+
+    def score(path, wer):
+        path.mkdir(parents=True)
+        (path / "score.json").write_text(json.dumps({"wer": wer}))
+
+    # (model, lm, chosen weight, WER without, WER with) on the first test set
+    for m, name, w, plain, fused in (
+        ("a", "train", "0.1", 8.0, 8.1),
+        ("b", "train", "0.2", 6.0, 6.3),
+        ("a", "known", "0.4", 9.0, 4.0),
+        ("b", "known", "0.8", 7.0, 7.0),
+    ):
+        s = "test" if name == "train" else "test_known"
+        score(Path(lm.decode_dir(str(exp), m, "s", im)) / s, plain)
+        score(Path(lm.decode_dir(str(exp), m, "s", im, name, w)) / s, fused)
+        (exp / f"asr_{m}" / f"lm_{name}_weight_s_{im}.json").write_text(
+            json.dumps({"chosen": w, "dev_wer": {w: 1.0}, "no_lm_wer": 2.0})
+        )
+    lines = lm.section(
+        str(exp), str(tmp_path / "data"), [("a", "s"), ("b", "s")], im, ["test"]
+    )
+    assert "| a | s | 2.00% | 1.00% | - | 0.1 | 8.00% -> 8.10% (+0.10) |" in lines
+    known = [line for line in lines if line.startswith("- known-list")][0]
+    assert "**no** (1 of 2:" in known  # b is not lowered
+    test = [line for line in lines if line.startswith("- `test`")][0]
+    assert "**no**" in test and "b 6.00% -> 6.30% (+0.30)" in test  # +0.3 > 0.2
+
+
+def test_half_precision_section(tmp_path):
+    """Utterances whose float16 hypothesis differs from float32's, counted by hand."""
+    import json
+
+    sys.path.insert(0, str(LOCAL))
+    try:
+        precision = importlib.import_module("report.precision")
+    finally:
+        sys.path.remove(str(LOCAL))
+    im = "valid.loss.ave"
+    for name, lines, wer in (
+        (f"decode_g_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0),
+        (f"decode_g_float16_{im}", "u1 4 5\nu2 7\nu3 \n", 12.5),
+        (f"decode_g_bfloat16_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0),
+    ):
+        d = tmp_path / "asr_m" / name / "test"
+        (d / "1best_recog").mkdir(parents=True)
+        (d / "1best_recog" / "token_int").write_text(lines)
+        (d / "score.json").write_text(json.dumps({"wer": wer}))
+        (d / "decoding_stats.json").write_text(json.dumps({"num_failed": 0}))
+    lines = precision.section(
+        str(tmp_path), [("m", "g")], ["float16", "bfloat16"], im, "test"
+    )
+    assert "| m | g | float16 | 10.00% | 12.50% | 1 / 3 | 0 |" in lines
+    assert "| m | g | bfloat16 | 10.00% | 10.00% | 0 / 3 | 0 |" in lines
+    assert any("every search and dtype: **no**" in line for line in lines)
 
 
 def test_throughput_section(tmp_path):

@@ -1,9 +1,10 @@
 """End-to-end smoke test of the digits recipe: `bash egs/digits/asr1/run.sh --smoke`.
 
 Runs every stage (tools, TTS synthesis, data dirs, token list, collect_stats, training
-of the three transducers, decoding, scoring, report) on a few hundred utterances with a
-tiny model, in a temporary directory (`--dir`), and checks that the outputs exist and
-are well-formed. No WER threshold: two epochs of a tiny model recognise little.
+of the three transducers and of the two LMs, decoding, LM-fused decoding with the
+weights chosen on dev, scoring, report) on a few hundred utterances with a tiny model,
+in a temporary directory (`--dir`), and checks that the outputs exist and are
+well-formed. No WER threshold: two epochs of a tiny model recognise little.
 
 Needs the Debian TTS tools (sox, espeak-ng, flite, festival + voices): stage 1 installs
 them when running as root (as CI does); otherwise the test is skipped when they are
@@ -43,6 +44,14 @@ DECODES = [
     ("tdt", "tdt_greedy"),
     ("tdt", "tdt_beam"),
 ]
+# the smoke run's --lm_searches and --dtype_jobs
+LM_SEARCHES = [("tdt", "tdt_beam")]
+DTYPE_JOBS = [("multiblank", "mb_greedy")]
+#: LM -> (dev set, test sets, the smoke run's candidate weights)
+LMS = {
+    "train": ("dev", ("test", "test_real"), ("0.2",)),
+    "known": ("dev_known", ("test_known",), ("0.4", "0.8")),
+}
 
 
 def _tools_available():
@@ -80,7 +89,7 @@ def smoke_run(tmp_path_factory):
 @pytest.mark.timeout(1800)
 def test_data_dirs(smoke_run):
     work, _ = smoke_run
-    for s in ("train", "dev", "test", "test_real"):
+    for s in ("train", "dev", "test", "test_real", "dev_known", "test_known"):
         d = work / "data_smoke" / s
         files = {
             f: (d / f).read_text().splitlines() for f in ("wav.scp", "text", "utt2spk")
@@ -99,9 +108,18 @@ def test_data_dirs(smoke_run):
             line.split()[1]
             for line in (work / "data_smoke" / s / "utt2spk").read_text().splitlines()
         }
-        for s in ("train", "dev", "test")
+        for s in ("train", "dev", "test", "dev_known", "test_known")
     }
-    assert not spk["train"] & (spk["dev"] | spk["test"])
+    held_out = spk["dev"] | spk["test"] | spk["dev_known"] | spk["test_known"]
+    assert not spk["train"] & held_out
+    # the known sets say numbers of the account list, the LM "known"'s text
+    accounts = {
+        line.split(maxsplit=1)[1]
+        for line in (work / "data_smoke" / "accounts" / "text").read_text().splitlines()
+    }
+    for s in ("dev_known", "test_known"):
+        text = (work / "data_smoke" / s / "text").read_text().splitlines()
+        assert text and all(line.split(maxsplit=1)[1] in accounts for line in text)
     tokens = (
         (work / "data_smoke" / "token_list" / "word" / "tokens.txt").read_text().split()
     )
@@ -162,6 +180,60 @@ def test_decoding_and_scores(smoke_run):
 
 
 @pytest.mark.timeout(1800)
+def test_lms_and_fused_decoding(smoke_run):
+    """Both LMs trained; every beam search decoded with each on its dev set at every
+    candidate weight, the chosen weight written, and the test sets decoded with it
+    (test_known also without)."""
+    work, _ = smoke_run
+    exp = work / "exp_smoke"
+    for lm in LMS:
+        d = exp / f"lm_{lm}"
+        assert (d / "config.yaml").is_file() and (d / "valid.loss.best.pth").exists()
+        assert re.search(
+            r"1epoch results: .*\[valid\] .*loss=", (d / "train.log").read_text()
+        )
+    for m, search in LM_SEARCHES:
+        for lm, (dev, tests, weights) in LMS.items():
+            choice = json.loads(
+                (
+                    exp / f"asr_{m}" / f"lm_{lm}_weight_{search}_valid.loss.ave.json"
+                ).read_text()
+            )
+            assert choice["chosen"] in weights and set(choice["dev_wer"]) == set(
+                weights
+            )
+            runs = [
+                (f"decode_{search}_lm_{lm}_w{w}_valid.loss.ave", dev) for w in weights
+            ]
+            runs += [(f"decode_{search}_valid.loss.ave", dev)]
+            for s in tests:
+                runs.append(
+                    (f"decode_{search}_lm_{lm}_w{choice['chosen']}_valid.loss.ave", s)
+                )
+                runs.append((f"decode_{search}_valid.loss.ave", s))
+            for name, s in runs:
+                d = exp / f"asr_{m}" / name / s
+                n = len((work / "data_smoke" / s / "wav.scp").read_text().splitlines())
+                score = json.loads((d / "score.json").read_text())
+                assert score["num_utterances"] == n, (d, score)
+                for line in (d / "1best_recog" / "score").read_text().splitlines():
+                    float(line.split()[1])  # plain numbers
+
+
+@pytest.mark.timeout(1800)
+def test_half_precision_decodings(smoke_run):
+    work, _ = smoke_run
+    exp = work / "exp_smoke"
+    n = len((work / "data_smoke" / "test" / "wav.scp").read_text().splitlines())
+    for m, search in DTYPE_JOBS:
+        for dtype in ("float16", "bfloat16"):
+            d = exp / f"asr_{m}" / f"decode_{search}_{dtype}_valid.loss.ave" / "test"
+            stats = json.loads((d / "decoding_stats.json").read_text())
+            assert stats["dtype"] == dtype and stats["num_failed"] == 0
+            assert json.loads((d / "score.json").read_text())["num_utterances"] == n
+
+
+@pytest.mark.timeout(1800)
 def test_report(smoke_run):
     work, log = smoke_run
     exp = work / "exp_smoke"
@@ -178,6 +250,15 @@ def test_report(smoke_run):
         assert cells[6].endswith(" s"), row  # search time
     assert "speed-up" in md
     assert "## Repeated digits" in md and "## TDT vs multi-blank" in md
+    lm_md = md.split("\n## Language models (shallow fusion)\n")[1].split("\n## ")[0]
+    for m, search in LM_SEARCHES:
+        rows = [r for r in lm_md.splitlines() if r.startswith(f"| {m} | {search} |")]
+        assert len(rows) == 2, lm_md  # one per LM
+        assert all("->" in r for r in rows), rows
+    assert "- known-list condition" in lm_md and "- `test` with the LM" in lm_md
+    half = md.split("\n## Half precision\n")[1].split("\n## ")[0]
+    for m, search in DTYPE_JOBS:
+        assert sum(r.startswith(f"| {m} | {search} |") for r in half.splitlines()) == 2
     for name in ("valid_loss.png", "wer_vs_search_time.png"):
         assert (exp / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the smoke run writes nothing into the recipe directory
@@ -200,4 +281,4 @@ def test_report(smoke_run):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert proc.stdout.count("done already") == 11, proc.stdout
+    assert proc.stdout.count("done already") == 13, proc.stdout

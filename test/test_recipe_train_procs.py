@@ -173,3 +173,19 @@ def test_compare_procs_rejects_bad_options(recipe_dir, args, message):
     proc, calls = _compare(recipe_dir, *args)
     assert proc.returncode != 0 and message in proc.stderr
     assert not calls
+
+
+def test_run_dir_of_another_stage_layout_is_refused(recipe_dir):
+    """Markers written by a run.sh with other stage numbers (the three-model layout
+    before the LM stages) would resume the wrong stages: refused, nothing run."""
+    done = recipe_dir / "work" / "exp" / ".done"
+    (done / "layout").write_text(
+        "3 models: 6 standard, 7 multiblank, 8 tdt, 9 decode, 10 score, 11 report\n"
+    )
+    proc, calls = _run(recipe_dir)
+    assert proc.returncode != 0 and "stage markers of another run.sh" in proc.stderr
+    assert calls == {}
+    (done / "layout").unlink()  # a dir without a layout file: taken as this layout
+    proc, calls = _run(recipe_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "13 stages" in (done / "layout").read_text()

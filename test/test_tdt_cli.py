@@ -2,7 +2,6 @@
 ``python -m espnet2.bin.asr_inference`` (with the start-up hook) on a tiny random
 ``model: multiblank_espnet`` TDT."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +11,10 @@ import pytest
 import soundfile
 import torch
 from test_decoding_cli import REPO, _train_args, make_data, run_inference  # noqa: I100
-from test_decoding_stock import decode_args, read_outputs
+from test_decoding_stock import decode_args, read_outputs, stock_env
 from test_tdt_search import reference_greedy
 
 import espnet_multiblank
-from espnet_multiblank.espnet import autoregister
 
 DURS = [0, 1, 2, 3]
 
@@ -52,17 +50,7 @@ def setup(tmp_path_factory):
     scp = make_data(root)
     espnet_multiblank.register()
     exp = make_tdt_experiment(root)
-    site = root / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path\n"
-        "                    if getattr(f, 'tag', None) != 'espnet_multiblank']\n"
-        + autoregister.pth_line()
-    )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(site))
-    env.pop("ESPNET_MULTIBLANK_NO_AUTOREGISTER", None)
-    return root, scp, exp, env
+    return root, scp, exp, stock_env(root)
 
 
 def oracle(exp: Path, scp: Path):

@@ -104,11 +104,18 @@ class Oracle:
             return 1 <= e <= room
         return e < room and (e >= 1 or n_stayed < max_sym)
 
-    def arcs(self, enc_t, dec_out, n_stayed, max_sym, room, decision="symbol"):
+    def arcs(
+        self, enc_t, dec_out, n_stayed, max_sym, room, decision="symbol", bonus=None
+    ):
         """{(k, j): score} of every allowed arc ("symbol": its log-prob) or of the
-        best arc of every token ("total": the token's allowed arcs' total)."""
+        best arc of every token ("total": the token's allowed arcs' total); ``bonus``
+        ({label: weighted LM score}) is added to the labels' token log-probs."""
         z = self.joint(enc_t, dec_out).double()
         tok, dur = z[: self.V].log_softmax(-1), z[self.V :].log_softmax(-1)
+        if bonus:
+            tok = tok + torch.tensor(
+                [bonus.get(k, 0.0) for k in range(self.V)], dtype=torch.float64
+            )
         ok = {
             (k, j)
             for k in range(self.V)
@@ -128,15 +135,20 @@ class Oracle:
         return out
 
 
-def reference_greedy(model, enc, max_sym, decision="total"):
-    """The best candidate (``Oracle.arcs``) at every step, by enumerating them all."""
+def reference_greedy(model, enc, max_sym, decision="total", lm=None):
+    """The best candidate (``Oracle.arcs``) at every step, by enumerating them all.
+
+    ``lm(labels) -> ({label: weighted LM score of it next}, weighted end score)``:
+    shallow fusion (the labels' token log-probs plus their LM score, the end score
+    added once at the end)."""
     o = Oracle(model)
     T = enc.size(0)
     t, n, y, score, skipped, long_blanks = 0, 0, [], 0.0, 0, 0
     with torch.no_grad():
         out, state = o.start()
         while t < T:
-            arcs = o.arcs(enc[t], out, n, max_sym, T - t, decision)
+            bonus = None if lm is None else lm(y)[0]
+            arcs = o.arcs(enc[t], out, n, max_sym, T - t, decision, bonus)
             (k, j), lp = max(arcs.items(), key=lambda a: a[1])
             score += lp
             frames = min(o.durations[j], T - t)
@@ -149,6 +161,8 @@ def reference_greedy(model, enc, max_sym, decision="total"):
             t, n = t + frames, 0
             skipped += frames - 1
             long_blanks += int(frames > 1 and k == o.blank)
+    if lm is not None:
+        score += lm(y)[1]
     return y, score, skipped, long_blanks
 
 

@@ -13,12 +13,17 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
   :class:`TDTBeamSearch` and their :class:`TDTSymbolTable`.
 * :class:`LabelLoopingGreedySearch`: label-looping greedy search (batched), with
   :class:`MultiblankLabelLoopingSearch` and :class:`TDTLabelLoopingSearch`.
+* :class:`ShallowFusion` of :class:`TokenLM` language models: every search above
+  takes one (``fusion=``) and ranks its arcs by the fused score.
+* :class:`Arcs`: the arcs a greedy step chooses (:mod:`.row_step`).
 
 See ``docs/decoding.md``.
 """
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch
+from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion, TokenLM
 from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.label_looping import (
@@ -26,27 +31,31 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
+from espnet_multiblank.decoding.multiblank_table import SymbolTable
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
-from espnet_multiblank.decoding.symbols import SymbolTable
-from espnet_multiblank.decoding.tdt import TDTGreedySearch
 from espnet_multiblank.decoding.tdt_beam import TDTBeamSearch
+from espnet_multiblank.decoding.tdt_greedy import TDTGreedySearch
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 from espnet_multiblank.decoding.threads import single_thread_on_cpu
 
 __all__ = [
+    "Arcs",
     "BatchedHyps",
+    "FusionState",
     "Hypothesis",
     "JointStepper",
     "LabelLoopingGreedySearch",
     "MultiblankBeamSearch",
     "MultiblankGreedySearch",
     "MultiblankLabelLoopingSearch",
+    "ShallowFusion",
     "Stepper",
     "SymbolTable",
     "TDTBeamSearch",
     "TDTGreedySearch",
     "TDTLabelLoopingSearch",
     "TDTSymbolTable",
+    "TokenLM",
     "TransducerSearch",
     "single_thread_on_cpu",
 ]

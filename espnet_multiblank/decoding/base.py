@@ -14,13 +14,17 @@ carries duration logits, and a symbol table built from ``TDTLattice``) plug in t
 
 from abc import ABC, abstractmethod
 from numbers import Integral
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
+from espnet_multiblank.decoding.multiblank_table import (
+    SymbolTable,
+    check_blank_decision,
+)
 from espnet_multiblank.decoding.stepper import Stepper
-from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 Lattice = Union[MultiblankLattice, TDTLattice]
@@ -42,6 +46,9 @@ class TransducerSearch(ABC):
         max_sym_per_frame: Labels a hypothesis may emit at one frame; after that only
             blanks are allowed there.
         nbest: Hypotheses :meth:`search` returns.
+        fusion: Language models fused into the search
+            (:class:`~espnet_multiblank.decoding.fusion.ShallowFusion` over the
+            search's tokens), or None.
 
     Attributes:
         batched: True when :meth:`search_batch` decodes the utterances together.
@@ -58,6 +65,7 @@ class TransducerSearch(ABC):
         lattice: Lattice,
         max_sym_per_frame: int = 10,
         nbest: int = 1,
+        fusion: Optional[ShallowFusion] = None,
     ):
         if not isinstance(stepper, Stepper):
             raise TypeError(
@@ -80,6 +88,42 @@ class TransducerSearch(ABC):
         )
         self.nbest = check_positive_int("nbest", nbest)
         self._tables: Dict[torch.device, SymbolTable] = {}
+        self.fusion = self._check_fusion(fusion)
+
+    @property
+    def num_tokens(self) -> int:
+        """V: the joint network's token outputs (a TDT's duration logits excluded)."""
+        if isinstance(self.lattice, TDTLattice):
+            return self.stepper.vocab_size - self.lattice.num_durations
+        return self.stepper.vocab_size
+
+    def _check_fusion(self, fusion: Optional[ShallowFusion]):
+        if fusion is None:
+            return None
+        if not isinstance(fusion, ShallowFusion):
+            raise TypeError(
+                "fusion must be an espnet_multiblank.decoding.ShallowFusion, got "
+                f"{type(fusion).__name__}"
+            )
+        if fusion.vocab_size != self.num_tokens:
+            raise ValueError(
+                f"the fused language models score {fusion.vocab_size} tokens, the "
+                f"model has {self.num_tokens}"
+            )
+        missing = set(self.lattice.blank_ids) - set(fusion.blank_ids)
+        if missing:
+            raise ValueError(
+                f"the fusion must leave every blank of the lattice unscored; it does "
+                f"not know {sorted(missing)}"
+            )
+        return fusion
+
+    def start_lm(self, batch: int, device: torch.device) -> Optional[FusionState]:
+        """The fused language models at the start of the sentence for ``batch`` rows
+        (None without an LM)."""
+        if self.fusion is None:
+            return None
+        return self.fusion.start(batch, device)
 
     @property
     def blank_id(self) -> int:
@@ -144,12 +188,14 @@ class FrameLoopingGreedySearch(TransducerSearch):
     """What the frame-looping greedy searches share (multi-blank and TDT): one
     utterance at a time with :meth:`search_one`, and B at once with
     :meth:`search_batch`, which takes one step for every active utterance per
-    iteration: one joint call, the subclass's :meth:`choose` of one symbol per row,
+    iteration: one joint call, ``row_arcs`` of the lattice kind for every row (the
+    subclasses take it from a :mod:`~espnet_multiblank.decoding.row_step` mixin),
     one prediction-network call for the rows that emitted a label; each utterance
     advances by its own number of frames and leaves when it reaches its T_b.
 
     Args: those of :class:`TransducerSearch` (``nbest`` is 1) and ``blank_decision``
-    (``"total"`` or ``"symbol"``, see :mod:`~espnet_multiblank.decoding.symbols`).
+    (``"total"`` or ``"symbol"``, see
+    :mod:`~espnet_multiblank.decoding.multiblank_table`).
     """
 
     batched = True
@@ -160,8 +206,11 @@ class FrameLoopingGreedySearch(TransducerSearch):
         lattice: Lattice,
         max_sym_per_frame: int = 10,
         blank_decision: str = "total",
+        fusion: Optional[ShallowFusion] = None,
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
+        )
         self.beam_size = 1
         self.blank_decision = check_blank_decision(blank_decision)
 
@@ -172,28 +221,15 @@ class FrameLoopingGreedySearch(TransducerSearch):
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
         """Greedy search for one utterance; enc_out: (T, D_enc)."""
 
-    @abstractmethod
-    def choose(
-        self,
-        table,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One greedy step for A active rows.
-
-        Args:
-            table: :meth:`table` of the device.
-            enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
-            frame: (A,) long current frame t; length: (A,) long T_b (> t).
-            num_sym: (A,) long labels already emitted at this frame.
-
-        Returns:
-            symbol (A,) long, frames (A,) long it advances (0: stays), score (A,) the
-            log-probability added, is_label (A,) bool.
-        """
+    def _finish_one(self, hyp: Hypothesis, state: Any, dec_proj, lm) -> Hypothesis:
+        """:meth:`search_one`'s end: the prediction network's state and output after
+        the last label, and with an LM its state and the end-of-sentence score."""
+        hyp.dec_state = state
+        hyp.dec_proj = dec_proj[0]
+        if lm is not None:
+            hyp.score += float(lm.end[0])
+            hyp.lm_state = lm
+        return hyp
 
     @torch.no_grad()
     def search_batch(
@@ -216,35 +252,51 @@ class FrameLoopingGreedySearch(TransducerSearch):
         lens = enc_lens.to(device=device, dtype=torch.long)
         enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
         dec_proj, state = self.start(B, device)  # (B, J)
+        lm = self.start_lm(B, device)
+        fusion = self.fusion
         hyps = BatchedHyps(B, device)
 
         active = (hyps.frame < lens).nonzero().squeeze(1)
         while active.numel() > 0:
             t = hyps.frame[active]  # (A,)
-            symbol, frames, score, is_label = self.choose(
+            arcs = self.row_arcs(
                 table,
                 enc_proj[active, t],
                 dec_proj[active],
                 t,
                 lens[active],
                 hyps.num_sym[active],
+                None if lm is None else lm.labels[active],
             )
-            hyps.record(active, symbol, frames, score, is_label)
+            is_label = arcs.is_label
+            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label)
             if bool(is_label.any()):
                 rows = active[is_label]
+                labels = arcs.symbol[is_label]
                 new_proj, new_state = stepper.step(
-                    symbol[is_label], stepper.select_state(state, rows)
+                    labels, stepper.select_state(state, rows)
                 )
                 dec_proj[rows] = new_proj
                 stepper.scatter_state(state, rows, new_state)
+                if lm is not None:
+                    fusion.scatter(
+                        lm, rows, fusion.step(labels, fusion.select(lm, rows))
+                    )
             active = (hyps.frame < lens).nonzero().squeeze(1)
 
+        if lm is not None:  # every hypothesis is complete: the end of the sentence
+            hyps.score += lm.end.double()
         return [
             hyps.hypothesis(
                 b,
                 self.blank_id,
                 stepper.select_state(state, torch.tensor([b], device=device)),
                 dec_proj[b],
+                (
+                    None
+                    if lm is None
+                    else fusion.select(lm, torch.tensor([b], device=device))
+                ),
             )
             for b in range(B)
         ]

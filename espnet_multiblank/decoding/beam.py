@@ -55,7 +55,10 @@ import torch
 
 from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
+from espnet_multiblank.decoding.multiblank_table import (
+    SymbolTable,
+    check_blank_decision,
+)
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
@@ -76,8 +79,12 @@ class MultiblankBeamSearch(TransducerSearch):
             ``"total"``: each hypothesis has one blank candidate, scored with the
             total log-probability of its allowed blanks and parked where the most
             probable of them lands (beam 1 is then the greedy search's default
-            rule). See :mod:`~espnet_multiblank.decoding.symbols` and
+            rule). See :mod:`~espnet_multiblank.decoding.multiblank_table` and
             ``docs/decoding.md``.
+        fusion: Language models (:class:`~espnet_multiblank.decoding.ShallowFusion`):
+            candidates, merging and the final ranking use the fused score (a label's
+            weighted LM score added where it is emitted, the end of the sentence
+            where a hypothesis reaches T), or None.
     """
 
     def __init__(
@@ -89,9 +96,14 @@ class MultiblankBeamSearch(TransducerSearch):
         max_sym_per_frame: int = 10,
         score_norm: bool = False,
         blank_decision: str = "symbol",
+        fusion=None,
     ):
         super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, nbest=nbest
+            stepper,
+            lattice,
+            max_sym_per_frame=max_sym_per_frame,
+            nbest=nbest,
+            fusion=fusion,
         )
         if isinstance(beam_size, bool) or not isinstance(beam_size, int):
             raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
@@ -109,9 +121,18 @@ class MultiblankBeamSearch(TransducerSearch):
             return sorted(hyps, key=lambda h: h.score / len(h.yseq), reverse=True)
         return sorted(hyps, key=lambda h: h.score, reverse=True)
 
+    def _enqueue(self, queues: List[Optional[Queue]], hyp: Hypothesis) -> None:
+        """Insert ``hyp`` into the queue of its frame; a hypothesis that completes the
+        path (frame T) gets the fused end-of-sentence score first."""
+        if hyp.lm_state is not None and hyp.frame == len(queues) - 1:
+            hyp.score += float(hyp.lm_state.end[0])
+        self._insert(queues[hyp.frame], hyp)
+
     @staticmethod
     def _insert(queue: Queue, hyp: Hypothesis) -> None:
-        """Insert into a frame queue, log-adding the scores of equal label sequences."""
+        """Insert into a frame queue, log-adding the scores of equal label sequences
+        (with an LM their LM scores are equal: the LM state depends on the labels
+        only)."""
         key = tuple(hyp.yseq)
         old = queue.get(key)
         if old is None:
@@ -139,9 +160,15 @@ class MultiblankBeamSearch(TransducerSearch):
         enc_proj = self.stepper.project_enc(enc_out)  # (T, J)
         dec_proj, state = self.start(1, device)
         root = Hypothesis(
-            score=0.0, yseq=[self.blank_id], dec_state=state, dec_proj=dec_proj[0]
+            score=0.0,
+            yseq=[self.blank_id],
+            dec_state=state,
+            dec_proj=dec_proj[0],
+            lm_state=self.start_lm(1, device),
         )
         if T == 0:
+            if root.lm_state is not None:
+                root.score += float(root.lm_state.end[0])
             return [root]
         queues: List[Optional[Queue]] = [dict() for _ in range(T + 1)]
         queues[0][tuple(root.yseq)] = root
@@ -189,6 +216,8 @@ class MultiblankBeamSearch(TransducerSearch):
             num_sym,
             self.max_sym_per_frame,
         )
+        if self.fusion is not None:  # the labels' fused scores (the blanks' are 0)
+            masked = masked + self._lm_labels(current)
         base = torch.tensor([h.score for h in current], dtype=torch.float64)
         cand = base.to(device).unsqueeze(1) + masked.double()  # (A, V)
         if self.blank_decision == "total":  # one blank candidate per hypothesis
@@ -212,6 +241,10 @@ class MultiblankBeamSearch(TransducerSearch):
             else:
                 self._queue_blank(queues, current[a], score, t, frames)
         return self._label_children(current, labels, t)
+
+    def _lm_labels(self, current: List[Hypothesis]) -> torch.Tensor:
+        """(A, V) float32 weighted LM scores of the next label of each hypothesis."""
+        return torch.cat([h.lm_state.labels for h in current])
 
     def _label_floor(self, queues: List[Optional[Queue]], t: int) -> float:
         """The score a label that stays at frame t must reach: that of the B-th best
@@ -239,9 +272,10 @@ class MultiblankBeamSearch(TransducerSearch):
             frame=t,
             big_blank_emissions=parent.big_blank_emissions,
             frames_skipped=parent.frames_skipped,
+            lm_state=parent.lm_state,  # a blank leaves the language models as they are
         )
         child.advance(frames)
-        self._insert(queues[child.frame], child)
+        self._enqueue(queues, child)
 
     def _label_children(
         self,
@@ -250,7 +284,8 @@ class MultiblankBeamSearch(TransducerSearch):
         t: int,
     ) -> List[Hypothesis]:
         """The children of the label arcs ``labels`` (parent index, symbol, score), at
-        frame t, after one prediction-network step for all of them."""
+        frame t, after one prediction-network step (and one step of the fused language
+        models) for all of them."""
         if not labels:
             return []
         stepper = self.stepper
@@ -258,21 +293,26 @@ class MultiblankBeamSearch(TransducerSearch):
         states = stepper.cat_states([current[a].dec_state for a, _, _ in labels])
         symbols = torch.tensor([k for _, k, _ in labels], device=device)
         new_proj, new_state = stepper.step(symbols, states)  # (L, J)
+        fusion = self.fusion
+        if fusion is not None:
+            lm = fusion.step(
+                symbols, fusion.cat([current[a].lm_state for a, _, _ in labels])
+            )
         children = []
         for j, (a, k, score) in enumerate(labels):
             parent = current[a]
+            row = torch.tensor([j], device=device)
             children.append(
                 Hypothesis(
                     score=score,
                     yseq=parent.yseq + [k],
-                    dec_state=stepper.select_state(
-                        new_state, torch.tensor([j], device=device)
-                    ),
+                    dec_state=stepper.select_state(new_state, row),
                     dec_proj=new_proj[j],
                     frame=t,
                     num_sym_frame=parent.num_sym_frame + 1,
                     big_blank_emissions=parent.big_blank_emissions,
                     frames_skipped=parent.frames_skipped,
+                    lm_state=None if fusion is None else fusion.select(lm, row),
                 )
             )
         return children

@@ -3,9 +3,9 @@
 Algorithm (Xu et al. 2023, "multi-blank greedy"; ``docs/decoding.md``): a hypothesis
 sits at frame t with label history y and emits one allowed symbol k of
 ``log_softmax(joint(enc[t], pred(y)))``, decided by ``blank_decision``
-(:mod:`~espnet_multiblank.decoding.symbols`; default ``"total"``: a blank when the
-allowed blanks together are at least as probable as the best label, then the most
-probable blank; ``"symbol"``: the arg-max symbol):
+(:mod:`~espnet_multiblank.decoding.multiblank_table`; default ``"total"``: a blank
+when the allowed blanks together are at least as probable as the best label, then the
+most probable blank; ``"symbol"``: the arg-max symbol):
 
 * a label: y <- y + [k], the prediction network advances, t stays (at most
   ``max_sym_per_frame`` labels per frame; after that only blanks are allowed);
@@ -24,10 +24,11 @@ import torch
 
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import log_sum_exp
+from espnet_multiblank.decoding.multiblank_table import log_sum_exp
+from espnet_multiblank.decoding.row_step import MultiblankRowStep
 
 
-class MultiblankGreedySearch(FrameLoopingGreedySearch):
+class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
     """Multi-blank greedy search (standard greedy search without big blanks).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`
@@ -47,6 +48,7 @@ class MultiblankGreedySearch(FrameLoopingGreedySearch):
         T = enc_out.size(0)
         enc_proj = stepper.project_enc(enc_out)  # (T, J)
         dec_proj, state = self.start(1, device)
+        lm = self.start_lm(1, device)
         hyp = Hypothesis(score=0.0, yseq=[self.blank_id])
         length = torch.tensor([T], device=device)
         # up to this frame every big blank fits: no mask needed while labels are allowed
@@ -56,6 +58,8 @@ class MultiblankGreedySearch(FrameLoopingGreedySearch):
         while hyp.frame < T:
             t = hyp.frame
             logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
+            if lm is not None:  # fused scores of the labels (the blanks' are 0)
+                logp = logp + lm.labels
             if t <= free_until and hyp.num_sym_frame < self.max_sym_per_frame:
                 masked = logp
             else:
@@ -82,15 +86,8 @@ class MultiblankGreedySearch(FrameLoopingGreedySearch):
                 hyp.num_sym_frame += 1
                 label = torch.full((1,), k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
+                if lm is not None:
+                    lm = self.fusion.step(label, lm)
             else:
                 hyp.advance(frames)
-        hyp.dec_state = state
-        hyp.dec_proj = dec_proj[0]
-        return hyp
-
-    def choose(self, table, enc_proj, dec_proj, frame, length, num_sym):
-        logp = self.stepper.log_probs(enc_proj, dec_proj)  # (A, V)
-        masked = table.mask(logp, frame, length, num_sym, self.max_sym_per_frame)
-        k, score = table.decide(logp, masked, self.blank_decision)  # (A,), (A,)
-        frames = table.frames[k]  # (A,)
-        return k, frames, score, frames == 0
+        return self._finish_one(hyp, state, dec_proj, lm)

@@ -25,6 +25,11 @@ class Hypothesis:
             (big blanks).
         frames_skipped: Frames whose joint network the path never evaluated: the sum
             of ``frames - 1`` over those emissions.
+        lm_state: The fused language models after ``yseq``
+            (:class:`~espnet_multiblank.decoding.fusion.FusionState` of one row), or
+            None without an LM. With an LM, ``score`` is the fused score (the
+            weighted LM scores of the labels added, and of the end of the sentence
+            once the path is complete).
     """
 
     score: float
@@ -35,6 +40,7 @@ class Hypothesis:
     num_sym_frame: int = 0
     big_blank_emissions: int = 0
     frames_skipped: int = 0
+    lm_state: Any = None
 
     @property
     def labels(self) -> List[int]:
@@ -60,7 +66,7 @@ class BatchedHyps:
     Attributes:
         frame: (B,) long, frames consumed.
         num_sym: (B,) long, labels emitted at the current frame.
-        score: (B,) float64, path log-probabilities.
+        score: (B,) float64, path log-probabilities (with an LM: fused scores).
         big_blank_emissions: (B,) long.
         frames_skipped: (B,) long.
         labels: B lists of emitted labels.
@@ -111,7 +117,7 @@ class BatchedHyps:
             self.big_blank_emissions[rows] += (jump & ~is_label).long()
 
     def hypothesis(
-        self, b: int, start: int, dec_state: Any = None, dec_proj=None
+        self, b: int, start: int, dec_state: Any = None, dec_proj=None, lm_state=None
     ) -> Hypothesis:
         """Row ``b`` as a :class:`Hypothesis` whose ``yseq`` begins with ``start``."""
         return Hypothesis(
@@ -123,4 +129,5 @@ class BatchedHyps:
             num_sym_frame=int(self.num_sym[b]),
             big_blank_emissions=int(self.big_blank_emissions[b]),
             frames_skipped=int(self.frames_skipped[b]),
+            lm_state=lm_state,
         )

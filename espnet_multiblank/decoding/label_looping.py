@@ -1,10 +1,10 @@
 """Label-looping greedy search (Bataev et al. 2024, arXiv 2406.06220), batched.
 
 The frame-looping greedy searches (:mod:`~espnet_multiblank.decoding.greedy`,
-:mod:`~espnet_multiblank.decoding.tdt`) take one step per iteration for every active
-utterance: one joint-network call, then one prediction-network call for the rows that
-emitted a label. Label-looping reorders the same steps so that the prediction network
-runs once per emitted label, for the whole batch at once:
+:mod:`~espnet_multiblank.decoding.tdt_greedy`) take one step per iteration for every
+active utterance: one joint-network call, then one prediction-network call for the rows
+that emitted a label. Label-looping reorders the same steps so that the prediction
+network runs once per emitted label, for the whole batch at once:
 
 * **outer loop**: one label per utterance. After the inner loop every active utterance
   stands at its next label arc (unless the inner loop was limited, below); the labels
@@ -18,9 +18,10 @@ runs once per emitted label, for the whole batch at once:
 Each utterance takes exactly the steps of the one-utterance greedy search (the same
 arcs, the same ``max_sym_per_frame`` guard, the same end rule, the same scores): only
 the order in which the utterances' steps are computed changes. The arc of a joint row
-comes from the symbol tables (``SymbolTable``'s mask and ``decide``,
-``TDTSymbolTable.step``); the two subclasses differ only in
-:meth:`LabelLoopingGreedySearch.best_arcs`.
+comes from the step the frame-looping searches take
+(:mod:`~espnet_multiblank.decoding.row_step`: ``SymbolTable.best_arcs``,
+``TDTSymbolTable.best_arcs``); the two subclasses differ only in their lattice kind's
+mixin.
 
 **Window.** The prediction output of an utterance does not change until its next
 label, so the inner loop may evaluate the joint network at ``window`` = W frames
@@ -55,37 +56,17 @@ Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs
 W = window.
 """
 
-from abc import abstractmethod
-from typing import Dict, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.base import TransducerSearch, check_positive_int
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import SymbolTable, check_blank_decision
-from espnet_multiblank.decoding.tdt import TDT_GREEDY_DECISION, TDTSearchMixin
+from espnet_multiblank.decoding.multiblank_table import check_blank_decision
+from espnet_multiblank.decoding.row_step import MultiblankRowStep, TDTRowStep
+from espnet_multiblank.decoding.tdt_greedy import TDT_GREEDY_DECISION
 from espnet_multiblank.lattice import TDTLattice
-
-
-class Arcs(NamedTuple):
-    """The best allowed arc of each row.
-
-    Attributes:
-        symbol: (N,) long, the emitted symbol (a label or a blank).
-        frames: (N,) long, frames the arc moves on (0: a label that stays), never past
-            the utterance's last frame (for rows inside their utterance).
-        score: (N,) float, the arc's log-probability (the search's score increment).
-        is_label: (N,) bool.
-    """
-
-    symbol: torch.Tensor
-    frames: torch.Tensor
-    score: torch.Tensor
-    is_label: torch.Tensor
-
-    def where(self, mask: torch.Tensor, other: "Arcs") -> "Arcs":
-        """``self`` in the rows of ``mask`` ((N,) bool), ``other`` elsewhere."""
-        return Arcs(*(torch.where(mask, a, b) for a, b in zip(self, other)))
 
 
 class Window(NamedTuple):
@@ -131,10 +112,17 @@ class _Batch:
         self.after_values = torch.zeros(B, extra, 3, dtype=torch.float64, device=device)
 
 
+def _repeat_rows(x: torch.Tensor, W: int) -> torch.Tensor:
+    """(B, N) -> (B * W, N): every row W times in a row."""
+    B, N = x.shape
+    return x.unsqueeze(1).expand(B, W, N).reshape(B * W, N)
+
+
 class LabelLoopingGreedySearch(TransducerSearch):
     """Base class of the label-looping greedy searches (module docstring).
 
-    Subclasses implement :meth:`best_arcs` (the arc a joint row chooses); the loops,
+    Subclasses take ``row_arcs`` (the arc a joint row chooses) from their lattice
+    kind's :mod:`~espnet_multiblank.decoding.row_step` mixin; the loops,
     the bookkeeping and the results are here. :meth:`search` decodes one utterance as
     a batch of one.
 
@@ -161,8 +149,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
         max_sym_per_frame: int = 10,
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
+        fusion=None,
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame=max_sym_per_frame)
+        super().__init__(
+            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
+        )
         self.beam_size = 1
         if window is None:
             window = 16 if lattice.max_frames == 1 else 1
@@ -173,28 +164,6 @@ class LabelLoopingGreedySearch(TransducerSearch):
         # pointer-doubling rounds: after k rounds a row has followed 2^k arcs, and
         # W positions hold at most W of them
         self._rounds = (self.window - 1).bit_length()
-
-    @abstractmethod
-    def best_arcs(
-        self,
-        table,
-        enc_rows: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-    ) -> Arcs:
-        """The arc each row takes, from the joint network at its node.
-
-        Args:
-            table: :meth:`table` of the device.
-            enc_rows: (N, J) projected encoder frame of each row.
-            dec_proj: (N, J) projected prediction-network output of each row.
-            frame: (N,) long, the row's frame t (rows with ``t >= length`` are past
-                their end: their result is ignored, it only has to be computable).
-            length: (N,) long, T of each row.
-            num_sym: (N,) long, labels already emitted at ``frame`` without moving.
-        """
 
     def inner_limit(self, device: torch.device) -> float:
         """:attr:`max_inner`, or its default on ``device`` (class docstring)."""
@@ -216,6 +185,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frame: torch.Tensor,
         num_sym: torch.Tensor,
         rows: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
     ) -> Window:
         """Evaluate the joint network at frames ``t .. t + W - 1`` of every row and
         follow the blank arcs of the rows in ``rows`` from ``t`` until a label, the
@@ -229,13 +199,17 @@ class LabelLoopingGreedySearch(TransducerSearch):
                 window are reached by a blank: 0 there).
             rows: (B,) bool, rows inside their utterance that follow their blank
                 arcs (the others get offset 0, and their ``arcs`` are to be ignored).
+            lm_labels: (B, V) float32 weighted LM scores of the next label (they
+                do not change before the next label either), or None.
         """
         B, J = dec_proj.shape
         W = self.window
         table = ctx.table
         if W == 1:
             enc_rows = ctx.enc_proj[ctx.rows, frame]
-            arcs = self.best_arcs(table, enc_rows, dec_proj, frame, ctx.lens, num_sym)
+            arcs = self.row_arcs(
+                table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
+            )
             blank = rows & ~arcs.is_label
             moved = torch.where(blank, arcs.frames, 0)
             score = torch.where(blank, arcs.score, 0.0)
@@ -244,13 +218,14 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frames_w = frame.unsqueeze(1) + offsets  # (B, W)
         enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
         num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
-        flat = self.best_arcs(
+        flat = self.row_arcs(
             table,
             enc_rows.reshape(B * W, J),
-            dec_proj.unsqueeze(1).expand(B, W, J).reshape(B * W, J),
+            _repeat_rows(dec_proj, W),
             frames_w.view(-1),
             ctx.lens_w.reshape(-1),
             num_sym_w.view(-1),
+            None if lm_labels is None else _repeat_rows(lm_labels, W),
         )
         arcs = Arcs(*(a.view(B, W) for a in flat))
         # blank arcs of the followed rows, inside their utterance, move on
@@ -329,6 +304,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
         enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
         ctx = _Batch(self.table(device), enc_proj, lens, W)
         dec_proj, state = self.start(B, device)  # (B, J)
+        fusion = self.fusion
+        lm = self.start_lm(B, device)
 
         def zeros(dtype=torch.long):
             return torch.zeros(B, dtype=dtype, device=device)
@@ -355,13 +332,18 @@ class LabelLoopingGreedySearch(TransducerSearch):
 
         active = frame < lens
         while bool(active.any()):
-            window = self.follow_blanks(ctx, dec_proj, frame, num_sym, active)
+            lm_labels = None if lm is None else lm.labels
+            window = self.follow_blanks(
+                ctx, dec_proj, frame, num_sym, active, lm_labels
+            )
             arcs = window.arcs
             searching = take(window)
             # inner loop: blank arcs, joint network only
             calls = 1
             while calls < max_inner and bool(searching.any()):
-                window = self.follow_blanks(ctx, dec_proj, frame, num_sym, searching)
+                window = self.follow_blanks(
+                    ctx, dec_proj, frame, num_sym, searching, lm_labels
+                )
                 arcs = window.arcs.where(searching, arcs)
                 searching = take(window)
                 calls += 1
@@ -377,12 +359,16 @@ class LabelLoopingGreedySearch(TransducerSearch):
             frame.add_(moved)
             moves.add_(moved > 0)
             num_sym = torch.where(moved > 0, 0, num_sym + emit.long())
-            new_proj, new_state = stepper.step(
-                torch.where(emit, arcs.symbol, blank), state
-            )
+            emitted = torch.where(emit, arcs.symbol, blank)
+            new_proj, new_state = stepper.step(emitted, state)
             dec_proj = torch.where(emit.unsqueeze(1), new_proj, dec_proj)
             state = stepper.where_state(emit, new_state, state)
+            if lm is not None:
+                lm = fusion.where(emit, fusion.step(emitted, lm), lm)
             active = frame < lens
+
+        if lm is not None:  # every hypothesis is complete: the end of the sentence
+            score.add_(lm.end.double())
 
         out_labels = labels[:, :iteration].tolist()
         # every arc that moved covered one frame more than it skipped
@@ -398,18 +384,24 @@ class LabelLoopingGreedySearch(TransducerSearch):
                 num_sym_frame=values[2][b],
                 big_blank_emissions=values[3][b],
                 frames_skipped=values[4][b],
+                lm_state=(
+                    None
+                    if lm is None
+                    else fusion.select(lm, torch.tensor([b], device=device))
+                ),
             )
             for b in range(B)
         ]
 
 
-class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
+class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):
     """Label-looping multi-blank greedy search: the hypotheses of
     :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (standard RNN-T
     without big blanks).
 
     Args: those of :class:`LabelLoopingGreedySearch`, and ``blank_decision``
-    (``"total"`` or ``"symbol"``, see :mod:`~espnet_multiblank.decoding.symbols`).
+    (``"total"`` or ``"symbol"``, see
+    :mod:`~espnet_multiblank.decoding.multiblank_table`).
     """
 
     def __init__(
@@ -420,6 +412,7 @@ class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
         blank_decision: str = "total",
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
+        fusion=None,
     ):
         super().__init__(
             stepper,
@@ -427,53 +420,12 @@ class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
             max_sym_per_frame=max_sym_per_frame,
             window=window,
             max_inner=max_inner,
+            fusion=fusion,
         )
         self.blank_decision = check_blank_decision(blank_decision)
-        self._masks: Dict[torch.device, torch.Tensor] = {}
-
-    def mask_rows(self, table: SymbolTable) -> torch.Tensor:
-        """:meth:`SymbolTable.mask` as a lookup (cached per device).
-
-        The mask of a row depends only on whether the guard holds (``num_sym >=
-        max_sym_per_frame``) and on the frames left, ``T - t``, up to the longest
-        blank: row ``g * (R + 1) + r`` (``R = max_frames``) is the mask of a row
-        with guard ``g`` and ``min(T - t, R) = r`` frames left, taken from
-        :meth:`SymbolTable.mask` itself.
-
-        Returns:
-            (2 (R + 1), V) additive masks: 0 where allowed, -inf where not.
-        """
-        rows = self._masks.get(table.frames.device)
-        if rows is None:
-            device = table.frames.device
-            R = table.max_frames
-            left = torch.arange(R + 1, device=device).repeat(2)
-            n = left.numel()
-            guard = torch.arange(n, device=device) > R
-            rows = table.mask(
-                torch.zeros(n, table.vocab_size, device=device),
-                frame=R - left,
-                length=torch.full((n,), R, device=device),
-                num_sym=guard.long() * self.max_sym_per_frame,
-                max_sym=self.max_sym_per_frame,
-            )
-            self._masks[device] = rows
-        return rows
-
-    def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
-        # the frame-looping search's step: SymbolTable's mask and decision
-        logp = self.stepper.log_probs(enc_rows, dec_proj)  # (N, V)
-        R = table.max_frames
-        which = (length - frame).clamp(0, R) + (R + 1) * (
-            num_sym >= self.max_sym_per_frame
-        )
-        masked = logp + self.mask_rows(table)[which]
-        symbol, score = table.decide(logp, masked, self.blank_decision)
-        frames = table.frames[symbol]
-        return Arcs(symbol, frames, score, frames == 0)
 
 
-class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
+class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
     """Label-looping TDT greedy search: the hypotheses of
     :class:`~espnet_multiblank.decoding.TDTGreedySearch`. A label arc with a
     duration >= 1 moves its utterance on when it is recorded (outer loop).
@@ -490,6 +442,7 @@ class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
         blank_decision: str = TDT_GREEDY_DECISION,
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
+        fusion=None,
     ):
         super().__init__(
             stepper,
@@ -497,12 +450,6 @@ class TDTLabelLoopingSearch(TDTSearchMixin, LabelLoopingGreedySearch):
             max_sym_per_frame=max_sym_per_frame,
             window=window,
             max_inner=max_inner,
+            fusion=fusion,
         )
         self.blank_decision = check_blank_decision(blank_decision)
-
-    def best_arcs(self, table, enc_rows, dec_proj, frame, length, num_sym) -> Arcs:
-        # the frame-looping search's step: TDTSymbolTable.step
-        tok, dur = table.log_probs(self.stepper.joint(enc_rows, dec_proj))
-        guard = num_sym >= self.max_sym_per_frame
-        arcs = table.step(tok, dur, length - frame, guard, self.blank_decision)
-        return Arcs(arcs.symbol, arcs.frames, arcs.score, arcs.is_label)

@@ -21,7 +21,38 @@ State = Any  # whatever the stepper keeps per row; JointStepper: RNNState
 RNNState = Tuple[torch.Tensor, Optional[torch.Tensor]]  # ((N, A, H), (N, A, H)|None)
 
 
-class Stepper(ABC):
+class RowStates(ABC):
+    """State operations on rows: what the searches need of every per-row state (a
+    :class:`Stepper`'s prediction network, a fused language model's)."""
+
+    @abstractmethod
+    def select_state(self, state: State, idx: torch.Tensor) -> State:
+        """Rows ``idx`` ((A,) long) of a state."""
+
+    @abstractmethod
+    def cat_states(self, states: List[State]) -> State:
+        """Concatenate states along the row axis."""
+
+    @abstractmethod
+    def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
+        """Write ``rows`` (A rows) into ``state`` at ``idx`` ((A,) long), in place."""
+
+    def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
+        """Row ``a`` of ``new`` where ``mask[a]``, else of ``old`` (a new state).
+
+        The label-looping search keeps a fixed batch and merges with a mask so that it
+        never waits for the device; this default goes through row indices (a host
+        sync), owners whose state is made of tensors override it with
+        ``torch.where``.
+
+        Args:
+            mask: (A,) bool.
+            new, old: States of the same A rows.
+        """
+        return where_by_rows(self, mask, new, old)
+
+
+class Stepper(RowStates):
     """Interface between the searches and a prediction + joint network pair.
 
     Attributes:
@@ -64,34 +95,15 @@ class Stepper(ABC):
             object: ``state`` is not modified).
         """
 
-    @abstractmethod
-    def select_state(self, state: State, idx: torch.Tensor) -> State:
-        """Rows ``idx`` ((A,) long) of a state."""
 
-    @abstractmethod
-    def cat_states(self, states: List[State]) -> State:
-        """Concatenate states along the row axis."""
-
-    @abstractmethod
-    def scatter_state(self, state: State, idx: torch.Tensor, rows: State) -> None:
-        """Write ``rows`` (A rows) into ``state`` at ``idx`` ((A,) long), in place."""
-
-    def where_state(self, mask: torch.Tensor, new: State, old: State) -> State:
-        """Row ``a`` of ``new`` where ``mask[a]``, else of ``old`` (a new state).
-
-        The label-looping search keeps a fixed batch and merges with a mask so that it
-        never waits for the device; this default goes through row indices (a host
-        sync), steppers whose state is made of tensors override it with
-        ``torch.where``.
-
-        Args:
-            mask: (A,) bool.
-            new, old: States of the same A rows.
-        """
-        idx = mask.nonzero().squeeze(1)
-        out = self.select_state(old, torch.arange(mask.numel(), device=mask.device))
-        self.scatter_state(out, idx, self.select_state(new, idx))
-        return out
+def where_by_rows(owner: Any, mask: torch.Tensor, new: Any, old: Any) -> Any:
+    """Row ``a`` of ``new`` where ``mask[a]``, else of ``old``, through ``owner``'s
+    ``select_state`` and ``scatter_state`` (a :class:`Stepper` or a language model's
+    adapter): a copy of ``old`` with the rows of ``mask`` overwritten."""
+    idx = mask.nonzero().squeeze(1)
+    out = owner.select_state(old, torch.arange(mask.numel(), device=mask.device))
+    owner.scatter_state(out, idx, owner.select_state(new, idx))
+    return out
 
 
 class JointStepper(Stepper):
@@ -151,7 +163,11 @@ class JointStepper(Stepper):
         return self.joint_network(enc_proj, dec_proj)
 
     def init_state(self, batch: int) -> RNNState:
-        return self.decoder.init_state(batch)
+        # in the networks' dtype: ESPnet's decoder makes float32 zeros whatever the
+        # model was cast to (--dtype float16 / bfloat16)
+        h, c = self.decoder.init_state(batch)
+        dtype = self.decoder.embed.weight.dtype
+        return h.to(dtype), (None if c is None else c.to(dtype))
 
     def step(
         self, labels: torch.Tensor, state: RNNState

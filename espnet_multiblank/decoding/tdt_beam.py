@@ -28,14 +28,14 @@ import torch
 
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.tdt import TDTSearchMixin
+from espnet_multiblank.decoding.row_step import TDTRowStep
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 
 #: the TDT beam search's default ``blank_decision`` (chosen on the digits dev set)
 TDT_BEAM_DECISION = "symbol"
 
 
-class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
+class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
     """Frame-synchronous TDT beam search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, with a
@@ -55,6 +55,7 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
         score_norm: bool = False,
         blank_decision: str = TDT_BEAM_DECISION,
         end_rule: str = "exact",
+        fusion=None,
     ):
         super().__init__(
             stepper,
@@ -64,6 +65,7 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
             max_sym_per_frame=max_sym_per_frame,
             score_norm=score_norm,
             blank_decision=blank_decision,
+            fusion=fusion,
         )
         self._set_end_rule(end_rule)
 
@@ -91,6 +93,8 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
         device = enc_proj_t.device
         dec_proj = torch.stack([h.dec_proj for h in current])  # (A, J)
         tok, dur = table.log_probs(stepper.joint(enc_proj_t.expand(A, -1), dec_proj))
+        if self.fusion is not None:  # the labels' fused scores (the blank's is 0)
+            tok = tok + self._lm_labels(current)
         guard = torch.tensor(
             [h.num_sym_frame >= self.max_sym_per_frame for h in current], device=device
         )
@@ -127,5 +131,5 @@ class TDTBeamSearch(TDTSearchMixin, MultiblankBeamSearch):
                 staying.append(child)
             else:
                 child.advance(frames, is_label=True)
-                self._insert(queues[child.frame], child)
+                self._enqueue(queues, child)
         return staying

@@ -22,32 +22,15 @@ the frame). The searches add (``docs/decoding.md``, "TDT searches"):
   log-probability (scores are lattice path log-probabilities).
 """
 
-from typing import NamedTuple, Tuple
+from typing import Tuple
 
 import torch
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.lattice import TDTLattice
 
 #: ``end_rule`` values: the lattice's (default) or clip every arc at T
 END_RULES = ("exact", "clip")
-
-
-class Arcs(NamedTuple):
-    """One arc per row.
-
-    Attributes:
-        symbol: (A,) long token.
-        slot: (A,) long duration slot j.
-        frames: (A,) long frames the arc covers (its duration, clipped at T).
-        score: (A,) score of the step (``blank_decision``).
-        is_label: (A,) bool.
-    """
-
-    symbol: torch.Tensor
-    slot: torch.Tensor
-    frames: torch.Tensor
-    score: torch.Tensor
-    is_label: torch.Tensor
 
 
 class TDTSymbolTable:
@@ -93,7 +76,7 @@ class TDTSymbolTable:
         label = torch.zeros(self.num_tokens)
         label[self.blank] = float("-inf")
         self.label_mask = label.to(device)  # (V,), -inf on the blank
-        # allowed() as a lookup for step(): the masks depend only on the guard and
+        # allowed() as a lookup for best_arcs(): the masks depend only on the guard and
         # on min(T - t, R + 1); row g * (R + 1) + r - 1, (blank, label) x D additive
         R1 = self.max_frames + 1
         room = torch.arange(1, R1 + 1, device=device).repeat(2)
@@ -155,7 +138,7 @@ class TDTSymbolTable:
             return blank_dur.logsumexp(-1), blank_j, label_dur.logsumexp(-1), label_j
         return blank_dur.max(-1)[0], blank_j, label_dur.max(-1)[0], label_j
 
-    def step(
+    def best_arcs(
         self,
         tok: torch.Tensor,
         dur: torch.Tensor,
@@ -167,7 +150,8 @@ class TDTSymbolTable:
         tokens goes to the lower index.
 
         Args:
-            tok: (A, V) token log-probabilities.
+            tok: (A, V) float32 token log-probabilities (with an LM, the fused scores:
+                the labels' log-probabilities plus the LM's).
             dur: (A, D) duration log-probabilities.
             room: (A,) long, frames left ``T - t`` (>= 1).
             guard: (A,) bool, rows whose labels must move.
@@ -186,7 +170,7 @@ class TDTSymbolTable:
         is_label = symbol != self.blank
         slot = slots.gather(1, is_label.long().unsqueeze(1)).squeeze(1)
         frames = torch.minimum(self.durations[slot], room)
-        return Arcs(symbol, slot, frames, score, is_label)
+        return Arcs(symbol, frames, score, is_label)
 
     def candidates(
         self,
@@ -202,7 +186,7 @@ class TDTSymbolTable:
         ``tok[k] + dur[j]``. ``"total"``: one per token, N = V, scored with the token's
         total over its allowed durations and placed at its most probable one.
 
-        Args: see :meth:`step`.
+        Args: see :meth:`best_arcs`.
 
         Returns:
             (A, N) scores, (A, N) long tokens, (A, N) long slots.

@@ -35,7 +35,7 @@ so they are refused when the model's blank is elsewhere.
 """
 
 import logging
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from typeguard import typechecked
@@ -44,6 +44,7 @@ from espnet_multiblank.decoding import (
     JointStepper,
     MultiblankBeamSearch,
     MultiblankGreedySearch,
+    ShallowFusion,
     TDTBeamSearch,
     TDTGreedySearch,
 )
@@ -51,6 +52,7 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
+from espnet_multiblank.espnet.lm_fusion import build_fusion
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 logger = logging.getLogger(__name__)
@@ -198,6 +200,9 @@ def build_transducer_search(
     lm: Optional[Any] = None,
     lm_weight: float = 0.1,
     token_list: Optional[List[str]] = None,
+    lm_token_list: Optional[List[str]] = None,
+    ngram_file: Optional[str] = None,
+    ngram_weight: float = 0.9,
     **conf: Any,
 ):
     """Build the transducer search for ``model``.
@@ -209,9 +214,17 @@ def build_transducer_search(
         beam_size: Beam size (``mb_greedy`` and ``greedy`` use 1).
         search_type: See the module docstring.
         nbest: Hypotheses returned.
-        lm, lm_weight: Shallow-fusion LM for ESPnet's searches (not supported by the
-            plug-in's searches).
-        token_list: For ESPnet's debug logging.
+        lm, lm_weight: Shallow-fusion LM (an ESPnet LM module, ``lm.lm`` of what
+            ``espnet2.bin.lm_train`` trains) and its weight. Fused into every plug-in
+            search (:mod:`espnet_multiblank.espnet.lm_fusion`); ESPnet's greedy type
+            then runs as ``mb_greedy`` with ESPnet's greedy rule (one label per
+            frame, the arg-max symbol) so that the LM is used; ESPnet's beam searches
+            fuse it their own way.
+        token_list: The model's token list (default ``model.token_list``).
+        lm_token_list: The LM's token list (required with ``lm``).
+        ngram_file, ngram_weight: An n-gram LM (ARPA / KenLM file, through
+            ``kenlm``) and its weight, fused like ``lm`` into the plug-in's searches;
+            refused with ESPnet's beam searches (which cannot use one).
         **conf: Other ``transducer_conf`` keys: ``max_sym_per_frame`` and
             ``score_norm`` for the plug-in's searches, ``blank_decision`` for the
             multi-blank ones, ``loop_labels`` (bool) for the greedy ones; ESPnet's
@@ -229,7 +242,63 @@ def build_transducer_search(
     resolved = resolve_search_type(
         search_type, beam_size, not tdt and lattice.is_multiblank, tdt=tdt
     )
+    tokens = list(token_list if token_list is not None else model.token_list)
+    fused = lm is not None or ngram_file is not None
+    resolved, conf = _greedy_with_lm(resolved, beam_size, fused, conf)
+    loop_labels = _pop_loop_labels(conf, resolved, search_type)
+    if resolved in PLUGIN_SEARCH_TYPES:
+        fusion = build_fusion(
+            lattice.blank_ids,
+            tokens,
+            lm=lm,
+            lm_token_list=lm_token_list,
+            lm_weight=lm_weight,
+            ngram_file=ngram_file,
+            ngram_weight=ngram_weight,
+        )
+        return _plugin_search(
+            model, lattice, resolved, beam_size, nbest, loop_labels, fusion, conf
+        )
+    if ngram_file is not None:
+        raise ValueError(
+            f"--ngram_file: ESPnet's {resolved!r} transducer search cannot use an "
+            "n-gram LM (it would be ignored); use search_type: mb_beam (any "
+            "standard or multi-blank model) or a greedy search"
+        )
+    if lm is not None and lm_token_list is not None and lm_token_list != tokens:
+        raise ValueError(
+            f"--lm_train_config: ESPnet's {resolved!r} beam search needs an LM over "
+            "the model's own token list (it feeds the ASR token ids to the LM); this "
+            "LM has another one: use search_type: mb_beam"
+        )
+    return _espnet_search(
+        model, lattice, resolved, beam_size, nbest, lm, lm_weight, tokens, conf
+    )
 
+
+def _greedy_with_lm(
+    resolved: str, beam_size: int, fused: bool, conf: Dict[str, Any]
+) -> Tuple[str, Dict[str, Any]]:
+    """ESPnet's greedy search ignores an LM (it warns): with one, run it as
+    ``mb_greedy`` with ESPnet's greedy rule (one label per frame, the arg-max
+    symbol), which fuses the LM like every plug-in greedy search."""
+    espnet_greedy = resolved == "greedy" or (resolved == "default" and beam_size <= 1)
+    if not (fused and espnet_greedy):
+        return resolved, conf
+    logger.warning(
+        "search_type %r with a language model runs as 'mb_greedy' (ESPnet's greedy "
+        "rule: max_sym_per_frame 1, blank_decision symbol) so that the LM is fused",
+        resolved,
+    )
+    conf = dict(conf)
+    conf.pop("score_norm", None)  # ESPnet's key; greedy search has nothing to rank
+    conf.setdefault("max_sym_per_frame", 1)
+    conf.setdefault("blank_decision", "symbol")
+    return "mb_greedy", conf
+
+
+def _pop_loop_labels(conf: Dict[str, Any], resolved: str, search_type: str) -> bool:
+    """``transducer_conf.loop_labels`` (removed from ``conf``), checked."""
     loop_labels = conf.pop("loop_labels", False)
     if not isinstance(loop_labels, bool):
         raise TypeError(
@@ -241,45 +310,67 @@ def build_transducer_search(
             f"which serves search_type mb_greedy or tdt_greedy (and the greedy types "
             f"mapped on them); {search_type!r} runs as {resolved!r} here"
         )
-    if resolved in PLUGIN_SEARCH_TYPES:
-        keys = TDT_KEYS if resolved in TDT_SEARCH_TYPES else MULTIBLANK_KEYS
-        unknown = sorted(set(conf) - set(keys))
-        if unknown:
-            raise ValueError(
-                f"transducer_conf keys not used by {resolved}: {unknown} (it takes "
-                f"{list(keys)})"
-            )
-        if lm is not None:
-            raise NotImplementedError(
-                f"{resolved} does not support LM fusion (ESPnet's searches do, on "
-                "standard models)"
-            )
-        stepper = JointStepper(
-            model.decoder, model.joint_network, joint_size_of(model, lattice)
+    return loop_labels
+
+
+def _plugin_search(
+    model: Any,
+    lattice: Union[MultiblankLattice, TDTLattice],
+    resolved: str,
+    beam_size: int,
+    nbest: int,
+    loop_labels: bool,
+    fusion: Optional[ShallowFusion],
+    conf: Dict[str, Any],
+):
+    """One of the plug-in's searches (``resolved`` in ``PLUGIN_SEARCH_TYPES``)."""
+    tdt = resolved in TDT_SEARCH_TYPES
+    keys = TDT_KEYS if tdt else MULTIBLANK_KEYS
+    unknown = sorted(set(conf) - set(keys))
+    if unknown:
+        raise ValueError(
+            f"transducer_conf keys not used by {resolved}: {unknown} (it takes "
+            f"{list(keys)})"
         )
-        max_sym = conf.get("max_sym_per_frame", 10)
-        greedy, beam = (
-            (TDTGreedySearch, TDTBeamSearch)
-            if tdt
-            else (MultiblankGreedySearch, MultiblankBeamSearch)
-        )
+    stepper = JointStepper(
+        model.decoder, model.joint_network, joint_size_of(model, lattice)
+    )
+    max_sym = conf.get("max_sym_per_frame", 10)
+    # blank_decision: each search has its own default
+    extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
+    if resolved in GREEDY_SEARCH_TYPES:
         if loop_labels:
             greedy = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
-        # blank_decision: each search has its own default
-        extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
-        if resolved in ("mb_greedy", "tdt_greedy"):
-            return greedy(stepper, lattice, max_sym_per_frame=max_sym, **extra)
-        return beam(
-            stepper,
-            lattice,
-            beam_size=beam_size,
-            nbest=nbest,
-            max_sym_per_frame=max_sym,
-            score_norm=conf.get("score_norm", False),
-            **extra,
+        else:
+            greedy = TDTGreedySearch if tdt else MultiblankGreedySearch
+        return greedy(
+            stepper, lattice, max_sym_per_frame=max_sym, fusion=fusion, **extra
         )
+    beam = TDTBeamSearch if tdt else MultiblankBeamSearch
+    return beam(
+        stepper,
+        lattice,
+        beam_size=beam_size,
+        nbest=nbest,
+        max_sym_per_frame=max_sym,
+        score_norm=conf.get("score_norm", False),
+        fusion=fusion,
+        **extra,
+    )
 
-    # ESPnet's own searches (standard transducer)
+
+def _espnet_search(
+    model: Any,
+    lattice: MultiblankLattice,
+    resolved: str,
+    beam_size: int,
+    nbest: int,
+    lm: Optional[Any],
+    lm_weight: float,
+    token_list: List[str],
+    conf: Dict[str, Any],
+) -> BeamSearchTransducer:
+    """ESPnet's ``BeamSearchTransducer`` (standard transducers)."""
     if "max_sym_per_frame" in conf:
         logger.warning("max_sym_per_frame is ignored by ESPnet's %s search", resolved)
         conf = {k: v for k, v in conf.items() if k != "max_sym_per_frame"}
@@ -291,6 +382,8 @@ def build_transducer_search(
             f"model's blank is {lattice.blank}; use search_type: mb_beam (it handles "
             "any blank)"
         )
+    if lm is not None and hasattr(lm, "eval"):
+        lm.eval()  # ESPnet's transducer path leaves the LM in training mode
     search = BeamSearchTransducer(
         decoder=model.decoder,
         joint_network=model.joint_network,

@@ -20,7 +20,9 @@ This module does not import ``espnet2.bin.asr_inference`` until
 while it is being executed.
 """
 
+import functools
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,6 +40,8 @@ from espnet_multiblank.decoding import (
     single_thread_on_cpu,
 )
 from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
+from espnet_multiblank.espnet.lm_fusion import read_token_list
+from espnet_multiblank.espnet.registration import PLUGIN_MODELS
 from espnet_multiblank.espnet.search import (
     PLUGIN_ONLY_KEYS,
     PLUGIN_SEARCH_TYPES,
@@ -46,9 +50,6 @@ from espnet_multiblank.espnet.search import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: ``model:`` names of the plug-in's models (see registration.ENTRIES)
-PLUGIN_MODELS = ("multiblank_espnet",)
 
 
 @dataclass
@@ -66,6 +67,8 @@ def to_espnet_hypothesis(hyp: Any) -> ESPnetTransducerHypothesis:
     """A search's :class:`~espnet_multiblank.decoding.Hypothesis` as ESPnet's type
     (ESPnet's own hypotheses are returned as they are)."""
     if isinstance(hyp, ESPnetTransducerHypothesis):
+        # ESPnet's beam search with an LM adds tensors to the score: keep a number
+        hyp.score = float(hyp.score)
         return hyp
     return DecodedHypothesis(
         score=float(hyp.score),
@@ -81,9 +84,6 @@ class DecodingStats:
     """Counters for ``decoding_stats.json`` (1-best hypotheses only)."""
 
     def __init__(self):
-        # when the counting started (model loaded): the stock entry point's decoding
-        # loop is timed from here
-        self.created_at = time.perf_counter()
         # the plug-in's search class, when the plug-in chose the search
         self.search: Optional[str] = None
         self.num_utterances = 0
@@ -97,6 +97,10 @@ class DecodingStats:
         self.search_seconds = 0.0
 
     def add(self, frames: int, hyp: Any) -> None:
+        """Count a decoded utterance (not one whose score is not finite: the
+        decoding loop reports it instead of writing it)."""
+        if not math.isfinite(float(hyp.score)):
+            return
         self.num_utterances += 1
         self.total_frames += int(frames)
         self.big_blank_emissions += int(getattr(hyp, "big_blank_emissions", 0))
@@ -130,25 +134,128 @@ def write_decoding_stats(output_dir: Any, stats: Dict[str, Any]) -> None:
         f.write("\n")
 
 
-def _config_model_name(asr_train_config: Any) -> Optional[str]:
-    """The ``model:`` of a training config file, or None."""
+def _read_config(asr_train_config: Any) -> Dict[str, Any]:
+    """A training config file as a dict ({} when it cannot be read: ESPnet reports
+    that)."""
     if asr_train_config is None:
-        return None
+        return {}
     import yaml
 
     try:
         with open(asr_train_config, encoding="utf-8") as f:
             config = yaml.safe_load(f)
-    except OSError:
-        return None  # ESPnet reports it
-    model = config.get("model") if isinstance(config, dict) else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _config_model_name(config: Dict[str, Any]) -> Optional[str]:
+    """The ``model:`` of a training config, lower case, or None."""
+    model = config.get("model")
     return model.lower() if isinstance(model, str) else None
+
+
+def _config_is_transducer(config: Dict[str, Any]) -> bool:
+    """Whether a training config builds a transducer (ESPnet: ``decoder:
+    transducer``)."""
+    decoder = config.get("decoder")
+    return isinstance(decoder, str) and decoder.lower() == "transducer"
 
 
 def is_plugin_model(model: Any) -> bool:
     from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
 
     return isinstance(model, MultiblankESPnetASRModel)
+
+
+def _plugin_decodes(config: Dict[str, Any], transducer_conf: Optional[Dict]) -> bool:
+    return (
+        requests_plugin_search(transducer_conf)
+        or _config_model_name(config) in PLUGIN_MODELS
+    )
+
+
+def plugin_decodes(asr_train_config: Any, transducer_conf: Optional[Dict]) -> bool:
+    """Whether the start-up hook's ``Speech2Text`` gives this model and decode config
+    the plug-in's search: a plug-in model (``model: multiblank_espnet``) or a
+    ``transducer_conf`` that asks for a plug-in search type or key."""
+    return _plugin_decodes(_read_config(asr_train_config), transducer_conf)
+
+
+#: ESPnet's options that a transducer search does not use, with their defaults
+TRANSDUCER_UNUSED = {
+    "ctc_weight": 0.5,
+    "penalty": 0.0,
+    "streaming": False,
+    "lang_prompt_token": None,
+    "nlp_prompt_token": None,
+    "maxlenratio": 0.0,
+    "minlenratio": 0.0,
+    "normalize_length": False,
+    "time_sync": False,
+    "partial_ar": False,
+    "hugging_face_decoder": False,
+}
+
+
+def warn_unused_options(kwargs: Dict[str, Any], nbest: int, search: Any) -> None:
+    """One warning naming the options given (not at their defaults) that a
+    transducer search ignores, and ``--nbest N`` with a search that gives one
+    hypothesis."""
+    unused = [
+        f"--{k} {kwargs[k]}"
+        for k, default in TRANSDUCER_UNUSED.items()
+        if k in kwargs and kwargs[k] != default
+    ]
+    if nbest > 1 and getattr(search, "beam_size", 1) <= 1:
+        unused.append(f"--nbest {nbest} (a greedy search gives one hypothesis)")
+    if unused:
+        logger.warning(
+            "options that do not apply to a transducer search, ignored: %s",
+            ", ".join(unused),
+        )
+
+
+def _inputs_to_float32(module, args):
+    """Forward pre-hook: the first argument (the waveform) in float32."""
+    return (args[0].float(),) + tuple(args[1:])
+
+
+def _features_to(dtype: torch.dtype, module, args, out):
+    """Forward hook: the features (the output's first entry) in ``dtype``."""
+    return (out[0].to(dtype),) + tuple(out[1:])
+
+
+def _refuse_half_precision_espnet_search(dtype: str, device: Any) -> None:
+    """ESPnet's transducer searches step the prediction network with ``nn.LSTM``,
+    which has no half-precision CPU kernel: every utterance would fail."""
+    if dtype in ("float16", "bfloat16") and str(device).startswith("cpu"):
+        raise ValueError(
+            f"--dtype {dtype}: ESPnet's transducer searches cannot run in {dtype} on "
+            "a CPU (nn.LSTM has no such kernel); use the plug-in's searches "
+            "(transducer_conf search_type: mb_greedy, mb_beam) or --dtype float32"
+        )
+
+
+class _without_espnet_lm_warning:
+    """Drop ESPnet's "LM is provided but not used" warning while active (when the
+    plug-in replaces the search that logs it)."""
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    @staticmethod
+    def filter(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("LM is provided but not used")
+
+    def __enter__(self):
+        if self.active:
+            logging.getLogger().addFilter(self.filter)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger().removeFilter(self.filter)
+        return False
 
 
 def requests_plugin_search(transducer_conf: Optional[Dict]) -> bool:
@@ -176,9 +283,6 @@ class PluginSearchMixin:
         plugin_search (bool): whether the plug-in chose the transducer search.
     """
 
-    #: the ``stats`` of the instance built last (see stock_inference.py)
-    last_stats = None
-
     #: "all": every transducer model; "plugin": the plug-in's models and configs that
     #: ask for a plug-in search type (ESPnet's class wrapped by the start-up hook)
     replace_search = "all"
@@ -190,45 +294,83 @@ class PluginSearchMixin:
         transducer_conf: Optional[Dict] = None,
         beam_size: int = 20,
         nbest: int = 1,
+        ngram_file: Any = None,
+        ngram_weight: float = 0.9,
         **kwargs: Any,
     ):
-        replace = (
-            self.replace_search == "all"
-            or requests_plugin_search(transducer_conf)
-            or _config_model_name(asr_train_config) in PLUGIN_MODELS
+        config = _read_config(asr_train_config)
+        replace = self.replace_search == "all" or _plugin_decodes(
+            config, transducer_conf
         )
+        transducer = _config_is_transducer(config)
+        if transducer and ngram_file is not None and not replace:
+            raise ValueError(
+                "--ngram_file: ESPnet's transducer searches do not use an n-gram LM "
+                "(ESPnet would ignore it); decode with the plug-in's searches, e.g. "
+                "transducer_conf: {search_type: mb_beam}"
+            )
         conf = dict(transducer_conf or {})
         search_beam = int(conf.pop("beam_size", beam_size))
         search_type = conf.pop("search_type", "default")
         # ESPnet would build its own BeamSearchTransducer from transducer_conf, and
         # reject the plug-in's search types and keys: give it a neutral one and
-        # replace the object below
-        super().__init__(
-            asr_train_config=asr_train_config,
-            asr_model_file=asr_model_file,
-            transducer_conf={"search_type": "default"} if replace else transducer_conf,
-            beam_size=search_beam if replace else beam_size,
-            nbest=nbest,
-            **kwargs,
-        )
+        # replace the object below (its greedy search would also warn that the LM
+        # is unused, which is not true of the search that replaces it)
+        with _without_espnet_lm_warning(replace):
+            super().__init__(
+                asr_train_config=asr_train_config,
+                asr_model_file=asr_model_file,
+                transducer_conf=(
+                    {"search_type": "default"} if replace else transducer_conf
+                ),
+                beam_size=search_beam if replace else beam_size,
+                nbest=nbest,
+                # the plug-in fuses an n-gram itself: ESPnet would build an unused
+                # scorer (and need kenlm) for a transducer
+                ngram_file=None if transducer else ngram_file,
+                ngram_weight=ngram_weight,
+                **kwargs,
+            )
         self.stats = DecodingStats()
         self.plugin_search = False
-        # the wrapped stock inference reads the statistics of the instance built last
-        # (ESPnet's inference() drops the instance when it returns)
-        PluginSearchMixin.last_stats = self.stats
+        self.float32_frontend = False
         if self.beam_search_transducer is None:
             return
-        if not (replace or is_plugin_model(self.asr_model)):
-            return
+        if replace or is_plugin_model(self.asr_model):
+            self._use_plugin_search(
+                search_beam, search_type, nbest, ngram_file, ngram_weight, conf, kwargs
+            )
+            self._float32_frontend()
+        warn_unused_options(kwargs, nbest, self.beam_search_transducer)
+        if not isinstance(self.beam_search_transducer, TransducerSearch):
+            _refuse_half_precision_espnet_search(self.dtype, self.device)
+
+    def _use_plugin_search(
+        self,
+        beam_size: int,
+        search_type: str,
+        nbest: int,
+        ngram_file: Any,
+        ngram_weight: float,
+        conf: Dict[str, Any],
+        kwargs: Dict[str, Any],
+    ) -> None:
+        """Replace ESPnet's transducer search by :func:`build_transducer_search`'s,
+        with ESPnet's LM (built by ``Speech2Text``) and the n-gram fused."""
         espnet_search = self.beam_search_transducer
+        lm = espnet_search.lm
+        lm_config = kwargs.get("lm_train_config")
         self.beam_search_transducer = build_transducer_search(
             self.asr_model,
-            beam_size=search_beam,
+            beam_size=beam_size,
             search_type=search_type,
             nbest=nbest,
-            lm=espnet_search.lm,
+            lm=lm,
             lm_weight=espnet_search.lm_weight,
             token_list=list(self.asr_model.token_list),
+            lm_token_list=read_token_list(lm_config) if lm is not None else None,
+            ngram_file=None if ngram_file is None else str(ngram_file),
+            ngram_weight=ngram_weight,
             **conf,
         )
         self.plugin_search = True
@@ -239,6 +381,46 @@ class PluginSearchMixin:
             type(self.beam_search_transducer).__name__,
             self.lattice,
         )
+
+    def _float32_frontend(self) -> None:
+        """With ``--dtype float16`` / ``bfloat16``, run the frontend and the feature
+        normalisation in float32 and give the encoder their output in the model's
+        dtype: in float16 the STFT's power spectrum overflows (inf features, NaN
+        scores for every utterance), in bfloat16 the waveform and the features lose
+        all but 8 bits. The encoder and the search run in the model's dtype."""
+        model = self.asr_model
+        dtype = getattr(torch, self.dtype)
+        frontend = getattr(model, "frontend", None)
+        if dtype not in (torch.float16, torch.bfloat16) or frontend is None:
+            return
+        # the batch-exact layers first (they may replace these modules): the hooks
+        # go on the modules that will run
+        self.batch_exactness()
+        frontend, normalize = model.frontend, getattr(model, "normalize", None)
+        for module in (frontend, normalize):
+            if module is not None:
+                module.float()
+        frontend.register_forward_pre_hook(_inputs_to_float32)
+        last = normalize if normalize is not None else frontend
+        last.register_forward_hook(functools.partial(_features_to, dtype))
+        self.float32_frontend = True
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype the model's input is given in (float32 when the frontend runs in
+        float32)."""
+        return torch.float32 if self.float32_frontend else getattr(torch, self.dtype)
+
+    def __call__(self, speech):
+        """ESPnet's ``Speech2Text.__call__`` (one utterance), with the waveform left
+        in float32 when the frontend runs in float32."""
+        if not getattr(self, "float32_frontend", False):
+            return super().__call__(speech)
+        dtype, self.dtype = self.dtype, "float32"  # ESPnet casts speech to self.dtype
+        try:
+            return super().__call__(speech)
+        finally:
+            self.dtype = dtype
 
     @property
     def supports_batch(self) -> bool:
@@ -326,7 +508,7 @@ class PluginSearchMixin:
                 f"{type(self.beam_search_transducer).__name__} decodes one utterance "
                 "at a time"
             )
-        dtype = getattr(torch, self.dtype)
+        dtype = self.input_dtype
         if self.batch_exactness().exact:
             batch = {"speech": speech.to(dtype), "speech_lengths": speech_lengths}
             enc, enc_lens = self.asr_model.encode(**to_device(batch, self.device))

@@ -9,34 +9,31 @@ as soon as it has executed:
 
 * ``Speech2Text`` becomes a subclass (same name, same arguments) that decodes the
   plug-in's models, and any transducer model whose decode config asks for a plug-in
-  search type (``mb_greedy``, ``mb_beam``, ``max_sym_per_frame``), with the plug-in's
-  searches, chosen by ``transducer_conf`` exactly as in the plug-in's own entry point
-  (``python -m espnet_multiblank.bin.asr_inference``), so both give the same
-  hypotheses; other models decode exactly as ESPnet does;
+  search type (``mb_greedy``, ``mb_beam``, ``tdt_greedy``, ``tdt_beam``,
+  ``max_sym_per_frame``), with the plug-in's searches, chosen by ``transducer_conf``
+  exactly as in the plug-in's own entry point; other models decode exactly as ESPnet
+  does (Python users of ``Speech2Text`` get the same);
 * ``inference`` refuses ``batch_size > 1`` (ESPnet's own loop decodes one utterance
-  at a time) with an error naming the plug-in's entry point, which batches, and, when
-  it has decoded with the plug-in's search, writes ``<output_dir>/decoding_stats.json``
-  like the plug-in's entry point: ``decode_seconds`` is the wall time from the end of
-  model loading to the end of ESPnet's decoding loop (data loading, features,
-  encoder, search, writing), so the two entry points' throughputs compare;
-  ``audio_seconds`` and ``rtf`` are not known there and are left out.
+  at a time) with an error naming the plug-in's entry point, which batches; for the
+  models and configs above it runs the plug-in's decoding loop
+  (:func:`espnet_multiblank.espnet.inference.inference`, with ``"entry_point":
+  "espnet2.bin.asr_inference"`` in ``decoding_stats.json``), so that an utterance
+  that cannot be decoded is reported by its key and the run goes on, and ends the
+  process with exit status 1 when one failed (``--allow_failed_utterances true``:
+  0), as the plug-in's entry point does; everything else runs ESPnet's loop;
+* ``get_parser`` gets the plug-in's additions (``--dtype bfloat16``,
+  ``--allow_failed_utterances``).
 """
 
 import functools
-import time
 
-import torch
-
-from espnet_multiblank.espnet.speech2text import (
-    PluginSearchMixin,
-    plugin_speech2text,
-    write_decoding_stats,
-)
+from espnet_multiblank.espnet.speech2text import plugin_decodes, plugin_speech2text
 
 ENTRY_POINT = "python -m espnet_multiblank.bin.asr_inference"
+STOCK_NAME = "espnet2.bin.asr_inference"
 
 
-def _refuse_batches(inference):
+def _wrap_inference(inference, namespace: dict):
     @functools.wraps(inference)
     def wrapped(*args, **kwargs):
         batch_size = kwargs.get("batch_size", 1)
@@ -46,38 +43,43 @@ def _refuse_batches(inference):
                 f"(--batch_size must be 1, got {batch_size}); for batched decoding "
                 f"of transducer models use {ENTRY_POINT} (same arguments)"
             )
-        PluginSearchMixin.last_stats = None
-        out = inference(*args, **kwargs)
-        end = time.perf_counter()
-        st = PluginSearchMixin.last_stats
-        output_dir = kwargs.get("output_dir", args[0] if args else None)
-        # only the plug-in's search path counts utterances and search time
-        if st is not None and st.search is not None and output_dir:
-            device = "cuda" if int(kwargs.get("ngpu", 0) or 0) > 0 else "cpu"
-            write_decoding_stats(output_dir, _stats(st, end, device))
-        return out
+        allow_failed = kwargs.pop("allow_failed_utterances", False)
+        if args or not plugin_decodes(
+            kwargs.get("asr_train_config"), kwargs.get("transducer_conf")
+        ):
+            return inference(*args, **kwargs)
+        from espnet_multiblank.espnet.inference import exit_status
+        from espnet_multiblank.espnet.inference import inference as plugin_inference
+
+        stats = plugin_inference(
+            entry_point=STOCK_NAME,
+            speech2text_class=namespace["Speech2Text"],
+            **kwargs,
+        )
+        status = exit_status(stats, allow_failed)
+        if status:
+            raise SystemExit(status)
+        return None
 
     wrapped.espnet_inference = inference
     return wrapped
 
 
-def _stats(st, end: float, device: str) -> dict:
-    """decoding_stats.json of a stock run from its ``DecodingStats`` (the keys the
-    plug-in's entry point writes, but for the audio duration)."""
-    return {
-        "num_utterances": st.num_utterances,
-        "decode_seconds": end - st.created_at,
-        **st.as_dict(),
-        "search": st.search,
-        "batch_size": 1,
-        "device": device,
-        "torch_num_threads": torch.get_num_threads(),
-        "entry_point": "espnet2.bin.asr_inference",
-    }
+def _wrap_get_parser(get_parser):
+    @functools.wraps(get_parser)
+    def wrapped(*args, **kwargs):
+        from espnet_multiblank.bin.asr_inference import add_plugin_arguments
+
+        parser = get_parser(*args, **kwargs)
+        add_plugin_arguments(parser)
+        return parser
+
+    wrapped.espnet_get_parser = get_parser
+    return wrapped
 
 
 def wrap(namespace: dict) -> None:
-    """Wrap ``Speech2Text`` and ``inference`` of an executed
+    """Wrap ``Speech2Text``, ``inference`` and ``get_parser`` of an executed
     ``espnet2.bin.asr_inference`` namespace (idempotent)."""
     speech2text = namespace.get("Speech2Text")
     if speech2text is None:
@@ -86,4 +88,7 @@ def wrap(namespace: dict) -> None:
         namespace["Speech2Text"] = plugin_speech2text(speech2text, "plugin")
     inference = namespace.get("inference")
     if inference is not None and not hasattr(inference, "espnet_inference"):
-        namespace["inference"] = _refuse_batches(inference)
+        namespace["inference"] = _wrap_inference(inference, namespace)
+    get_parser = namespace.get("get_parser")
+    if get_parser is not None and not hasattr(get_parser, "espnet_get_parser"):
+        namespace["get_parser"] = _wrap_get_parser(get_parser)

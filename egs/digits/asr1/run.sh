@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
 # Connected digits, 8 kHz: standard vs multi-blank RNN-T vs TDT (espnet-multiblank), end
-# to end.
+# to end, with and without language models.
 #
-#   bash egs/digits/asr1/run.sh                 # everything (~40 min on 2 CPU cores)
+#   bash egs/digits/asr1/run.sh                 # everything (< 40 min on 2 CPU cores)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
-#   bash egs/digits/asr1/run.sh --stage 9 --stop_stage 11
+#   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 13
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
 #
 # Stages (ESPnet style; each writes a done-marker only after it succeeded, outputs are
 # written under temporary names and renamed, so a re-run skips finished stages and redoes
 # a failed one from scratch; running a stage again invalidates the stages after it):
 #   1  tools: sox, espeak-ng, flite, festival + voices (apt-get install when root), venv
-#   2  data synthesis: TTS train / held-out dev, test; real-speech test from Debian packages
-#   3  Kaldi-style data dirs (wav.scp, text, utt2spk, spk2utt)
+#   2  data synthesis: TTS train / held-out dev, test; a list of "account numbers" and
+#      held-out dev_known, test_known sets that say them; real-speech test from Debian
+#      packages
+#   3  Kaldi-style data dirs (wav.scp, text, utt2spk, spk2utt); the account list's text
 #   4  word-level token list
 #   5  ESPnet collect_stats (feature mean/var, shape files)
 #   6  train the standard transducer
 #   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8])
 #   8  train the TDT (same encoder/decoder, durations 0..8: the same largest jump);
 #      6, 7 and 8 run side by side (--train_jobs 3, the default: one torch thread each;
-#      on 2 cores the three share the CPUs and finish together, about 1.5x the time of
-#      one training, where 2 + 1 would take 2x). --train_jobs N runs at most N at a
+#      on 2 cores the three share the CPUs and finish together, sooner than two and
+#      then one: README.md). --train_jobs N runs at most N at a
 #      time (in stage order), --train_jobs 1 one after the other with all threads.
 #      --train_procs N trains each model with N DDP processes on this machine (ESPnet's
 #      DDP through the plug-in: gloo, --multiprocessing_distributed true
@@ -28,11 +30,18 @@
 #      processes, so the training is the same. With --train_jobs J > 1 that makes up to
 #      J*N processes of one torch thread each; with --train_jobs 1 the N processes share
 #      the CPUs (cpus / N threads each).
-#   9  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
+#   9  train two word LMs with ESPnet's LM trainer: "train" on the training transcripts,
+#      "known" on the account list
+#  10  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
 #      as the multi-blank model's); multi-blank mb_greedy + mb_beam; TDT tdt_greedy +
-#      tdt_beam
-#  10  score WER / CER
-#  11  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
+#      tdt_beam; then the throughput runs, and every plug-in search on test in
+#      float16 and bfloat16 (--dtype_jobs; not timed)
+#  11  LM fusion, every beam search (--lm_searches): the weight of each LM chosen on its
+#      dev set (dev for "train", dev_known for "known"; --lm_weights,
+#      --lm_known_weights), then test, test_real with the "train" LM and test_known
+#      without and with the "known" LM (--lm_decode_jobs at a time)
+#  12  score WER / CER
+#  13  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
 #      WER-vs-search-time plots
 set -euo pipefail
 
@@ -41,7 +50,7 @@ repo=$(cd "$recipe/../../.." && pwd)
 
 # ---------------------------------------------------------------- options
 stage=1
-stop_stage=11
+stop_stage=13
 smoke=false
 dir=$recipe                 # working directory: data/, wav/, exp/ go there
 python=$repo/.venv/bin/python
@@ -50,6 +59,9 @@ num_train=8000              # synthetic utterances
 num_dev=300
 num_test=500
 num_real=150                # real-speech utterances per speaker (2 speakers)
+num_accounts=100            # known account numbers (local/make_accounts.py)
+num_known_dev=200           # dev_known / test_known utterances (strings from the list)
+num_known_test=400
 train_config=$recipe/conf/train_standard.yaml
 mb_train_config=$recipe/conf/train_multiblank.yaml
 tdt_train_config=$recipe/conf/train_tdt.yaml
@@ -59,20 +71,35 @@ decode_threads=1            # torch threads while decoding (speed comparison)
 train_jobs=3                # trainings at once (one torch thread each when > 1)
 train_procs=1               # DDP processes per model (CPU, gloo); 1: no DDP
 train_args=""               # extra arguments for asr_train (both models)
+lm_config=$recipe/conf/train_lm.yaml             # LM "train": training transcripts
+lm_known_config=$recipe/conf/train_lm_known.yaml # LM "known": the account list
+lm_args=""                  # extra arguments for lm_train (both LMs)
+lm_searches="standard:beam multiblank:mb_beam tdt:tdt_beam"  # decoded with the LMs
+lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev
+lm_known_weights="0.2 0.4 0.8"  # candidates for LM "known", chosen on dev_known
+lm_decode_jobs=2            # LM decodings at a time (not timed: they may share CPUs)
+# model:search decoded on the first test set in half precision too (--dtype), to
+# compare with float32
+dtype_jobs="standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam tdt:tdt_greedy
+  tdt:tdt_beam"
+dtypes="float16 bfloat16"
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
   echo "Options: --stage N --stop_stage N --smoke --dir DIR --python PY --nj N"
   echo "         --num_train N --num_dev N --num_test N --num_real N --train_args '...'"
   echo "         --train_jobs N --train_procs N --decode_threads N --inference_model F"
-  echo "         --decode_conf_dir D"
+  echo "         --decode_conf_dir D --num_accounts N --num_known_dev N --num_known_test N"
+  echo "         --lm_args '...' --lm_searches 'model:search ...' --lm_weights 'W ...'"
+  echo "         --lm_known_weights 'W ...' --lm_decode_jobs N --dtype_jobs 'model:search ...'"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=true; shift ;;
     --stage|--stop_stage|--dir|--python|--nj|--num_train|--num_dev|--num_test|--num_real|\
     --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs|\
-    --train_procs)
+    --train_procs|--num_accounts|--num_known_dev|--num_known_test|--lm_args|\
+    --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -86,11 +113,20 @@ esac
 case $train_jobs in
   ''|*[!0-9]*|0) echo "--train_jobs must be a positive integer, got '$train_jobs'" >&2; exit 1 ;;
 esac
+case $lm_decode_jobs in
+  ''|*[!0-9]*|0) echo "--lm_decode_jobs must be a positive integer, got '$lm_decode_jobs'" >&2; exit 1 ;;
+esac
+for w in $lm_weights $lm_known_weights; do
+  case $w in
+    ''|*[!0-9.]*|*.*.*|.) echo "LM weights must be non-negative numbers, got '$w'" >&2; exit 1 ;;
+  esac
+done
 
 suffix=""
 if $smoke; then
   suffix=_smoke
   num_train=300; num_dev=40; num_test=60; num_real=20
+  num_accounts=20; num_known_dev=20; num_known_test=30
   # tiny model, 2 epochs; same structure as the full configs
   train_args="--encoder_conf output_size=64 --encoder_conf linear_units=128
     --encoder_conf num_blocks=1 --encoder_conf attention_heads=2
@@ -98,6 +134,12 @@ if $smoke; then
     --max_epoch 2 --num_iters_per_epoch 12 --batch_size 16 --valid_batch_size 16
     --scheduler_conf warmup_steps=20
     --keep_nbest_models 1 $train_args"
+  lm_args="--max_epoch 2 --num_iters_per_epoch 5 $lm_args"
+  lm_weights="0.2"; lm_known_weights="0.4 0.8"
+  # one beam search with the LMs, one search in half precision (each decoding is a
+  # process start: the smoke run stays short; the tests cover the other searches)
+  lm_searches="tdt:tdt_beam"
+  dtype_jobs="multiblank:mb_greedy"
 fi
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -106,15 +148,6 @@ data=$dir/data$suffix
 exp=$dir/exp$suffix
 done_dir=$exp/.done
 mkdir -p "$exp" "$done_dir"
-# Stage numbers changed when the TDT became stage 8: markers of an older run dir (8
-# decode, 9 score, 10 report) move up by one, so its TDT is trained, not skipped.
-if [ ! -e "$done_dir/layout" ]; then
-  for k in 10 9 8; do
-    if [ -e "$done_dir/$k" ]; then mv "$done_dir/$k" "$done_dir/$((k + 1))"; fi
-  done
-  echo "3 models: 6 standard, 7 multiblank, 8 tdt, 9 decode, 10 score, 11 report" \
-    > "$done_dir/layout"
-fi
 export PYTHONUNBUFFERED=1
 train_cmd=("$python" -m espnet_multiblank.bin.asr_train)
 infer_cmd=("$python" -m espnet_multiblank.bin.asr_inference)
@@ -210,27 +243,34 @@ PY
 }
 
 # ------------------------------------------------------ stage 2: data synthesis
+accounts=$wavdir/accounts.txt   # the known account numbers (stage 2)
 stage_synth() {
-  local t0=$SECONDS s n seed
+  local t0=$SECONDS s n seed texts params
   mkdir -p "$wavdir"
-  for s in train dev test; do
+  "$python" "$recipe/local/make_accounts.py" --num "$num_accounts" --seed 4 "$accounts"
+  for s in train dev test dev_known test_known; do
+    texts=()
     case $s in
       train) n=$num_train; seed=1 ;;
       dev) n=$num_dev; seed=2 ;;
       test) n=$num_test; seed=3 ;;
+      dev_known) n=$num_known_dev; seed=5; texts=(--texts "$accounts") ;;
+      test_known) n=$num_known_test; seed=6; texts=(--texts "$accounts") ;;
     esac
+    params="$s $n $seed"
+    [ ${#texts[@]} -eq 0 ] || params="$params accounts $num_accounts"
     # a set completed by an interrupted earlier run (renamed only after success) is kept
     # if it was made with the same parameters
-    if [ "$(cat "$wavdir/$s/params" 2>/dev/null)" = "$s $n $seed" ]; then
+    if [ "$(cat "$wavdir/$s/params" 2>/dev/null)" = "$params" ]; then
       log "$s: kept from an earlier run ($n utterances)"
       continue
     fi
     rm -rf "$wavdir/$s" "$wavdir/$s.tmp"
     "$python" "$recipe/local/synth_digits.py" --set $s --num "$n" --seed $seed \
-      --nj "$nj" "$wavdir/$s.tmp"
+      --nj "$nj" "${texts[@]}" "$wavdir/$s.tmp"
     # the manifest holds absolute paths: fix them for the final name
     sed -i "s#$wavdir/$s.tmp/#$wavdir/$s/#" "$wavdir/$s.tmp/manifest.tsv"
-    echo "$s $n $seed" > "$wavdir/$s.tmp/params"
+    echo "$params" > "$wavdir/$s.tmp/params"
     mv "$wavdir/$s.tmp" "$wavdir/$s"
   done
   log "synthetic data: $((SECONDS - t0)) s"
@@ -265,14 +305,20 @@ stage_synth() {
 stage_data() {
   local s
   mkdir -p "$data"
-  for s in train dev test test_real; do
+  for s in train dev test test_real dev_known test_known; do
     rm -rf "$data/$s"
     if [ -f "$wavdir/$s/manifest.tsv" ]; then
       "$python" "$recipe/local/data_prep.py" "$wavdir/$s/manifest.tsv" "$data/$s"
     fi
   done
-  [ -f "$data/train/wav.scp" ] && [ -f "$data/dev/wav.scp" ] && [ -f "$data/test/wav.scp" ] \
-    || die "data dirs incomplete"
+  for s in train dev test dev_known test_known; do
+    [ -f "$data/$s/wav.scp" ] || die "data dirs incomplete: no $data/$s"
+  done
+  # the text of the known LM: the account list itself
+  rm -rf "$data/accounts"
+  mkdir -p "$data/accounts.tmp"
+  cp "$accounts" "$data/accounts.tmp/text"
+  mv "$data/accounts.tmp" "$data/accounts"
 }
 
 # -------------------------------------------------------- stage 4: token list
@@ -372,7 +418,7 @@ run_trainings() {
   if [ "$train_jobs" -le 1 ]; then
     for spec in "${train_stages[@]}"; do
       # shellcheck disable=SC2086
-      run_stage $spec 9
+      run_stage $spec 10
     done
     return 0
   fi
@@ -386,7 +432,7 @@ run_trainings() {
       sleep 5
     done
     # shellcheck disable=SC2086
-    run_stage $spec 9 &
+    run_stage $spec 10 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do
@@ -395,7 +441,43 @@ run_trainings() {
   [ $rc -eq 0 ] || die "training failed"
 }
 
-# ------------------------------------------------------------ stage 9: decode
+# ------------------------------------------------------------ stage 9: LMs
+# train_lm NAME CONFIG TRAIN_TEXT VALID_TEXT: ESPnet's LM trainer (espnet2.bin.lm_train,
+# imported after the plug-in's quiet module, as the ASR trainings are)
+train_lm() {
+  local name=$1 config=$2 text=$3 valid=$4
+  local out=$exp/lm_$name t0=$SECONDS v f
+  rm -rf "$out" "$out.tmp"
+  mkdir -p "$out.tmp/shapes"
+  v=$(wc -l < "$token_list")
+  # ESPnet's text shape files: "key tokens,vocabulary" (word tokens)
+  for f in train:"$text" valid:"$valid"; do
+    awk -v V="$v" 'NF > 1 { print $1 " " (NF - 1) "," V }' "${f#*:}" \
+      > "$out.tmp/shapes/${f%%:*}_shape.word"
+  done
+  log "training LM $name ($config) on $text: progress in $out.tmp/train.log"
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -c \
+    'import espnet_multiblank.espnet.quiet; from espnet2.bin.lm_train import main; main()' \
+    --ngpu 0 --config "$config" --use_preprocessor true --token_type word \
+    --token_list "$token_list" --non_linguistic_symbols none --cleaner none --g2p none \
+    --train_data_path_and_name_and_type "$text,text,text" \
+    --valid_data_path_and_name_and_type "$valid,text,text" \
+    --train_shape_file "$out.tmp/shapes/train_shape.word" \
+    --valid_shape_file "$out.tmp/shapes/valid_shape.word" \
+    --resume false --output_dir "$out.tmp" $lm_args > "$out.tmp/train.log" 2>&1 \
+    || { tail -n 30 "$out.tmp/train.log" >&2; die "LM training $name failed: $out.tmp/train.log"; }
+  [ -e "$out.tmp/valid.loss.best.pth" ] || die "LM $name: no valid.loss.best.pth"
+  echo "$((SECONDS - t0))" > "$out.tmp/train_seconds"
+  mv "$out.tmp" "$out"
+  sed -i "s#$out.tmp#$out#g" "$out/config.yaml"
+}
+stage_lms() {
+  train_lm train "$lm_config" "$data/train/text" "$data/dev/text"
+  train_lm known "$lm_known_config" "$data/accounts/text" "$data/dev_known/text"
+}
+
+# ---------------------------------------------------------- decoding, shared
 # model:search pairs; the speed comparison is greedy (standard) vs mb_greedy (multi-blank).
 # standard:mb_greedy runs the plug-in's greedy code on the standard model (no big blanks):
 # the same implementation on both models, which isolates the gain of the big blanks.
@@ -411,87 +493,205 @@ throughput_jobs="standard:greedy:1:stock standard:mb_greedy:32:plugin
 throughput_dir() {  # throughput_dir MODEL SEARCH BATCH ENTRY
   echo "$exp/asr_$1/throughput_${4}_${2}_b${3}_${inference_model%.pth}"
 }
-stage_decode() {
-  local job name search s out bs entry cmd
-  for job in $decode_jobs; do
-    name=${job%%:*}
-    search=${job#*:}
-    [ -f "$decode_conf_dir/$search.yaml" ] || die "missing decode config $decode_conf_dir/$search.yaml"
-    for s in $test_sets; do
-      [ -f "$data/$s/wav.scp" ] || { log "no $s data: skipped"; continue; }
-      out=$exp/asr_$name/decode_${search}_${inference_model%.pth}/$s
-      rm -rf "$out" "$out.tmp"
-      mkdir -p "$out.tmp"
-      log "decoding $s with $name / $search"
-      # batch_size 1 for every search, one process, $decode_threads torch threads:
-      # the decoding times are comparable between searches
-      OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
-        "${infer_cmd[@]}" --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size 1 \
-        --data_path_and_name_and_type "$data/$s/wav.scp,speech,sound" \
-        --key_file "$data/$s/wav.scp" \
-        --asr_train_config "$exp/asr_$name/config.yaml" \
-        --asr_model_file "$exp/asr_$name/$inference_model" \
-        --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
-        || { tail -n 30 "$out.tmp.log" >&2; die "decoding failed: $out.tmp.log"; }
-      mv "$out.tmp.log" "$out.tmp/decode.log"
-      [ -f "$out.tmp/1best_recog/text" ] || die "no 1best_recog/text in $out.tmp"
-      [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
-      mv "$out.tmp" "$out"
-    done
-  done
-  s=${test_sets%% *}
-  for job in $throughput_jobs; do
-    IFS=: read -r name search bs entry <<< "$job"
-    out=$(throughput_dir "$name" "$search" "$bs" "$entry")/$s
-    rm -rf "$out" "$out.tmp"
-    mkdir -p "$out.tmp"
-    log "throughput: $s with $name / $search, batch $bs, $entry entry point"
-    case $entry in
-      stock) cmd=("$python" -m espnet2.bin.asr_inference) ;;
-      plugin) cmd=("${infer_cmd[@]}") ;;
-      *) die "unknown entry point $entry in throughput job $job" ;;
-    esac
-    OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
-      "${cmd[@]}" --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size "$bs" \
-      --data_path_and_name_and_type "$data/$s/wav.scp,speech,sound" \
-      --key_file "$data/$s/wav.scp" \
-      --asr_train_config "$exp/asr_$name/config.yaml" \
-      --asr_model_file "$exp/asr_$name/$inference_model" \
-      --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
-      || { tail -n 30 "$out.tmp.log" >&2; die "decoding failed: $out.tmp.log"; }
-    mv "$out.tmp.log" "$out.tmp/decode.log"
-    [ -f "$out.tmp/1best_recog/text" ] || die "no 1best_recog/text in $out.tmp"
-    [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
-    mv "$out.tmp" "$out"
-  done
+decode_dir() {  # decode_dir MODEL SEARCH [LM WEIGHT]: the parent of the per-set dirs
+  if [ $# -eq 3 ]; then  # decode_dir MODEL SEARCH DTYPE
+    echo "$exp/asr_$1/decode_${2}_${3}_${inference_model%.pth}"
+  elif [ $# -ge 4 ]; then
+    echo "$exp/asr_$1/decode_${2}_lm_${3}_w${4}_${inference_model%.pth}"
+  else
+    echo "$exp/asr_$1/decode_${2}_${inference_model%.pth}"
+  fi
+}
+# decode OUT ENTRY MODEL SEARCH SET BATCH [EXTRA...]: one data set into OUT (written as
+# OUT.tmp, renamed when complete); ENTRY "plugin" or "stock"; $decode_threads torch
+# threads, so that the times of one-at-a-time runs compare
+decode() {
+  local out=$1 entry=$2 name=$3 search=$4 s=$5 bs=$6 cmd
+  shift 6
+  [ -f "$decode_conf_dir/$search.yaml" ] || die "missing decode config $decode_conf_dir/$search.yaml"
+  case $entry in
+    stock) cmd=("$python" -m espnet2.bin.asr_inference) ;;
+    plugin) cmd=("${infer_cmd[@]}") ;;
+    *) die "unknown entry point $entry" ;;
+  esac
+  rm -rf "$out" "$out.tmp"
+  mkdir -p "$out.tmp"
+  OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
+    "${cmd[@]}" --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size "$bs" \
+    --data_path_and_name_and_type "$data/$s/wav.scp,speech,sound" \
+    --key_file "$data/$s/wav.scp" \
+    --asr_train_config "$exp/asr_$name/config.yaml" \
+    --asr_model_file "$exp/asr_$name/$inference_model" \
+    --output_dir "$out.tmp" "$@" > "$out.tmp.log" 2>&1 \
+    || { tail -n 30 "$out.tmp.log" >&2; die "decoding failed: $out.tmp.log"; }
+  mv "$out.tmp.log" "$out.tmp/decode.log"
+  [ -f "$out.tmp/1best_recog/text" ] || die "no 1best_recog/text in $out.tmp"
+  [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
+  mv "$out.tmp" "$out"
+}
+score() {  # score SET DECODE_DIR
+  "$python" "$recipe/local/score.py" "$data/$1/text" "$2/1best_recog/text" "$2"
+}
+# a small job pool: pool_run N CMD... runs CMD in the background, at most N at a time;
+# pool_finish waits for all of them and fails if any failed
+POOL_PIDS=()
+POOL_RC=0
+pool_run() {
+  local max=$1
+  shift
+  if [ "${#POOL_PIDS[@]}" -ge "$max" ]; then
+    wait "${POOL_PIDS[0]}" || POOL_RC=1
+    POOL_PIDS=("${POOL_PIDS[@]:1}")
+  fi
+  "$@" &
+  POOL_PIDS+=($!)
+}
+pool_finish() {
+  local p rc
+  for p in "${POOL_PIDS[@]}"; do wait "$p" || POOL_RC=1; done
+  rc=$POOL_RC
+  POOL_PIDS=()
+  POOL_RC=0
+  return "$rc"
 }
 
-# ------------------------------------------------------------ stage 10: score
-stage_score() {
+# ------------------------------------------------------------ stage 10: decode
+stage_decode() {
   local job name search s out bs entry
   for job in $decode_jobs; do
     name=${job%%:*}
     search=${job#*:}
     for s in $test_sets; do
-      out=$exp/asr_$name/decode_${search}_${inference_model%.pth}/$s
-      [ -d "$out" ] || continue
-      "$python" "$recipe/local/score.py" "$data/$s/text" "$out/1best_recog/text" "$out"
+      [ -f "$data/$s/wav.scp" ] || { log "no $s data: skipped"; continue; }
+      log "decoding $s with $name / $search"
+      # batch_size 1 for every search, one process, $decode_threads torch threads:
+      # the decoding times are comparable between searches
+      decode "$(decode_dir "$name" "$search")/$s" plugin "$name" "$search" "$s" 1
     done
   done
   s=${test_sets%% *}
   for job in $throughput_jobs; do
     IFS=: read -r name search bs entry <<< "$job"
-    out=$(throughput_dir "$name" "$search" "$bs" "$entry")/$s
-    [ -d "$out" ] || continue
-    "$python" "$recipe/local/score.py" "$data/$s/text" "$out/1best_recog/text" "$out"
+    log "throughput: $s with $name / $search, batch $bs, $entry entry point"
+    decode "$(throughput_dir "$name" "$search" "$bs" "$entry")/$s" "$entry" "$name" \
+      "$search" "$s" "$bs"
+  done
+  local dtype
+  for job in $dtype_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for dtype in $dtypes; do
+      pool_run "$lm_decode_jobs" decode "$(decode_dir "$name" "$search" "$dtype")/$s" \
+        plugin "$name" "$search" "$s" 1 --dtype "$dtype"
+    done
+  done
+  pool_finish || die "half-precision decoding failed"
+}
+
+# ----------------------------------------------------- stage 11: LM decoding
+# LM NAME: its dev set and test sets
+lm_dev() { case $1 in train) echo dev ;; known) echo dev_known ;; esac; }
+lm_tests() { case $1 in train) echo "$test_sets" ;; known) echo test_known ;; esac; }
+lm_candidates() { case $1 in train) echo "$lm_weights" ;; known) echo "$lm_known_weights" ;; esac; }
+lm_weight_file() {  # lm_weight_file MODEL SEARCH LM: the weight chosen on dev
+  echo "$exp/asr_$1/lm_${3}_weight_${2}_${inference_model%.pth}.json"
+}
+lm_decode() {  # lm_decode MODEL SEARCH LM WEIGHT SET: decode and score SET
+  local out
+  out=$(decode_dir "$1" "$2" "$3" "$4")/$5
+  decode "$out" plugin "$1" "$2" "$5" 1 --lm_train_config "$exp/lm_$3/config.yaml" \
+    --lm_file "$exp/lm_$3/valid.loss.best.pth" --lm_weight "$4"
+  score "$5" "$out" > /dev/null
+}
+plain_decode() {  # plain_decode MODEL SEARCH SET: without an LM, decode and score
+  local out
+  out=$(decode_dir "$1" "$2")/$3
+  decode "$out" plugin "$1" "$2" "$3" 1
+  score "$3" "$out" > /dev/null
+}
+stage_lm_decode() {
+  local lm job name search dev s w weights
+  for lm in train known; do
+    dev=$(lm_dev $lm)
+    log "LM $lm: weights $(lm_candidates $lm) on $dev, searches $lm_searches"
+    for job in $lm_searches; do
+      name=${job%%:*}
+      search=${job#*:}
+      pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$dev"
+      for w in $(lm_candidates $lm); do
+        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" $lm "$w" "$dev"
+      done
+    done
+    pool_finish || die "LM decoding on $dev failed"
+    for job in $lm_searches; do
+      name=${job%%:*}
+      search=${job#*:}
+      weights=()
+      for w in $(lm_candidates $lm); do
+        weights+=("$w=$(decode_dir "$name" "$search" $lm "$w")/$dev/score.json")
+      done
+      "$python" "$recipe/local/choose_lm_weight.py" \
+        --no_lm "$(decode_dir "$name" "$search")/$dev/score.json" \
+        "$(lm_weight_file "$name" "$search" $lm)" "${weights[@]}"
+      w=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"])' \
+        "$(lm_weight_file "$name" "$search" $lm)")
+      for s in $(lm_tests $lm); do
+        [ -f "$data/$s/wav.scp" ] || continue
+        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" $lm "$w" "$s"
+        if [ $lm = known ]; then
+          pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$s"
+        fi
+      done
+    done
+    pool_finish || die "LM decoding of $(lm_tests $lm) failed"
   done
 }
 
-# ----------------------------------------------------------- stage 11: report
+# ------------------------------------------------------------ stage 12: score
+stage_score() {
+  local job name search s bs entry lm w
+  for job in $decode_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for s in $test_sets; do
+      [ -d "$(decode_dir "$name" "$search")/$s" ] || continue
+      score "$s" "$(decode_dir "$name" "$search")/$s"
+    done
+  done
+  s=${test_sets%% *}
+  for job in $throughput_jobs; do
+    IFS=: read -r name search bs entry <<< "$job"
+    [ -d "$(throughput_dir "$name" "$search" "$bs" "$entry")/$s" ] || continue
+    score "$s" "$(throughput_dir "$name" "$search" "$bs" "$entry")/$s"
+  done
+  for job in $dtype_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for w in $dtypes; do
+      [ -d "$(decode_dir "$name" "$search" "$w")/$s" ] || continue
+      score "$s" "$(decode_dir "$name" "$search" "$w")/$s"
+    done
+  done
+  for job in $lm_searches; do  # the LM decodings (scored in stage 11 already: again)
+    name=${job%%:*}
+    search=${job#*:}
+    for lm in train known; do
+      for w in $(lm_candidates $lm); do
+        for s in $(lm_dev $lm) $(lm_tests $lm); do
+          [ -d "$(decode_dir "$name" "$search" $lm "$w")/$s" ] || continue
+          score "$s" "$(decode_dir "$name" "$search" $lm "$w")/$s"
+        done
+      done
+    done
+  done
+}
+
+# ----------------------------------------------------------- stage 13: report
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
-    --throughput_jobs "$throughput_jobs" \
+    --throughput_jobs "$throughput_jobs" --lm_searches "$lm_searches" \
+    --dtype_jobs "$dtype_jobs" --dtypes "$dtypes" \
     --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
   if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
@@ -502,17 +702,32 @@ stage_report() {
   cat "$exp/RESULTS.md"
 }
 
+# the stage numbers of this script: a run dir whose markers were written by a run.sh
+# with other numbers (its layout file says so) would skip the wrong stages
+layout="13 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 score, 13 report"
+check_layout() {
+  local old
+  old=$(cat "$done_dir/layout" 2>/dev/null || true)
+  if [ -n "$old" ] && [ "$old" != "$layout" ]; then
+    die "$done_dir holds the stage markers of another run.sh ($old): remove it to redo every stage, or use another --dir"
+  fi
+  echo "$layout" > "$done_dir/layout"
+}
+
 main() {
   log "dir=$dir smoke=$smoke stages $stage..$stop_stage"
+  check_layout
   run_stage 1 tools stage_tools
   run_stage 2 synthesis stage_synth
   run_stage 3 data_dirs stage_data
   run_stage 4 token_list stage_tokens
   run_stage 5 collect_stats stage_stats
   run_trainings
-  run_stage 9 decode stage_decode
-  run_stage 10 score stage_score
-  run_stage 11 report stage_report
+  run_stage 9 train_lms stage_lms
+  run_stage 10 decode stage_decode
+  run_stage 11 lm_decode stage_lm_decode
+  run_stage 12 score stage_score
+  run_stage 13 report stage_report
   log "all done ($SECONDS s)"
 }
 

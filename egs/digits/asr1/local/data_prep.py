@@ -35,9 +35,11 @@ def main(manifest, out_dir):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     spk2utt = defaultdict(list)
-    with open(os.path.join(tmp, "wav.scp"), "w") as scp, open(
-        os.path.join(tmp, "text"), "w"
-    ) as txt, open(os.path.join(tmp, "utt2spk"), "w") as u2s:
+    with (
+        open(os.path.join(tmp, "wav.scp"), "w") as scp,
+        open(os.path.join(tmp, "text"), "w") as txt,
+        open(os.path.join(tmp, "utt2spk"), "w") as u2s,
+    ):
         for utt, spk, path, text in rows:
             scp.write(f"{utt} {path}\n")
             txt.write(f"{utt} {text}\n")

@@ -22,6 +22,8 @@ from report import (  # noqa: E402
     comparison,
     data,
     decoding,
+    lm,
+    precision,
     repeats,
     speed_plot,
     stages,
@@ -57,6 +59,13 @@ def main():
     p.add_argument(
         "--throughput_jobs", default="", help="'model:search:batch:entry ...'"
     )
+    p.add_argument(
+        "--lm_searches", default="", help="'model:search ...' decoded with the LMs"
+    )
+    p.add_argument(
+        "--dtype_jobs", default="", help="'model:search ...' decoded in half precision"
+    )
+    p.add_argument("--dtypes", default="float16 bfloat16")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train_jobs", type=int, default=1)
     a = p.parse_args()
@@ -83,6 +92,12 @@ def main():
     lines += repeats.section(a.exp, a.data, jobs, test_sets[0], a.inference_model)
     lines += comparison.section(res, test_sets[0])
     lines += comparison.tdt_section(res, test_sets[0])
+    lm_searches = [tuple(j.split(":")) for j in a.lm_searches.split()]
+    lines += lm.section(a.exp, a.data, lm_searches, a.inference_model, test_sets)
+    dtype_jobs = [tuple(j.split(":")) for j in a.dtype_jobs.split()]
+    lines += precision.section(
+        a.exp, dtype_jobs, a.dtypes.split(), a.inference_model, test_sets[0]
+    )
     if a.throughput_jobs.split():
         tjobs = [tuple(j.split(":")) for j in a.throughput_jobs.split()]
         rows = throughput.load(a.exp, tjobs, a.inference_model, test_sets[0])

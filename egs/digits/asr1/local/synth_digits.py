@@ -11,7 +11,13 @@ The speakers (engine + voice + variant) of the training set and of the held-out 
 Output: <out_dir>/wav/<utt>.wav and <out_dir>/manifest.tsv (utt, spk, path, text).
 The caller writes to a temporary directory and renames it on success.
 
+The digit strings are uniformly random (1-7 words), except with ``--texts FILE``
+(``key words...`` lines, e.g. local/make_accounts.py's account numbers): each
+utterance then says one of those strings, drawn at random. dev_known / test_known use
+the voices of dev / test.
+
 Usage: synth_digits.py --set train --num 8000 --seed 1 --nj 2 OUT_DIR
+       synth_digits.py --set test_known --texts accounts.txt --num 400 --seed 6 OUT
 """
 
 import argparse
@@ -90,21 +96,28 @@ SPEAKERS = {
         ("festival", "ked_diphone", 0.25),
     ],
 }
+# the known-list sets: the held-out voices of dev and test
+SPEAKERS["dev_known"] = SPEAKERS["dev"]
+SPEAKERS["test_known"] = SPEAKERS["test"]
 
 
 def spk_id(engine, voice):
     return f"{engine}-{voice.replace('+', '-').replace('_', '-')}"
 
 
-def make_jobs(set_name, num, seed):
+def make_jobs(set_name, num, seed, texts=None):
+    """The utterances to synthesise; ``texts``: word lists to draw from (None:
+    uniformly random strings of 1-7 words)."""
     rng = random.Random(seed)
     speakers = SPEAKERS[set_name]
     weights = [w for _, _, w in speakers]
     jobs = []
     for i in range(num):
         engine, voice, _ = rng.choices(speakers, weights)[0]
-        n = rng.randint(1, 7)
-        words = [rng.choice(WORDS) for _ in range(n)]
+        if texts:
+            words = list(rng.choice(texts))
+        else:
+            words = [rng.choice(WORDS) for _ in range(rng.randint(1, 7))]
         # TTS input: occasional commas give pauses between words
         tts = words[0]
         for w in words[1:]:
@@ -236,13 +249,21 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--nj", type=int, default=2)
     p.add_argument("--chunk", type=int, default=100)
+    p.add_argument("--texts", help="'key words...' lines to draw the strings from")
     p.add_argument("out_dir")
     a = p.parse_args()
 
     t0 = time.time()
     wav_dir = os.path.abspath(os.path.join(a.out_dir, "wav"))
     os.makedirs(wav_dir, exist_ok=True)
-    jobs = make_jobs(a.set, a.num, a.seed)
+    texts = None
+    if a.texts:
+        with open(a.texts, encoding="utf-8") as f:
+            texts = [line.split()[1:] for line in f if len(line.split()) > 1]
+        bad = sorted({w for t in texts for w in t} - set(WORDS))
+        if not texts or bad:
+            sys.exit(f"{a.texts}: no strings, or words outside {WORDS}: {bad}")
+    jobs = make_jobs(a.set, a.num, a.seed, texts)
     chunks = [(jobs[i : i + a.chunk], wav_dir) for i in range(0, len(jobs), a.chunk)]
     rows = []
     with Pool(a.nj) as pool:

@@ -27,6 +27,13 @@ def data_summary(data, sets):
     return rows
 
 
+def _count(path):
+    if not os.path.exists(path):
+        return "-"
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
+
+
 def espeak_voices(data):
     path = os.path.join(data, "train", "spk2utt")
     if not os.path.exists(path):
@@ -40,7 +47,8 @@ def section(data, wavdir, test_sets):
     L = ["## Data", ""]
     L.append("| set | utterances | speakers | words | hours | generation time |")
     L.append("|---|---|---|---|---|---|")
-    for s, n, nspk, words, secs in data_summary(data, ["train", "dev"] + test_sets):
+    sets = ["train", "dev"] + test_sets + ["dev_known", "test_known"]
+    for s, n, nspk, words, secs in data_summary(data, sets):
         gen = os.path.join(wavdir, s, "synthesis_seconds")
         gen = fmt_time(open(gen).read()) if os.path.exists(gen) else "-"
         L.append(f"| {s} | {n} | {nspk} | {words} | {secs / 3600:.2f} | {gen} |")
@@ -55,7 +63,11 @@ def section(data, wavdir, test_sets):
         "cmu_us_slt_arctic_hts); dev/test: held-out voices "
         "(espeak-ng en-029 with unseen variants, flite rms, festival ked_diphone). "
         "test_real: isolated-digit recordings (asterisk Allison, saytime male speaker) "
-        "concatenated into strings."
+        "concatenated into strings. dev_known / test_known: the voices of dev / test "
+        "saying strings drawn from a list of "
+        f"{_count(os.path.join(data, 'accounts', 'text'))} account numbers of 5-7 "
+        "digits (`local/make_accounts.py`), the text of the `known` LM; the strings of "
+        "the other synthetic sets are uniformly random."
     )
     L.append("")
     return L

@@ -19,10 +19,11 @@ Blank decisions (``docs/decoding.md``, "Blank or label"):
 """
 
 import math
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.lattice import MultiblankLattice
 
 #: ``blank_decision`` values (module docstring)
@@ -89,6 +90,7 @@ class SymbolTable:
         self.blank_index_list: List[int] = list(lattice.blank_ids)
         # the blanks are the contiguous indices blank - N .. blank
         self.blank_range = (lattice.blank - lattice.num_big_blanks, lattice.blank + 1)
+        self._mask_rows: Dict[int, torch.Tensor] = {}
 
     def mask(
         self,
@@ -158,3 +160,59 @@ class SymbolTable:
         is_label = self.is_label[k] & (label_lp > total)
         k = torch.where(is_label, k, best_blank)
         return k, torch.where(is_label, label_lp, total)
+
+    def mask_rows(self, max_sym: int) -> torch.Tensor:
+        """:meth:`mask` as a lookup (cached per ``max_sym``).
+
+        The mask of a row depends only on whether the guard holds (``num_sym >=
+        max_sym``) and on the frames left, ``T - t``, up to the longest blank: row
+        ``g * (R + 1) + r`` (``R = max_frames``) is the mask of a row with guard ``g``
+        and ``min(T - t, R) = r`` frames left, taken from :meth:`mask` itself.
+
+        Returns:
+            (2 (R + 1), V) additive masks: 0 where allowed, -inf where not.
+        """
+        rows = self._mask_rows.get(max_sym)
+        if rows is None:
+            device = self.frames.device
+            R = self.max_frames
+            left = torch.arange(R + 1, device=device).repeat(2)
+            n = left.numel()
+            guard = torch.arange(n, device=device) > R
+            rows = self.mask(
+                torch.zeros(n, self.vocab_size, device=device),
+                frame=R - left,
+                length=torch.full((n,), R, device=device),
+                num_sym=guard.long() * max_sym,
+                max_sym=max_sym,
+            )
+            self._mask_rows[max_sym] = rows
+        return rows
+
+    def best_arcs(
+        self,
+        logp: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        max_sym: int,
+        blank_decision: str,
+    ) -> Arcs:
+        """The greedy step of each row: the allowed symbol it emits (:meth:`decide`).
+
+        Args:
+            logp: (A, V) float32 log-probabilities of the row's node (with an LM, the
+                fused scores: the labels' log-probabilities plus the LM's).
+            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
+                end: their arcs are to be ignored).
+            length: (A,) long, T of each row.
+            num_sym: (A,) long, labels already emitted at ``frame``.
+            max_sym: Labels allowed per frame.
+            blank_decision: ``"total"`` or ``"symbol"``.
+        """
+        R = self.max_frames
+        which = (length - frame).clamp(0, R) + (R + 1) * (num_sym >= max_sym)
+        masked = logp + self.mask_rows(max_sym)[which]
+        symbol, score = self.decide(logp, masked, blank_decision)
+        frames = self.frames[symbol]
+        return Arcs(symbol, frames, score, frames == 0)

@@ -29,33 +29,16 @@ import torch
 
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.symbols import log_sum_exp
-from espnet_multiblank.decoding.tdt_table import END_RULES, TDTSymbolTable
+from espnet_multiblank.decoding.multiblank_table import log_sum_exp
+from espnet_multiblank.decoding.row_step import TDTRowStep
+from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 from espnet_multiblank.lattice import TDTLattice
 
 #: the TDT searches' default ``blank_decision`` (chosen on the digits dev set)
 TDT_GREEDY_DECISION = "total"
 
 
-class TDTSearchMixin:
-    """What the TDT searches share: the lattice type, the end rule and the symbol
-    table."""
-
-    lattice_types = (TDTLattice,)
-    end_rule = "exact"
-
-    def _set_end_rule(self, end_rule: str) -> None:
-        if end_rule not in END_RULES:
-            raise ValueError(f"end_rule must be one of {END_RULES}, got {end_rule!r}")
-        self.end_rule = end_rule
-
-    def make_table(self, device: torch.device) -> TDTSymbolTable:
-        return TDTSymbolTable(
-            self.lattice, self.stepper.vocab_size, device, end_rule=self.end_rule
-        )
-
-
-class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
+class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
     """TDT greedy search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch` with a
@@ -74,8 +57,11 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
         max_sym_per_frame: int = 10,
         blank_decision: str = TDT_GREEDY_DECISION,
         end_rule: str = "exact",
+        fusion=None,
     ):
-        super().__init__(stepper, lattice, max_sym_per_frame, blank_decision)
+        super().__init__(
+            stepper, lattice, max_sym_per_frame, blank_decision, fusion=fusion
+        )
         self._set_end_rule(end_rule)
 
     def _slot_sets(self, table: TDTSymbolTable):
@@ -103,7 +89,7 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
     @torch.no_grad()
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
         """Greedy search for one utterance (a plain Python loop: no batch overhead;
-        the same arcs as :meth:`TDTSymbolTable.step`).
+        the same arcs as :meth:`TDTSymbolTable.best_arcs`).
 
         Args:
             enc_out: (T, D_enc) encoder output.
@@ -139,6 +125,7 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
         T = enc_out.size(0)
         enc_proj = stepper.project_enc(enc_out)  # (T, J)
         dec_proj, state = self.start(1, device)
+        lm = self.start_lm(1, device)
         hyp = Hypothesis(score=0.0, yseq=[blank])
         while hyp.frame < T:
             t = hyp.frame
@@ -154,6 +141,8 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
             # best() value (log of its ex sum) - log(sum(ex)); so subtract:
             norm = math.log(sum(ex)) + (0.0 if total else top)
             tok = z_tok.float().log_softmax(-1)  # (1, V)
+            if lm is not None:  # fused scores of the labels (the blank's is 0)
+                tok = tok + lm.labels
             blank_slots, label_slots = slot_sets[
                 min(T - t, R1), hyp.num_sym_frame >= max_sym
             ]
@@ -179,6 +168,8 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
                 hyp.yseq.append(label_k)
                 label = torch.full((1,), label_k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
+                if lm is not None:
+                    lm = self.fusion.step(label, lm)
                 frames = min(durations[l_j], T - t)
                 if frames == 0:
                     hyp.num_sym_frame += 1
@@ -187,12 +178,4 @@ class TDTGreedySearch(TDTSearchMixin, FrameLoopingGreedySearch):
             else:
                 hyp.score += blank_tok + b_val
                 hyp.advance(min(durations[b_j], T - t))
-        hyp.dec_state = state
-        hyp.dec_proj = dec_proj[0]
-        return hyp
-
-    def choose(self, table, enc_proj, dec_proj, frame, length, num_sym):
-        tok, dur = table.log_probs(self.stepper.joint(enc_proj, dec_proj))
-        guard = num_sym >= self.max_sym_per_frame
-        arcs = table.step(tok, dur, length - frame, guard, self.blank_decision)
-        return arcs.symbol, arcs.frames, arcs.score, arcs.is_label
+        return self._finish_one(hyp, state, dec_proj, lm)

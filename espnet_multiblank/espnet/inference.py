@@ -1,0 +1,383 @@
+"""The plug-in's decoding loop (``python -m espnet_multiblank.bin.asr_inference``, and
+ESPnet's stock ``espnet2.bin.asr_inference`` on the plug-in's models once the
+start-up hook has wrapped it).
+
+:func:`inference` takes the arguments of ``espnet2.bin.asr_inference.inference`` and
+writes ESPnet's output layout (``<output_dir>/1best_recog/{text,token,token_int,
+score}``, ``Nbest_recog`` for ``--nbest N``) and ``<output_dir>/decoding_stats.json``.
+Every utterance either decodes or is reported, by its key and the reason, in the log
+and in ``<output_dir>/failed_utterances`` (``key reason`` lines; nothing is written
+for it in ``*best_recog``), and the run goes on with the others (:mod:`.inputs`:
+unreadable, empty, too short, non-finite, another sample rate, several channels; any
+error of the search, and a non-finite score). The caller decides the exit status from
+``decoding_stats.json``'s ``num_failed`` (:func:`exit_status`).
+
+With ``--batch_size N > 1`` and a batched search (``mb_greedy``, ``tdt_greedy``)
+utterances are decoded N at a time (``decode_batch``), grouped by length (32 N
+utterances are read and sorted at a time) and written in input order, with the
+hypotheses of ``--batch_size 1``; a batch that fails is decoded again one utterance
+at a time, so that a bad utterance fails alone, as it does at batch 1.
+"""
+
+import inspect
+import logging
+import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from espnet_multiblank.espnet.inputs import (
+    InputChecks,
+    Utterance,
+    input_checks,
+    read_utterances,
+)
+
+logger = logging.getLogger("espnet_multiblank.asr_inference")
+
+#: batched decoding sorts this many batches' worth of utterances by length at a time
+SORT_WINDOW = 32
+#: ``<output_dir>/failed_utterances``: one ``key reason`` line per failed utterance
+FAILED_FILE = "failed_utterances"
+
+
+def inference(
+    output_dir: str,
+    batch_size: int,
+    ngpu: int,
+    seed: int,
+    num_workers: int,
+    log_level: Any,
+    data_path_and_name_and_type: Sequence[Tuple[str, str, str]],
+    key_file: Optional[str],
+    allow_variable_data_keys: bool,
+    model_tag: Optional[str] = None,
+    word_lm_train_config: Optional[str] = None,
+    word_lm_file: Optional[str] = None,
+    entry_point: Optional[str] = None,
+    speech2text_class: Any = None,
+    allow_failed_utterances: bool = False,
+    **speech2text_kwargs: Any,
+) -> Dict[str, Any]:
+    """Decode a data set; the arguments of ``espnet2.bin.asr_inference.inference``.
+
+    Args:
+        allow_failed_utterances: Read by the caller (:func:`exit_status`), here only
+            so that a parsed command line can be passed as it is.
+        entry_point: Written to ``decoding_stats.json`` (ESPnet's stock module).
+        speech2text_class: The ``Speech2Text`` class (default
+            :class:`~espnet_multiblank.espnet.speech2text.MultiblankSpeech2Text`).
+
+    Returns:
+        The statistics written to ``<output_dir>/decoding_stats.json``.
+    """
+    from espnet2.fileio.datadir_writer import DatadirWriter
+    from espnet2.tasks.asr import ASRTask
+    from espnet2.torch_utils.set_all_random_seed import set_all_random_seed
+
+    _refuse_unsupported(word_lm_train_config, ngpu, speech2text_kwargs)
+    logging.basicConfig(
+        level=log_level,
+        format="%(asctime)s (%(module)s:%(lineno)d) %(levelname)s: %(message)s",
+    )
+    device = "cuda" if ngpu >= 1 else "cpu"
+    set_all_random_seed(seed)
+    speech2text = build_speech2text(
+        speech2text_class, speech2text_kwargs, device, model_tag
+    )
+    batched = batch_size > 1 and speech2text.supports_batch
+    if batch_size > 1 and not batched:
+        logger.warning(
+            "batch_size=%d: the chosen search decodes one utterance at a time "
+            "(batched decoding: search_type mb_greedy or tdt_greedy)",
+            batch_size,
+        )
+    utterances = read_utterances(
+        data_path_and_name_and_type,
+        key_file,
+        ASRTask.build_preprocess_fn(speech2text.asr_train_args, False),
+    )
+    run = DecodingRun(speech2text, input_checks(speech2text), batch_size, batched)
+    start = time.perf_counter()
+    with DatadirWriter(output_dir) as writer:
+        for key, results in run.decode(utterances):
+            write_results(writer, key, results, speech2text.nbest)
+    stats = run.stats(time.perf_counter() - start, device, entry_point)
+    write_outputs(output_dir, stats, run.failed)
+    return stats
+
+
+def _refuse_unsupported(word_lm_train_config, ngpu: int, kwargs: Dict) -> None:
+    if word_lm_train_config is not None:
+        raise NotImplementedError("Word LM is not implemented")
+    if ngpu > 1:
+        raise NotImplementedError("only single GPU decoding is supported")
+    if kwargs.get("enh_s2t_task") or kwargs.get("multi_asr"):
+        raise NotImplementedError(
+            "enh_s2t_task / multi_asr: use espnet2.bin.asr_inference"
+        )
+
+
+def build_speech2text(
+    cls: Any, kwargs: Dict[str, Any], device: str, model_tag: Optional[str]
+) -> Any:
+    """The ``Speech2Text`` of the run, from the arguments it accepts (the others are
+    logged as unused)."""
+    if cls is None:
+        from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+
+        cls = MultiblankSpeech2Text
+    accepted = set(inspect.signature(cls.__init__).parameters)
+    accepted |= set(inspect.signature(cls.espnet_speech2text.__init__).parameters)
+    s2t_kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    ignored = sorted(set(kwargs) - set(s2t_kwargs))
+    if ignored:
+        logger.warning("arguments not used by Speech2Text: %s", ignored)
+    s2t_kwargs["device"] = device
+    if model_tag is not None:
+        from espnet_model_zoo.downloader import ModelDownloader
+
+        s2t_kwargs.update(ModelDownloader().download_and_unpack(model_tag))
+    return cls(**s2t_kwargs)
+
+
+class DecodingRun:
+    """Decodes utterances, one at a time or in batches, and keeps what failed.
+
+    Args:
+        speech2text: The built ``Speech2Text``.
+        checks: What the model can decode.
+        batch_size: ``--batch_size``.
+        batched: Whether the search decodes batches.
+
+    Attributes:
+        failed: ``{key: reason}`` of the utterances that could not be decoded.
+        num_utterances: Utterances read.
+        audio_seconds: Seconds of audio decoded.
+    """
+
+    def __init__(
+        self, speech2text: Any, checks: InputChecks, batch_size: int, batched: bool
+    ):
+        self.speech2text = speech2text
+        self.checks = checks
+        self.batch_size = batch_size if batched else 1
+        self.batched = batched
+        self.failed: Dict[str, str] = {}
+        self.num_utterances = 0
+        self.audio_seconds = 0.0
+
+    def decode(self, utterances: Iterator[Utterance]) -> Iterator[Tuple[str, List]]:
+        """``(key, n-best results)`` of every utterance that decoded, in input
+        order."""
+        size = self.batch_size * SORT_WINDOW if self.batched else 1
+        window: List[Tuple[str, torch.Tensor, float]] = []
+        for utt in utterances:
+            self.num_utterances += 1
+            speech = self._checked(utt)
+            if speech is None:
+                continue
+            window.append((utt.key, speech, self._seconds(speech, utt.rate)))
+            if len(window) == size:
+                yield from self._decode_window(window)
+                window = []
+        if window:
+            yield from self._decode_window(window)
+
+    def _checked(self, utt: Utterance) -> Optional[torch.Tensor]:
+        if utt.error is not None:
+            self.fail(utt.key, utt.error)
+            return None
+        speech, reason = self.checks.check(utt.speech, utt.rate)
+        if reason is not None:
+            self.fail(utt.key, reason)
+        return speech
+
+    def fail(self, key: str, reason: str) -> None:
+        logger.warning("utterance %s not decoded: %s", key, reason)
+        self.failed[key] = reason
+
+    def _decode_window(self, window: List[Tuple[str, torch.Tensor, float]]):
+        results: List[Optional[List]] = [None] * len(window)
+        inputs = [(key, speech) for key, speech, _ in window]
+        for rows, speech, lengths in length_sorted_batches(inputs, self.batch_size):
+            per_utt = self._decode_batch(speech, lengths) if self.batched else None
+            if per_utt is None:  # one by one (also what isolates a bad utterance)
+                per_utt = [self._decode_one(*inputs[i]) for i in rows]
+            for i, result in zip(rows, per_utt):
+                results[i] = result
+        for (key, _, seconds), result in zip(window, results):  # input order
+            reason = _result_problem(result) if result is not None else None
+            if reason is not None:
+                self.fail(key, reason)
+            elif result is not None:
+                self.audio_seconds += seconds
+                yield key, result
+
+    def _decode_batch(self, speech: torch.Tensor, lengths: torch.Tensor):
+        try:
+            return self.speech2text.decode_batch(speech, lengths)
+        except Exception as e:  # decoded again one by one: the culprit fails alone
+            logger.info("batch of %d decoded one by one: %r", speech.size(0), e)
+            return None
+
+    def _decode_one(self, key: str, speech: torch.Tensor) -> Optional[List]:
+        from espnet.nets.pytorch_backend.transformer.subsampling import (
+            TooShortUttError,
+        )
+
+        try:
+            results = self.speech2text(speech)
+        except TooShortUttError as e:
+            self.fail(key, f"too short for the encoder: {e}")
+            return None
+        except Exception as e:  # reported with its key; the run goes on
+            logger.warning("utterance %s: the search failed", key, exc_info=True)
+            self.fail(key, f"decoding failed: {type(e).__name__}: {e}")
+            return None
+        if isinstance(results, tuple):  # (results, intermediate CTC)
+            results = results[0]
+        return results
+
+    def _seconds(self, speech: torch.Tensor, rate: Optional[int]) -> float:
+        if rate:
+            return speech.size(0) / float(rate)
+        return feature_seconds(speech.size(0), self.speech2text.asr_train_args)
+
+    def stats(
+        self, decode_seconds: float, device: str, entry_point: Optional[str]
+    ) -> Dict[str, Any]:
+        """``decoding_stats.json``."""
+        st = self.speech2text.stats
+        stats = {
+            "num_utterances": self.num_utterances,
+            "num_failed": len(self.failed),
+            "audio_seconds": self.audio_seconds,
+            "decode_seconds": decode_seconds,
+            "rtf": (
+                decode_seconds / self.audio_seconds if self.audio_seconds > 0 else None
+            ),
+            **st.as_dict(),
+            "search": type(self.speech2text.beam_search_transducer).__name__,
+            "batch_size": self.batch_size,
+            "dtype": self.speech2text.dtype,
+            "device": device,
+            "torch_num_threads": torch.get_num_threads(),
+        }
+        if entry_point is not None:
+            stats["entry_point"] = entry_point
+        return stats
+
+
+def _result_problem(results: List) -> Optional[str]:
+    """Why an n-best list must not be written (None when it can)."""
+    if not results:
+        return "the search returned no hypothesis"
+    scores = [float(r[3].score) for r in results]
+    if not all(map(torch.isfinite, torch.tensor(scores))):
+        return (
+            f"non-finite score {scores[0]} (the model's outputs are not finite for "
+            "this input)"
+        )
+    return None
+
+
+def length_sorted_batches(utterances: List[Tuple[str, torch.Tensor]], size: int):
+    """Batches of utterances of similar length (longest first: least padding); only
+    inputs of the same shape but for their length share a batch.
+
+    Args:
+        utterances: ``(key, speech)``, speech (L,) or (L, F).
+        size: Utterances per batch.
+
+    Yields:
+        ``(rows, speech, lengths)``: indices into ``utterances``, the zero-padded
+        (B, L_max) or (B, L_max, F) input and the (B,) int64 lengths.
+    """
+    groups: Dict[Tuple[int, ...], List[int]] = {}
+    for i, (_, speech) in enumerate(utterances):
+        groups.setdefault(tuple(speech.shape[1:]), []).append(i)
+    for rows_of_shape in groups.values():
+        order = sorted(
+            rows_of_shape, key=lambda i: -utterances[i][1].size(0)
+        )  # stable: equal lengths keep the input order
+        for first in range(0, len(order), size):
+            rows = order[first : first + size]
+            seqs = [utterances[i][1] for i in rows]
+            lengths = torch.tensor([x.size(0) for x in seqs], dtype=torch.long)
+            speech = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+            yield rows, speech, lengths
+
+
+def feature_seconds(frames: int, train_args: Any) -> float:
+    """Seconds of a feature input (not a ``sound`` file): frames x ``hop_length /
+    fs`` of the frontend config, else 10 ms per frame."""
+    conf = dict(getattr(train_args, "frontend_conf", None) or {})
+    fs = conf.get("fs", 16000)
+    if isinstance(fs, str):
+        import humanfriendly
+
+        fs = humanfriendly.parse_size(fs)
+    hop = conf.get("hop_length", None)
+    return frames * (float(hop) / float(fs) if hop else 0.01)
+
+
+def write_results(writer: Any, key: str, results: List, nbest: int) -> None:
+    """ESPnet's ``{n}best_recog/{token,token_int,score,text}`` lines of one
+    utterance (scores as plain numbers)."""
+    for n, (text, token, token_int, hyp) in zip(range(1, nbest + 1), results):
+        ibest = writer[f"{n}best_recog"]
+        ibest["token"][key] = " ".join(token)
+        ibest["token_int"][key] = " ".join(map(str, token_int))
+        ibest["score"][key] = str(float(hyp.score))
+        if text is not None:
+            ibest["text"][key] = text
+
+
+def write_outputs(output_dir: str, stats: Dict[str, Any], failed: Dict[str, str]):
+    """``decoding_stats.json``, ``failed_utterances`` and the summary log line."""
+    from pathlib import Path
+
+    from espnet_multiblank.espnet.speech2text import write_decoding_stats
+
+    write_decoding_stats(output_dir, stats)
+    path = Path(output_dir) / FAILED_FILE
+    if failed:
+        with open(path, "w", encoding="utf-8") as f:
+            for key, reason in failed.items():
+                f.write(f"{key} {reason}\n")
+        logger.error(
+            "%d of %d utterances could not be decoded (%s)",
+            len(failed),
+            stats["num_utterances"],
+            path,
+        )
+    elif path.exists():
+        path.unlink()
+    total = stats["total_frames"]
+    skipped = 100.0 * stats["frames_skipped"] / total if total else 0.0
+    logger.info(
+        "decoding_stats: %d utts, %.2f s audio, %.2f s wall, RTF %.4f, %d frames, "
+        "%d big blanks, %d frames skipped (%.1f%%)",
+        stats["num_utterances"] - stats["num_failed"],
+        stats["audio_seconds"],
+        stats["decode_seconds"],
+        stats["rtf"] or 0.0,
+        total,
+        stats["big_blank_emissions"],
+        stats["frames_skipped"],
+        skipped,
+    )
+
+
+def exit_status(stats: Dict[str, Any], allow_failed: bool) -> int:
+    """1 when utterances failed (unless ``allow_failed``: ``--allow_failed_utterances
+    true``), else 0."""
+    if stats.get("num_failed") and not allow_failed:
+        logger.error(
+            "exit status 1: %d utterances failed (--allow_failed_utterances true "
+            "exits 0 with the same outputs)",
+            stats["num_failed"],
+        )
+        return 1
+    return 0

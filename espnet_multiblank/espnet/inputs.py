@@ -1,0 +1,296 @@
+"""Reading the utterances of a decoding run one by one, and checking each.
+
+ESPnet's streaming data loader reads a ``sound`` entry with ``soundfile.read(path)[0]``
+and drops the sample rate, and a file it cannot read (or a preprocessing error) ends
+the whole run. :func:`read_utterances` reads the same ``--data_path_and_name_and_type``
+triples (and ``--key_file``) itself, one utterance at a time, keeps the sample rate
+of every ``sound`` file, and turns a failure into a reason attached to the
+utterance's key; :class:`InputChecks` then refuses, with a reason, what the model
+cannot decode correctly:
+
+* a file that cannot be read, or a key missing from a data file;
+* an empty input (no samples) or one too short for the encoder (fewer samples than
+  the shortest input that gives one encoder frame, found once by encoding silence);
+* non-finite samples (NaN, +-inf), also after the conversion to ``--dtype``;
+* a sample rate other than the model's (``frontend_conf.fs``), which would be decoded
+  as audio at the model's rate;
+* more than one channel for a model whose frontend takes one (ESPnet's frontend
+  would silently take the first channel of an utterance decoded alone, and batched
+  decoding could not pad it with the others).
+
+Notation: L = samples (or feature frames), F = feature size, C = channels.
+"""
+
+import logging
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: the name of the input the ASR model decodes
+SPEECH = "speech"
+
+
+class Utterance(NamedTuple):
+    """One utterance as read.
+
+    Attributes:
+        key: The utterance id.
+        speech: (L,), (L, C) or (L, F) float32 input, or None when it could not be read.
+        rate: The sample rate of a ``sound`` file (None for other input types).
+        error: Why it could not be read (None when it was).
+    """
+
+    key: str
+    speech: Optional[torch.Tensor]
+    rate: Optional[int]
+    error: Optional[str]
+
+
+def _read_table(path: str) -> Dict[str, str]:
+    """``key value`` lines of a Kaldi-style file (the first occurrence of a key)."""
+    table: Dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(maxsplit=1)
+            if parts and parts[0] not in table:
+                table[parts[0]] = parts[1] if len(parts) > 1 else ""
+    return table
+
+
+def _keys(key_file: Optional[str], first: str) -> List[str]:
+    with open(key_file or first, encoding="utf-8") as f:
+        return [line.split(maxsplit=1)[0] for line in f if line.strip()]
+
+
+def _loaders(types: Sequence[str]):
+    """The loader of each data type (ESPnet's own, but ``sound``, which keeps the
+    rate)."""
+    from espnet2.train.iterable_dataset import DATA_TYPES
+
+    loaders = []
+    for t in types:
+        if t == "sound":
+            loaders.append(_read_sound)
+        elif t in DATA_TYPES:
+            loaders.append(lambda value, f=DATA_TYPES[t]: (f(value), None))
+        else:
+            raise ValueError(
+                f"--data_path_and_name_and_type: type {t!r} is not read by this "
+                f"entry point (it reads {['sound'] + sorted(DATA_TYPES)})"
+            )
+    return loaders
+
+
+def _read_sound(value: str) -> Tuple[np.ndarray, int]:
+    import soundfile
+
+    array, rate = soundfile.read(value, dtype="float32")
+    return array, int(rate)
+
+
+def read_utterances(
+    data_path_and_name_and_type: Sequence[Tuple[str, str, str]],
+    key_file: Optional[str] = None,
+    preprocess: Any = None,
+) -> Iterator[Utterance]:
+    """The utterances of the data files, in the order of ``key_file`` (default: of
+    the first file); a failure to read one becomes its ``error``.
+
+    Args:
+        data_path_and_name_and_type: ``(path, name, type)`` triples (ESPnet's
+            option); the one named ``speech`` is decoded.
+        key_file: Keys to decode, one per line.
+        preprocess: ESPnet's preprocessing function ``(key, data) -> data`` or None.
+    """
+    triples = [tuple(t) for t in data_path_and_name_and_type]
+    names = [name for _, name, _ in triples]
+    if SPEECH not in names:
+        raise ValueError(
+            f"--data_path_and_name_and_type must give a '{SPEECH}' input, got "
+            f"{names}"
+        )
+    loaders = _loaders([t for _, _, t in triples])
+    tables = [_read_table(path) for path, _, _ in triples]
+    for key in _keys(key_file, triples[0][0]):
+        data: Dict[str, Any] = {}
+        rate = None
+        try:
+            for (path, name, _), table, load in zip(triples, tables, loaders):
+                if key not in table:
+                    raise KeyError(f"not in {path}")
+                array, r = load(table[key])
+                data[name] = array
+                if name == SPEECH:
+                    rate = r
+            if preprocess is not None:
+                data = preprocess(key, data)
+            speech = np.asarray(data[SPEECH])
+            if speech.dtype.kind != "f":
+                speech = speech.astype(np.float32)
+            speech = torch.from_numpy(np.ascontiguousarray(speech, dtype=np.float32))
+        except Exception as e:  # any unreadable input is reported, the run goes on
+            what = e.args[0] if isinstance(e, KeyError) and e.args else e
+            yield Utterance(key, None, None, f"cannot be read: {what}")
+            continue
+        yield Utterance(key, speech, rate, None)
+
+
+class InputChecks:
+    """What a model can decode (module docstring).
+
+    Args:
+        fs: The model's sample rate (None: not known, or the input is not a
+            waveform).
+        multichannel: Whether the frontend takes several channels.
+        min_samples: The shortest waveform that gives an encoder frame (None: not
+            known).
+        dtype: The decoding dtype (``--dtype``).
+    """
+
+    def __init__(
+        self,
+        fs: Optional[int] = None,
+        multichannel: bool = False,
+        min_samples: Optional[int] = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        self.fs = fs
+        self.multichannel = multichannel
+        self.min_samples = min_samples
+        self.dtype = dtype
+
+    def check(
+        self, speech: torch.Tensor, rate: Optional[int]
+    ) -> Tuple[Optional[torch.Tensor], Optional[str]]:
+        """The input as the model takes it and None, or None and why it cannot be
+        decoded.
+
+        Args:
+            speech: (L,), (L, C) (a ``sound`` file) or (L, F) float32.
+            rate: The file's sample rate (``sound`` input), else None.
+        """
+        waveform = rate is not None
+        if waveform and speech.dim() == 2 and speech.size(1) == 1:
+            speech = speech[:, 0]
+        if speech.numel() == 0:
+            return None, "empty (no samples)"
+        bad = _non_finite(speech, "samples" if waveform else "values")
+        if bad is None and self.dtype != torch.float32:
+            bad = _non_finite(speech.to(self.dtype), f"values in {_name(self.dtype)}")
+        if bad is not None:
+            return None, bad
+        if waveform and self.fs is not None and rate != self.fs:
+            return None, (
+                f"sample rate {rate} Hz, the model's is {self.fs} Hz (resample the "
+                "audio)"
+            )
+        if waveform and speech.dim() == 2 and not self.multichannel:
+            return None, (
+                f"{speech.size(1)} channels, the model takes one (mix them down or "
+                "pick one)"
+            )
+        if waveform and self.min_samples and speech.size(0) < self.min_samples:
+            return None, too_short_reason(speech.size(0), self.min_samples, self.fs)
+        return speech, None
+
+
+def too_short_reason(samples: int, min_samples: int, fs: Optional[int]) -> str:
+    secs = f" ({samples / fs:.3f} s)" if fs else ""
+    return (
+        f"too short: {samples} samples{secs}, the encoder needs at least "
+        f"{min_samples}"
+    )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _non_finite(x: torch.Tensor, what: str) -> Optional[str]:
+    finite = torch.isfinite(x)
+    if bool(finite.all()):
+        return None
+    nan = int(torch.isnan(x).sum())
+    inf = int((~finite).sum()) - nan
+    return f"non-finite {what}: {nan} NaN, {inf} inf (of {x.numel()})"
+
+
+def model_sample_rate(train_args: Any) -> Optional[int]:
+    """The sample rate a model's waveform frontend expects: ``frontend_conf.fs``
+    (ESPnet's default frontend: 16 kHz when not given); None without a frontend or
+    when its rate is not known."""
+    frontend = getattr(train_args, "frontend", None)
+    if frontend is None:
+        return None
+    conf = dict(getattr(train_args, "frontend_conf", None) or {})
+    fs = conf.get("fs")
+    if fs is None:
+        return 16000 if frontend == "default" else None
+    if isinstance(fs, str):
+        import humanfriendly
+
+        fs = humanfriendly.parse_size(fs)
+    return int(fs)
+
+
+def takes_channels(asr_model: Any) -> bool:
+    """Whether the model's frontend processes several channels (ESPnet's default
+    frontend with WPE or a beamformer; without them it takes the first channel of a
+    multi-channel input)."""
+    enhancement = getattr(getattr(asr_model, "frontend", None), "frontend", None)
+    return bool(
+        getattr(enhancement, "use_wpe", False)
+        or getattr(enhancement, "use_beamformer", False)
+    )
+
+
+@torch.no_grad()
+def min_encoder_samples(
+    asr_model: Any, device: Any, dtype: torch.dtype, limit: int = 1 << 16
+) -> Optional[int]:
+    """The fewest samples whose encoding gives at least one frame, by encoding
+    silence (a binary search over lengths; None when even ``limit`` samples fail).
+
+    Any error while encoding counts as too short: ESPnet's subsampling raises
+    ``TooShortUttError``, its STFT cannot reflect-pad fewer samples than half a
+    window.
+    """
+
+    def frames(n: int) -> int:
+        speech = torch.zeros(1, n, dtype=dtype, device=device)
+        try:
+            enc, lens = asr_model.encode(speech, torch.tensor([n], device=device))
+        except Exception:
+            return 0
+        return int(lens[0])
+
+    if frames(limit) < 1:
+        return None
+    lo, hi = 0, limit  # frames(lo) < 1 <= frames(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if frames(mid) >= 1:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def input_checks(speech2text: Any) -> InputChecks:
+    """The :class:`InputChecks` of a built ``Speech2Text``."""
+    dtype = getattr(torch, speech2text.dtype)
+    fs = model_sample_rate(speech2text.asr_train_args)
+    min_samples = None
+    if getattr(speech2text.asr_model, "frontend", None) is not None:
+        was_training = speech2text.asr_model.training
+        speech2text.asr_model.eval()
+        min_samples = min_encoder_samples(
+            speech2text.asr_model, speech2text.device, dtype
+        )
+        speech2text.asr_model.train(was_training)
+        if min_samples is None:
+            logger.info("the shortest input the encoder takes could not be found")
+    return InputChecks(fs, takes_channels(speech2text.asr_model), min_samples, dtype)

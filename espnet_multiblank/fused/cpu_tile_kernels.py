@@ -25,10 +25,10 @@ A tile is R packed lattice nodes (``tiling.py``); row i is node (b, t, u) with
 
   (the label step weighted by 1 + lambda; TDT: token and duration parts apart, the
   duration part ``f_b [gamma softmax(z[V:])_j - W_dur(j)]``); values below
-  ``|f_b| 2**-80`` are set to 0 (:func:`flush_limit`: far below the resolution of
-  any sum they enter, and subnormal or nearly subnormal operands slow the matmuls
-  that take G down by more than an order of magnitude on CPUs that handle them in
-  microcode);
+  ``|f_b| 2**-80`` are set to 0 (the dense path's rule, ``row_ops.flush_limit``:
+  far below the resolution of any sum they enter, and subnormal or nearly subnormal
+  operands slow the matmuls that take G down by more than an order of magnitude on
+  CPUs that handle them in microcode);
 * :func:`scatter_pre_grad`: ``d_enc[enc_rows[i]] += d_pre[i]``,
   ``d_pred[pred_rows[i]] += d_pre[i]``.
 
@@ -45,9 +45,11 @@ import numpy as np
 from numba import njit, prange
 
 from espnet_multiblank.fused.loss_package import cpu_row_ops
-from espnet_multiblank.fused.planes import GRADIENT_FLUSH_BELOW
 
 ops = cpu_row_ops()
+# the dense path's rule for the gradient's tiny values (``row_ops.flush_limit``)
+flush_limit = ops.flush_limit
+_flush = ops.flushed
 _OPTS = dict(cache=True, error_model="numpy", fastmath={"nsz", "contract"})
 _PAR = dict(parallel=True, **_OPTS)
 _NEG_INF = -np.inf
@@ -113,17 +115,6 @@ def _node(enc_rows, pred_rows, i, T, U, Tp, Up):
     return b, u, (b * Tp + t) * Up + u
 
 
-@njit(**_OPTS)
-def flush_limit(f, like):
-    """The magnitude below which a gradient value of an utterance with factor f is
-    set to 0: |f| 2**-80 (at least the dtype's smallest normal number). A node that
-    paths almost never visit (occupancy like e**-100) has a gradient row far below
-    any float32 or float64 resolution of the sums it enters (dW, d_enc: of order
-    |f|), but subnormal operands, or products of tiny ones that underflow, make the
-    tile's matmuls much slower on CPUs that handle subnormals in microcode."""
-    return max(abs(f) * GRADIENT_FLUSH_BELOW, np.finfo(like.dtype).tiny)
-
-
 @njit(fastmath=True, error_model="numpy", cache=True)
 def _scale_flush_into(e, g, lo, n, c, limit):
     """g[lo + k] = e[k] * c for k < n (c rounded to g's dtype), results below
@@ -135,14 +126,6 @@ def _scale_flush_into(e, g, lo, n, c, limit):
     for k in range(n):
         v = e[k] * s
         g[lo + k] = zero if abs(v) < lim else v
-
-
-@njit(**_OPTS)
-def _flush(v, like, limit):
-    """``v`` (float64) in the dtype of array ``like``, 0 below ``limit`` (a NaN
-    stays NaN)."""
-    x = like.dtype.type(v)
-    return like.dtype.type(0.0) if abs(x) < limit else x
 
 
 @njit(**_OPTS)

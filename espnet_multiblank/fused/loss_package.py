@@ -68,6 +68,7 @@ __all__ = [
     "check_probability",
     "check_tensor",
     "cpu_row_ops",
+    "gradient_flush_below",
     "is_tdt",
     "make_options",
     "make_tdt_options",
@@ -97,6 +98,14 @@ def cpu_serial_twin(kernel):
     from espnet_multiblank.loss.cpu import driver
 
     return driver._serial_twin(kernel)
+
+
+def gradient_flush_below() -> float:
+    """The dense path's relative bound below which gradient values are set to 0
+    (:mod:`espnet_multiblank.loss.flush`)."""
+    from espnet_multiblank.loss.flush import GRADIENT_FLUSH_BELOW
+
+    return GRADIENT_FLUSH_BELOW
 
 
 def cpu_row_ops():

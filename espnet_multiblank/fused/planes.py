@@ -21,11 +21,15 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from espnet_multiblank.fused.loss_package import is_tdt, planes_width
+from espnet_multiblank.fused.loss_package import (
+    gradient_flush_below,
+    is_tdt,
+    planes_width,
+)
 
-#: the apply stage sets gradient values below |f_b| * GRADIENT_FLUSH_BELOW to 0
-#: (``cpu_tile_kernels.flush_limit`` says why)
-GRADIENT_FLUSH_BELOW = 2.0**-80
+#: the apply stage sets gradient values below |f_b| * GRADIENT_FLUSH_BELOW to 0, as
+#: the dense path's last pass does (``loss.cpu.row_ops.flush_limit`` says why)
+GRADIENT_FLUSH_BELOW = gradient_flush_below()
 
 
 @dataclass

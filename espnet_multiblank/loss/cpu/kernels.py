@@ -35,9 +35,12 @@ in place: with f_b the utterance's factor (reduction weight times incoming gradi
     grad(t,u,k) = f_b [ coef e_k - sum_{transitions e with symbol k} (1 + lambda
                         [e is the label]) W_e ]
 
-clipped to [-clamp |f_b|, clamp |f_b|] (= the clamp applied before the factor). Pass 3
-runs when autograd's backward provides f_b, so an incoming gradient other than 1 costs
-nothing extra. Padding rows and impossible utterances get exactly 0.
+with values below ``|f_b| 2**-80`` set to 0 (``row_ops.flush_limit``: they are far
+below any resolution of the sums they enter, but subnormal numbers in the gradient make
+the next matmuls slow), clipped to [-clamp |f_b|, clamp |f_b|] (= the clamp applied
+before the factor). Pass 3 runs when autograd's backward provides f_b, so an incoming
+gradient other than 1 costs nothing extra. Padding rows and impossible utterances get
+exactly 0.
 
 Pass 2's anti-diagonal arrays are indexed ``[n, j]`` for node (t = n - u, u = j - 1);
 columns 0 and U + 1 .. U + COLUMN_PAD - 1 are never valid nodes and may hold anything.
@@ -66,9 +69,11 @@ from espnet_multiblank.loss.cpu.row_ops import (
     exp64,
     exp_range,
     exp_sum,
+    flush_limit,
+    flushed,
     log64,
     max_and_check,
-    scale_range,
+    scale_flush_range,
     sum_range,
     zero_range,
 )
@@ -571,6 +576,7 @@ def rows_backward(
                 continue
             f = factors[b]
             c_clip = clamp * abs(f)
+            lim = flush_limit(f, gf)
             p = np.uint64(bt) * uU * uK1
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uV
@@ -585,12 +591,12 @@ def rows_backward(
                         gf[r0 + np.uint64(big_ids[i])] * c
                         - STf[p + np.uint64(2 + i)] * f
                     )
-                scale_range(gf, r0, r0 + uV, c)
-                gf[kb] = g_blank
+                scale_flush_range(gf, r0, r0 + uV, c, lim)
+                gf[kb] = flushed(g_blank, gf, lim)
                 if has_label:
-                    gf[kl] = g_label
+                    gf[kl] = flushed(g_label, gf, lim)
                 for i in range(N):
-                    gf[r0 + np.uint64(big_ids[i])] = keep[i]
+                    gf[r0 + np.uint64(big_ids[i])] = flushed(keep[i], gf, lim)
                 if clamp > 0.0:
                     clamp_range(gf, r0, r0 + uV, c_clip)
                 p += uK1

@@ -13,7 +13,8 @@ scalar bit casts (``f32_bits`` & co., LLVM ``bitcast`` instructions: Numba has n
   used by ``kernels.py`` and ``tdt_kernels.py``: :func:`max_and_check` (max and
   NaN/+inf detection with integer operations: LLVM vectorises integer max reductions
   but not float ones), :func:`exp_sum`, :func:`exp_range`, :func:`sum_range`,
-  :func:`scale_range`, :func:`zero_range`, :func:`clamp_range`.
+  :func:`scale_flush_range`, :func:`zero_range`, :func:`clamp_range`; and
+  :func:`flush_limit`, :func:`flushed` (the gradient's tiny values set to 0).
   Unsigned indices need no negative-index wraparound (which stops vectorisation), and
   ranges of one flat array create no array views (each view costs two atomic
   reference-count updates).
@@ -25,6 +26,8 @@ import numpy as np
 from llvmlite import ir as _ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
+
+from espnet_multiblank.loss.flush import GRADIENT_FLUSH_BELOW
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693359375)
@@ -300,11 +303,30 @@ def _exp_exact(z):
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def scale_range(g, lo, hi, c):
-    """g[lo:hi] *= c (c rounded to g's dtype first)."""
+def flush_limit(f, like):
+    """The magnitude below which a gradient value of an utterance with factor ``f``
+    is set to 0: ``|f| * GRADIENT_FLUSH_BELOW`` (2**-80), at least the smallest normal
+    number of the dtype of array ``like`` (why: :mod:`espnet_multiblank.loss.flush`)."""
+    return max(abs(f) * GRADIENT_FLUSH_BELOW, np.finfo(like.dtype).tiny)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def scale_flush_range(g, lo, hi, c, limit):
+    """g[lo:hi] *= c, then values with |g| < limit set to 0 (c and limit rounded to
+    g's dtype first; a NaN stays NaN)."""
     s = g.dtype.type(c)
+    lim = g.dtype.type(limit)
+    zero = g.dtype.type(0.0)
     for k in range(lo, hi):
-        g[k] = g[k] * s
+        v = g[k] * s
+        g[k] = zero if abs(v) < lim else v
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def flushed(v, like, limit):
+    """``v`` (float64) rounded to the dtype of array ``like``, 0 below ``limit``."""
+    x = like.dtype.type(v)
+    return like.dtype.type(0.0) if abs(x) < limit else x
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)

@@ -35,7 +35,8 @@ Pass 3, :func:`tdt_rows_backward` (frames over threads), with f_b the utterance'
                      - (1 + lambda) W_label [k = y_u] ]                   (k < V)
     g[V + j] = f_b [ gamma e_{V+j} / S_dur - W_dur(j) ]
 
-clipped to [-clamp |f_b|, clamp |f_b|]. Padding rows and impossible utterances get 0.
+with values below ``|f_b| 2**-80`` set to 0 (``row_ops.flush_limit``), clipped to
+[-clamp |f_b|, clamp |f_b|]. Padding rows and impossible utterances get 0.
 """
 
 import math
@@ -59,9 +60,11 @@ from espnet_multiblank.loss.cpu.row_ops import (
     exp64,
     exp_range,
     exp_sum,
+    flush_limit,
+    flushed,
     log64,
     max_and_check,
-    scale_range,
+    scale_flush_range,
     sum_range,
     zero_range,
 )
@@ -550,6 +553,7 @@ def tdt_rows_backward(
                 continue
             f = factors[b]
             c_clip = clamp * abs(f)
+            lim = flush_limit(f, gf)
             p = np.uint64(bt) * uU * uK1
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uVD
@@ -560,13 +564,14 @@ def tdt_rows_backward(
                 has_label = u < Ub - 1
                 kl = r0 + np.uint64(labels[b, u]) if has_label else kb
                 g_label = gf[kl] * c - lam1 * STf[p + _U1] * f
-                scale_range(gf, r0, r0 + uV, c)
-                gf[kb] = g_blank
+                scale_flush_range(gf, r0, r0 + uV, c, lim)
+                gf[kb] = flushed(g_blank, gf, lim)
                 if has_label:
-                    gf[kl] = g_label
+                    gf[kl] = flushed(g_label, gf, lim)
                 for j in range(D):
                     kd = r0 + uV + np.uint64(j)
-                    gf[kd] = gf[kd] * cd - STf[p + np.uint64(2 + j)] * f
+                    g = gf[kd] * cd - STf[p + np.uint64(2 + j)] * f
+                    gf[kd] = flushed(g, gf, lim)
                 if clamp > 0.0:
                     clamp_range(gf, r0, r0 + uVD, c_clip)
                 p += uK1

@@ -17,8 +17,8 @@ The model
     * :mod:`~espnet_multiblank.espnet.no_path`: its training loss over the
       utterances that have a path.
     * :mod:`~espnet_multiblank.espnet.error_calculators`: its validation CER/WER.
-    * :mod:`~espnet_multiblank.espnet.grad_scaled`: gradient-scaling frontend /
-      pre-encoder wrappers (wav2vec 2.0 ``feature_grad_mult``).
+    * :mod:`~espnet_multiblank.espnet.frontends.grad_scaled`: gradient-scaling
+      frontend / pre-encoder wrappers (wav2vec 2.0 ``feature_grad_mult``).
     * :mod:`~espnet_multiblank.espnet.errors`: ``ConfigError``.
 
 Training
@@ -31,9 +31,9 @@ Training
       the best model.
 
 Batch-exact encoding
-    * :mod:`~espnet_multiblank.espnet.exact_encoding`: ``make_batch_exact``, which
-      swaps in the padding-invariant layers of
-      :mod:`~espnet_multiblank.espnet.exact_layers`.
+    * :mod:`~espnet_multiblank.espnet.batch_exact.exact_encoding`:
+      ``make_batch_exact``, which swaps in the padding-invariant layers of
+      :mod:`~espnet_multiblank.espnet.batch_exact.exact_layers`.
 
 Inference
     * :mod:`~espnet_multiblank.espnet.search`: the transducer search a decode config

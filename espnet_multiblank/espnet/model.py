@@ -25,13 +25,16 @@ from espnet2.layers.abs_normalize import AbsNormalize
 from espnet2.torch_utils.device_funcs import force_gatherable
 from typeguard import typechecked
 
-from espnet_multiblank.espnet import exact_encoding
+from espnet_multiblank.espnet.batch_exact import exact_encoding
+from espnet_multiblank.espnet.batch_exact.exact_encoding import (
+    BatchExactness,
+    make_batch_exact,
+)
 from espnet_multiblank.espnet.error_calculators import (  # noqa: F401  (re-exported)
     MultiblankCTCErrorCalculator,
     MultiblankErrorCalculatorTransducer,
 )
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
 from espnet_multiblank.espnet.fused_joint import FusedJointLoss
 from espnet_multiblank.espnet.model_conf import (
     FUSED_JOINT_DEFAULT,
@@ -201,8 +204,9 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
     * ``transducer_allow_unreachable_lengths`` (default false): accept TDT durations
       that some encoder lengths cannot be reached with.
     * ``batch_exact_encoding`` (default true): make the encoder padding-invariant in
-      training and decoding (:mod:`espnet_multiblank.espnet.exact_encoding`); false
-      trains ESPnet's encoder layers as they are.
+      training and decoding
+      (:mod:`espnet_multiblank.espnet.batch_exact.exact_encoding`); false trains
+      ESPnet's encoder layers as they are.
     * ``transducer_fused_joint`` (default false): the training and validation loss
       runs the joint network's activation and output layer inside the fused joint +
       loss (:mod:`espnet_multiblank.espnet.fused_joint`): no (B, T, U, V) tensor, the
@@ -239,7 +243,8 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             (ESPnet's attribute name, read by ESPnet's ``Speech2Text``).
         batch_exact_encoding (BatchExactness): whether ``encode`` gives each
             utterance of a padded batch what it gives the utterance alone (see
-            :mod:`espnet_multiblank.espnet.exact_encoding`; in training too).
+            :mod:`espnet_multiblank.espnet.batch_exact.exact_encoding`; in training
+            too).
         fused_joint_loss (FusedJointLoss | None): the fused joint + loss that
             computes the transducer costs instead of ``joint_network`` +
             ``criterion_transducer`` when ``transducer_fused_joint`` is true (it

@@ -4,13 +4,13 @@ ESPnet has no plug-in mechanism: ``espnet2.tasks.asr`` keeps module-level
 ``ClassChoices`` whose dicts are frozen into argparse ``choices=`` when the parser is
 built and looked up again by ``ASRTask.build_model``. :func:`register` adds
 
-==================  ===================  =============================================
-choices             name                 class
-==================  ===================  =============================================
-``model``           ``multiblank_espnet``  :class:`~.model.MultiblankESPnetASRModel`
-``frontend``        ``grad_scaled``      :class:`~.grad_scaled.GradScaledFrontend`
-``preencoder``      ``grad_scaled``      :class:`~.grad_scaled.GradScaledPreEncoder`
-==================  ===================  =============================================
+==============  =====================  ===============================================
+choices         name                   class (:data:`ENTRIES`: module and class)
+==============  =====================  ===============================================
+``model``       ``multiblank_espnet``  ``MultiblankESPnetASRModel``
+``frontend``    ``grad_scaled``        ``GradScaledFrontend``
+``preencoder``  ``grad_scaled``        ``GradScaledPreEncoder``
+==============  =====================  ===============================================
 
 It must run, before the parser is built or a model is rebuilt, in every process:
 ``python -m espnet_multiblank.bin.asr_train`` does it at import (so DDP workers
@@ -36,10 +36,14 @@ ENTRIES: Dict[str, Dict[str, str]] = {
         "multiblank_espnet": "espnet_multiblank.espnet.model:MultiblankESPnetASRModel"
     },
     "frontend": {
-        "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledFrontend"
+        "grad_scaled": (
+            "espnet_multiblank.espnet.frontends.grad_scaled:GradScaledFrontend"
+        )
     },
     "preencoder": {
-        "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledPreEncoder"
+        "grad_scaled": (
+            "espnet_multiblank.espnet.frontends.grad_scaled:GradScaledPreEncoder"
+        )
     },
 }
 

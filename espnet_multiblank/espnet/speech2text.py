@@ -39,7 +39,10 @@ from espnet_multiblank.decoding import (
     TransducerSearch,
     single_thread_on_cpu,
 )
-from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
+from espnet_multiblank.espnet.batch_exact.exact_encoding import (
+    BatchExactness,
+    make_batch_exact,
+)
 from espnet_multiblank.espnet.lm_fusion import read_token_list
 from espnet_multiblank.espnet.registration import PLUGIN_MODELS
 from espnet_multiblank.espnet.search import (
@@ -466,8 +469,8 @@ class PluginSearchMixin:
 
     def batch_exactness(self) -> BatchExactness:
         """Whether the model encodes a padded batch exactly as one utterance at a time
-        (:func:`~espnet_multiblank.espnet.exact_encoding.make_batch_exact`, applied on
-        first use; logged once when it cannot be)."""
+        (:func:`~espnet_multiblank.espnet.batch_exact.exact_encoding.make_batch_exact`,
+        applied on first use; logged once when it cannot be)."""
         result = getattr(self, "_batch_exactness", None)
         if result is None:
             result = make_batch_exact(self.asr_model)
@@ -488,8 +491,8 @@ class PluginSearchMixin:
         The encoder runs on the padded batch when the model is batch-exact
         (:meth:`batch_exactness`: ESPnet's conformer and transformer, with the
         padding-invariant layers of
-        :mod:`~espnet_multiblank.espnet.exact_encoding`), otherwise on each utterance
-        alone. The search's rows are independent.
+        :mod:`~espnet_multiblank.espnet.batch_exact.exact_encoding`), otherwise on each
+        utterance alone. The search's rows are independent.
 
         Args:
             speech: (B, L) or (B, L, F) padded input.

@@ -41,7 +41,7 @@ import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet import autoregister, cpu_spawn, ddp
 from espnet_multiblank.espnet._hook import ENV_DISABLE
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 from espnet_multiblank.espnet.task import MultiblankASRTask
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -16,11 +16,14 @@ from test_tdt_model import tdt_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import fused_joint
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.fused_joint import FusedJointLoss, check_fusable
-from espnet_multiblank.espnet.model import NO_PATH_STAT, MultiblankESPnetASRModel
-from espnet_multiblank.espnet.no_path import MODEL_REDUCTIONS
+from espnet_multiblank.espnet.model import fused_joint
+from espnet_multiblank.espnet.model.asr_model import (
+    NO_PATH_STAT,
+    MultiblankESPnetASRModel,
+)
+from espnet_multiblank.espnet.model.fused_joint import FusedJointLoss, check_fusable
+from espnet_multiblank.espnet.model.no_path import MODEL_REDUCTIONS
 
 espnet_multiblank.register()
 
@@ -475,7 +478,7 @@ def test_example_configs_name_the_key_with_its_default(tmp_path):
     and set to true the example builds a fused model."""
     from pathlib import Path
 
-    from espnet_multiblank.espnet.model_conf import FUSED_JOINT_DEFAULT
+    from espnet_multiblank.espnet.model.model_conf import FUSED_JOINT_DEFAULT
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     line = f"    # transducer_fused_joint: {str(FUSED_JOINT_DEFAULT).lower()} "

@@ -8,9 +8,10 @@ import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model import (
+from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
+from espnet_multiblank.espnet.model.error_calculators import (
+    MultiblankCTCErrorCalculator,
     MultiblankErrorCalculatorTransducer,
-    MultiblankESPnetASRModel,
 )
 
 espnet_multiblank.register()
@@ -405,8 +406,8 @@ def test_default_config_lists_the_plugin_keys():
 def test_task_check_uses_the_constructor_defaults(monkeypatch, tmp_path):
     """check_args fills the keys a config leaves out from the model constructor's
     signature (one definition of the defaults): a changed default reaches it."""
-    from espnet_multiblank.espnet import model as plugin_model
     from espnet_multiblank.espnet import task
+    from espnet_multiblank.espnet.model import asr_model as plugin_model
 
     defaults = plugin_model.model_conf_defaults()
     assert defaults["transducer_multi_blank_sigma"] == 0.05
@@ -430,8 +431,6 @@ def test_ctc_cer_treats_big_blanks_as_blank(tmp_path):
     of the greedy CTC output in validation; every blank (standard and big) must act
     as the CTC blank: it separates repeats and is dropped (oracle written here)."""
     import editdistance
-
-    from espnet_multiblank.espnet.model import MultiblankCTCErrorCalculator
 
     model = build(tmp_path, tiny_config())  # report_* off, ctc_weight 0.3
     assert isinstance(model.error_calculator, MultiblankCTCErrorCalculator)

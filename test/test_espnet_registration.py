@@ -30,7 +30,7 @@ def test_register_is_idempotent():
     assert registration.is_registered()
     from espnet2.tasks.asr import ASRTask, model_choices
 
-    from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+    from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 
     assert model_choices.classes["multiblank_espnet"] is MultiblankESPnetASRModel
     assert before["frontend"]["grad_scaled"].__name__ == "GradScaledFrontend"

@@ -16,11 +16,11 @@ espnet_multiblank.register()
 
 from espnet2.asr.espnet_model import ESPnetASRModel  # noqa: E402
 
-import espnet_multiblank.espnet.model as plugin_model  # noqa: E402
 import espnet_multiblank.espnet.speech2text as plugin_s2t  # noqa: E402
 from espnet_multiblank.espnet.batch_exact.exact_encoding import (  # noqa: E402
     BatchExactness,
 )
+from espnet_multiblank.espnet.model import asr_model as plugin_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]

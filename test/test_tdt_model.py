@@ -10,7 +10,7 @@ import espnet_multiblank
 import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import TDTGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 espnet_multiblank.register()
@@ -282,7 +282,7 @@ def test_bad_tdt_conf_names_the_key(tmp_path, conf, match):
 
 
 def test_joint_without_lin_out_is_refused(tmp_path):
-    from espnet_multiblank.espnet.model import _add_duration_outputs
+    from espnet_multiblank.espnet.model.asr_model import _add_duration_outputs
 
     with pytest.raises(ConfigError, match="transducer_tdt_durations: a TDT needs"):
         _add_duration_outputs(torch.nn.Identity(), V, 5)

@@ -192,7 +192,7 @@ def trained_unreachable(tmp_path_factory):
     )
     (root / "train.yaml").write_text(yaml.safe_dump(config))
     records = _Records()
-    logger = logging.getLogger("espnet_multiblank.espnet.no_path")
+    logger = logging.getLogger("espnet_multiblank.espnet.model.no_path")
     logger.addHandler(records)
     try:
         _collect_stats_and_train(root)

@@ -12,11 +12,11 @@ Registration and start-up hook
       errors on machines without network.
 
 The model
-    * :mod:`~espnet_multiblank.espnet.model`: :class:`MultiblankESPnetASRModel`.
-    * :mod:`~espnet_multiblank.espnet.model_conf`: its ``model_conf`` keys checked.
-    * :mod:`~espnet_multiblank.espnet.no_path`: its training loss over the
+    * :mod:`~espnet_multiblank.espnet.model.asr_model`: the model.
+    * :mod:`~espnet_multiblank.espnet.model.model_conf`: its ``model_conf`` keys.
+    * :mod:`~espnet_multiblank.espnet.model.no_path`: its training loss over the
       utterances that have a path.
-    * :mod:`~espnet_multiblank.espnet.error_calculators`: its validation CER/WER.
+    * :mod:`~espnet_multiblank.espnet.model.error_calculators`: its validation CER/WER.
     * :mod:`~espnet_multiblank.espnet.frontends.grad_scaled`: gradient-scaling
       frontend / pre-encoder wrappers (wav2vec 2.0 ``feature_grad_mult``).
     * :mod:`~espnet_multiblank.espnet.errors`: ``ConfigError``.

@@ -33,7 +33,9 @@ _LOCK = threading.RLock()
 #: choices name -> {choice name -> "module:Class"}
 ENTRIES: Dict[str, Dict[str, str]] = {
     "model": {
-        "multiblank_espnet": "espnet_multiblank.espnet.model:MultiblankESPnetASRModel"
+        "multiblank_espnet": (
+            "espnet_multiblank.espnet.model.asr_model:MultiblankESPnetASRModel"
+        )
     },
     "frontend": {
         "grad_scaled": (

@@ -166,7 +166,7 @@ def _config_is_transducer(config: Dict[str, Any]) -> bool:
 
 
 def is_plugin_model(model: Any) -> bool:
-    from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+    from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 
     return isinstance(model, MultiblankESPnetASRModel)
 

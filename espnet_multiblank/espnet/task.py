@@ -31,8 +31,11 @@ from espnet2.tasks.asr import ASRTask  # noqa: E402
 
 from espnet_multiblank.espnet import cpu_spawn, ddp  # noqa: E402
 from espnet_multiblank.espnet.errors import ConfigError  # noqa: E402
-from espnet_multiblank.espnet.model import model_conf_defaults  # noqa: E402
-from espnet_multiblank.espnet.model_conf import KEYS, check_model_conf  # noqa: E402
+from espnet_multiblank.espnet.model.asr_model import model_conf_defaults  # noqa: E402
+from espnet_multiblank.espnet.model.model_conf import (  # noqa: E402
+    KEYS,
+    check_model_conf,
+)
 
 
 def check_args(args: argparse.Namespace) -> None:

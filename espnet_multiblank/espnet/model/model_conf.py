@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Tuple
 
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.no_path import MODEL_REDUCTIONS
+from espnet_multiblank.espnet.model.no_path import MODEL_REDUCTIONS
 from espnet_multiblank.lattice import (
     TDTLattice,
     check_big_blank_durations,
@@ -90,7 +90,7 @@ class TransducerConf:
         batch_exact_encoding: whether the encoder is made batch-exact.
         fused_joint: whether the training and validation loss runs the joint
             network's activation and output layer inside the fused joint + loss
-            (:mod:`espnet_multiblank.espnet.fused_joint`).
+            (:mod:`espnet_multiblank.espnet.model.fused_joint`).
     """
 
     big_blank_durations: Tuple[int, ...]

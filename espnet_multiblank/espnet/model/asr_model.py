@@ -1,11 +1,11 @@
 """ESPnet ASR model whose transducer branch uses the espnet-multiblank loss.
 
 Selected from YAML with ``model: multiblank_espnet`` once
-:func:`espnet_multiblank.espnet.registration.register` has run. Its ``model_conf``
-keys are checked by :mod:`espnet_multiblank.espnet.model_conf`; the training loss
-leaves utterances without a path out (:mod:`espnet_multiblank.espnet.no_path`) and
-can run through the fused joint + loss (:mod:`espnet_multiblank.espnet.fused_joint`);
-validation CER/WER come from :mod:`espnet_multiblank.espnet.error_calculators`.
+:func:`espnet_multiblank.espnet.registration.register` has run. Its sibling modules
+in :mod:`espnet_multiblank.espnet.model` do the rest: ``model_conf`` checks its
+``model_conf`` keys, ``no_path`` leaves utterances without a path out of the training
+loss, ``fused_joint`` runs that loss through the fused joint + loss, and
+``error_calculators`` give the validation CER/WER.
 """
 
 import inspect
@@ -30,13 +30,13 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     BatchExactness,
     make_batch_exact,
 )
-from espnet_multiblank.espnet.error_calculators import (  # noqa: F401  (re-exported)
+from espnet_multiblank.espnet.errors import ConfigError
+from espnet_multiblank.espnet.model.error_calculators import (
     MultiblankCTCErrorCalculator,
     MultiblankErrorCalculatorTransducer,
 )
-from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.fused_joint import FusedJointLoss
-from espnet_multiblank.espnet.model_conf import (
+from espnet_multiblank.espnet.model.fused_joint import FusedJointLoss
+from espnet_multiblank.espnet.model.model_conf import (
     FUSED_JOINT_DEFAULT,
     KEYS,
     MULTI_BLANK_SIGMA_DEFAULT,
@@ -44,7 +44,7 @@ from espnet_multiblank.espnet.model_conf import (
     check_model_conf,
     key,
 )
-from espnet_multiblank.espnet.no_path import NoPathWarnings, reduce_over_paths
+from espnet_multiblank.espnet.model.no_path import NoPathWarnings, reduce_over_paths
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 from espnet_multiblank.loss.api import MultiblankRNNTLoss
 from espnet_multiblank.loss.tdt_api import TDTLoss
@@ -209,12 +209,12 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
       ESPnet's encoder layers as they are.
     * ``transducer_fused_joint`` (default false): the training and validation loss
       runs the joint network's activation and output layer inside the fused joint +
-      loss (:mod:`espnet_multiblank.espnet.fused_joint`): no (B, T, U, V) tensor, the
-      same parameters, costs and gradients; decoding is unchanged. A joint network
-      it cannot fuse is refused when the model is built.
+      loss (:mod:`espnet_multiblank.espnet.model.fused_joint`): no (B, T, U, V)
+      tensor, the same parameters, costs and gradients; decoding is unchanged. A
+      joint network it cannot fuse is refused when the model is built.
 
-    Utterances without a path (see :mod:`espnet_multiblank.espnet.no_path`) are left
-    out of the transducer loss with a warning; the stats hold their share of the
+    Utterances without a path (see :mod:`espnet_multiblank.espnet.model.no_path`) are
+    left out of the transducer loss with a warning; the stats hold their share of the
     batch as ``transducer_no_path_fraction``.
 
     Attributes (the contract used by espnet-multiblank's searches and inference):

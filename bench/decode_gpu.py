@@ -300,7 +300,7 @@ def trained_model(args, device):
     """(kind, decoder, joint, lattice, encoder outputs, encoder seconds)."""
     import soundfile
 
-    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+    import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
     # isort: split
     from espnet2.tasks.asr import ASRTask

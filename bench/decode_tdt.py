@@ -27,7 +27,7 @@ import soundfile
 import torch
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import single_thread_on_cpu
 
 #: (model dir, search type) of the greedy searches compared

@@ -23,7 +23,7 @@ import torch
 import yaml
 from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet import ddp
 from espnet_multiblank.espnet.task import MultiblankASRTask
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "decode"

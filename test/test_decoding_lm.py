@@ -27,7 +27,7 @@ from test_tdt_search import enumerate_paths
 from test_tdt_search import make_model as tdt_make_model
 from test_tdt_search import reference_greedy as tdt_reference_greedy
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 # isort: split
 from espnet2.lm.seq_rnn_lm import SequentialRNNLM

@@ -37,7 +37,7 @@ import torch
 import yaml
 from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet import autoregister, cpu_spawn, ddp
 from espnet_multiblank.espnet._hook import ENV_DISABLE
 from espnet_multiblank.espnet.errors import ConfigError

@@ -15,7 +15,7 @@ from test_espnet_model import TOKENS, batch, build, tiny_config  # noqa: I100
 from test_tdt_model import tdt_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model import fused_joint
 from espnet_multiblank.espnet.model.asr_model import (

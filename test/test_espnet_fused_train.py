@@ -11,7 +11,7 @@ from test_espnet_train import N_EPOCHS, TEXTS, _common, _data  # noqa: I100
 from test_espnet_train import _train_config as _mb_train_config
 from test_tdt_train import _train_config as _tdt_train_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 
 #: per kind: the config (besides the key), and what it exercises beyond the losses:

@@ -5,7 +5,7 @@ import torch
 import yaml
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel

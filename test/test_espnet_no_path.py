@@ -10,7 +10,7 @@ from test_espnet_model import batch, build, tiny_config  # noqa: I100
 from test_tdt_model import tdt_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.model.asr_model import NO_PATH_STAT
 from espnet_multiblank.espnet.model.no_path import MODEL_REDUCTIONS, NoPathWarnings
 from espnet_multiblank.lattice import TDTLattice, has_path

@@ -11,7 +11,7 @@ import yaml
 from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet import _hook, autoregister, registration
 
 
@@ -166,7 +166,7 @@ QUIET = textwrap.dedent("""
     import sys
     import nltk
     own = nltk.download
-    import espnet_multiblank.espnet.quiet   # imports g2p_en with downloads off
+    import espnet_multiblank.espnet.registration.quiet  # g2p_en, downloads off
     assert "g2p_en" in sys.modules
     assert nltk.download is own, "nltk.download not restored"
     import espnet2.tasks.asr  # noqa: F401

@@ -16,7 +16,7 @@ import torch
 import yaml
 from test_espnet_model import TOKENS, loss_backend, tiny_config  # noqa: I100
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 from espnet_multiblank.espnet import autoregister
 
@@ -248,7 +248,7 @@ def test_nan_criterion_stops_stock_training(tmp_path):
     guard stops the run at epoch 1 instead of linking the NaN epoch as the best."""
     from espnet2.tasks.asr import ASRTask
 
-    from espnet_multiblank.espnet.best_model_guard import NaNCriterionError
+    from espnet_multiblank.espnet.registration.best_model_guard import NaNCriterionError
 
     _data(tmp_path, short=["ab"])
     config = _train_config(durations=(), transducer_multi_blank_sigma=0.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 espnet_multiblank.register()
 

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 espnet_multiblank.register()
 

@@ -7,7 +7,7 @@ import yaml
 from test_espnet_model import TOKENS, batch, build, tiny_config  # noqa: I100
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import TDTGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel

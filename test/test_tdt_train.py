@@ -16,7 +16,7 @@ import yaml
 from test_espnet_train import N_EPOCHS, _common, _data  # noqa: I100
 from test_tdt_model import DURS, tdt_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 from espnet_multiblank.espnet import autoregister
 from espnet_multiblank.espnet._hook import ENV_DISABLE

@@ -26,7 +26,7 @@ by key in ``failed_utterances``). Differences from ESPnet's parser:
 import sys
 from typing import Any, Dict
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.inference import exit_status, inference
 
 __all__ = ["dict_arg", "get_parser", "inference", "main"]

@@ -24,7 +24,7 @@ re-import ``__main__`` and unpickle their target from
 
 from typing import Optional, Sequence
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.registration import register
 
 register()

@@ -8,8 +8,8 @@ Registration and start-up hook
     * :mod:`~espnet_multiblank.espnet.autoregister`: installs a ``.pth`` start-up
       hook; :mod:`~espnet_multiblank.espnet._hook` is what it runs (``register()``
       once ``espnet2.tasks.asr`` is imported, and ESPnet's stock inference wrapped).
-    * :mod:`~espnet_multiblank.espnet.quiet`: ESPnet's import without nltk download
-      errors on machines without network.
+    * :mod:`~espnet_multiblank.espnet.registration.quiet`: ESPnet's import without
+      nltk download errors on machines without network.
 
 The model
     * :mod:`~espnet_multiblank.espnet.model.asr_model`: the model.
@@ -27,8 +27,8 @@ Training
       DDP on CPU (used by ``python -m espnet_multiblank.bin.asr_train``).
     * :mod:`~espnet_multiblank.espnet.ddp`, :mod:`~espnet_multiblank.espnet.cpu_spawn`:
       the DDP options and the CPU worker launcher.
-    * :mod:`~espnet_multiblank.espnet.best_model_guard`: NaN epochs never chosen as
-      the best model.
+    * :mod:`~espnet_multiblank.espnet.registration.best_model_guard`: NaN epochs
+      never chosen as the best model.
 
 Batch-exact encoding
     * :mod:`~espnet_multiblank.espnet.batch_exact.exact_encoding`:

@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.registration import PLUGIN_MODELS, register
 
 register()

@@ -18,8 +18,8 @@ started with ``spawn``, which re-import ``__main__``, do it too); the ``.pth`` h
 :mod:`espnet_multiblank.espnet.autoregister` does it whenever ``espnet2.tasks.asr``
 is imported (stock ``espnet2.bin.*`` scripts included); any other program calls
 ``espnet_multiblank.register()`` first. It also installs
-:mod:`~espnet_multiblank.espnet.best_model_guard` (NaN epochs are never chosen as the
-best model), so that both training entry points get it.
+:mod:`~espnet_multiblank.espnet.registration.best_model_guard` (NaN epochs are never
+chosen as the best model), so that both training entry points get it.
 
 This module imports nothing from ESPnet at import time, so the start-up hook can
 import it while ``espnet2.tasks.asr`` is being set up.
@@ -65,16 +65,16 @@ def register() -> None:
     """Add the plug-in's classes to ``espnet2.tasks.asr``'s class choices.
 
     Also keeps NaN epochs out of ESPnet's best-model selection in this process
-    (:mod:`~espnet_multiblank.espnet.best_model_guard`). Idempotent and thread-safe;
-    cheap after the first call. Raises RuntimeError when another class already owns
-    one of the names.
+    (:mod:`~espnet_multiblank.espnet.registration.best_model_guard`). Idempotent and
+    thread-safe; cheap after the first call. Raises RuntimeError when another class
+    already owns one of the names.
     """
     import importlib
 
-    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+    from espnet_multiblank.espnet.registration import quiet  # noqa: F401  (first)
 
     asr = importlib.import_module("espnet2.tasks.asr")
-    from espnet_multiblank.espnet import best_model_guard
+    from espnet_multiblank.espnet.registration import best_model_guard
 
     with _LOCK:
         best_model_guard.install()

@@ -306,7 +306,7 @@ def trained_model(args, device):
     from espnet2.tasks.asr import ASRTask
 
     import espnet_multiblank
-    from espnet_multiblank.espnet.search import (
+    from espnet_multiblank.espnet.inference.search import (
         fix_decoder_blank,
         joint_size_of,
         lattice_from_model,

@@ -106,7 +106,7 @@ def main():
     a = p.parse_args()
 
     espnet_multiblank.register()
-    from espnet_multiblank.espnet.search import build_transducer_search
+    from espnet_multiblank.espnet.inference.search import build_transducer_search
 
     torch.set_num_threads(1)
     lines = a.wav_scp.read_text().splitlines()[: a.num]

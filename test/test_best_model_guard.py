@@ -1,4 +1,4 @@
-"""NaN epochs never chosen as ESPnet's best model (espnet/best_model_guard.py),
+"""NaN epochs never chosen as ESPnet's best model (registration/best_model_guard.py),
 against ESPnet's own Reporter: its values are registered as the trainer does."""
 
 import logging

@@ -206,7 +206,7 @@ def std_exp(workdir):
 def test_espnet_multiblank_config_layout(mb_exp):
     from espnet2.tasks.asr import ASRTask
 
-    from espnet_multiblank.espnet.search import (
+    from espnet_multiblank.espnet.inference.search import (
         build_transducer_search,
         lattice_from_model,
     )
@@ -257,7 +257,7 @@ def test_speech2text_results_layout(mb_exp):
     from espnet2.asr.transducer.beam_search_transducer import Hypothesis as ESPnetHyp
 
     from espnet_multiblank.decoding import Hypothesis
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     s2t = MultiblankSpeech2Text(
         asr_train_config=mb_exp / "config.yaml",
@@ -344,7 +344,7 @@ def test_decode_batch_encodes_each_utterance_trimmed(workdir, mb_exp):
     which needs each utterance encoded without its padding."""
     import soundfile
 
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     root, scp = workdir
     s2t = MultiblankSpeech2Text(

@@ -39,13 +39,16 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
-from espnet_multiblank.espnet.lm_fusion import (
+from espnet_multiblank.espnet.inference.lm_fusion import (
     RNNLM,
     BatchScorerLM,
     build_fusion,
     lm_token_ids,
 )
-from espnet_multiblank.espnet.search import build_transducer_search, lattice_from_model
+from espnet_multiblank.espnet.inference.search import (
+    build_transducer_search,
+    lattice_from_model,
+)
 
 pytestmark = pytest.mark.timeout(600)
 

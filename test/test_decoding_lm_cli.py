@@ -238,7 +238,7 @@ def test_espnet_beam_scores_with_an_lm_become_numbers():
     write ``tensor(-12.3)`` into the score file)."""
     from espnet2.asr.transducer.beam_search_transducer import Hypothesis
 
-    from espnet_multiblank.espnet.speech2text import to_espnet_hypothesis
+    from espnet_multiblank.espnet.inference.speech2text import to_espnet_hypothesis
 
     hyp = Hypothesis(score=-1.0 + torch.tensor(-0.5), yseq=[0, 3], dec_state=None)
     out = to_espnet_hypothesis(hyp)

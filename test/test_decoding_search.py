@@ -18,7 +18,7 @@ from espnet_multiblank.decoding import (
     MultiblankBeamSearch,
     MultiblankGreedySearch,
 )
-from espnet_multiblank.espnet.search import (
+from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
     lattice_from_model,
     resolve_search_type,

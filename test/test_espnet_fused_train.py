@@ -113,7 +113,7 @@ def _decode(config, model_file, wavs):
     (beam search over the joint network)."""
     import soundfile
 
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     s2t = MultiblankSpeech2Text(
         asr_train_config=config,

@@ -16,7 +16,7 @@ espnet_multiblank.register()
 
 from espnet2.asr.espnet_model import ESPnetASRModel  # noqa: E402
 
-import espnet_multiblank.espnet.speech2text as plugin_s2t  # noqa: E402
+import espnet_multiblank.espnet.inference.speech2text as plugin_s2t  # noqa: E402
 from espnet_multiblank.espnet.batch_exact.exact_encoding import (  # noqa: E402
     BatchExactness,
 )

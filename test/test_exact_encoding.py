@@ -589,7 +589,7 @@ def test_switch_off_keeps_espnet_layers_and_decoding_makes_them_exact(tmp_path):
     differs from each utterance alone, as in ESPnet) and the state dict of the
     default; the plug-in's batched decoding (its Speech2Text's batch_exactness,
     run on the first batch) still makes the loaded model exact."""
-    from espnet_multiblank.espnet.speech2text import PluginSearchMixin
+    from espnet_multiblank.espnet.inference.speech2text import PluginSearchMixin
 
     config = load_config(CONFIGS[-1], tmp_path)
     config["model_conf"]["batch_exact_encoding"] = False

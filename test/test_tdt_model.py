@@ -18,7 +18,9 @@ espnet_multiblank.register()
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.search import build_transducer_search  # noqa: E402
+from espnet_multiblank.espnet.inference.search import (  # noqa: E402
+    build_transducer_search,
+)
 from espnet_multiblank.espnet.task import MultiblankASRTask  # noqa: E402
 
 DURS = [0, 1, 2, 3, 4]

@@ -36,11 +36,11 @@ Batch-exact encoding
       :mod:`~espnet_multiblank.espnet.batch_exact.exact_layers`.
 
 Inference
-    * :mod:`~espnet_multiblank.espnet.search`: the transducer search a decode config
-      chooses.
-    * :mod:`~espnet_multiblank.espnet.speech2text`: ESPnet's ``Speech2Text`` with the
-      plug-in's searches and batched decoding.
-    * :mod:`~espnet_multiblank.espnet.stock_inference`: ESPnet's stock
+    * :mod:`~espnet_multiblank.espnet.inference.search`: the transducer search a
+      decode config chooses.
+    * :mod:`~espnet_multiblank.espnet.inference.speech2text`: ESPnet's ``Speech2Text``
+      with the plug-in's searches and batched decoding.
+    * :mod:`~espnet_multiblank.espnet.inference.stock_inference`: ESPnet's stock
       ``espnet2.bin.asr_inference`` decoding the plug-in's models right.
 
 Importing this package does not import ESPnet; each submodule imports what it needs.

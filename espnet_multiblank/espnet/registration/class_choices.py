@@ -50,7 +50,7 @@ ENTRIES: Dict[str, Dict[str, str]] = {
 }
 
 #: ``model`` choice names of the plug-in's models: configs naming one get the
-#: plug-in's config checks (task.py) and searches (speech2text.py)
+#: plug-in's config checks (training.task) and searches (inference.speech2text)
 PLUGIN_MODELS = tuple(ENTRIES["model"])
 
 

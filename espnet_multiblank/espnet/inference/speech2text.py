@@ -3,10 +3,11 @@
 :func:`plugin_speech2text` derives, from ESPnet's ``Speech2Text`` class, a class that
 builds everything as ESPnet does (model from ``config.yaml`` + ``model.pth``, LM,
 tokenizer, converter) and then replaces ``beam_search_transducer`` by
-:func:`~espnet_multiblank.espnet.search.build_transducer_search`, which reads the
-lattice from the model, fixes ``decoder.blank_id`` and serves the plug-in's search
-types. It also keeps decoding statistics and adds :meth:`PluginSearchMixin.decode_batch`
-(batched encoder, when exact, and greedy search). Two flavours:
+:func:`~espnet_multiblank.espnet.inference.search.build_transducer_search`, which
+reads the lattice from the model, fixes ``decoder.blank_id`` and serves the plug-in's
+search types. It also keeps decoding statistics and adds
+:meth:`PluginSearchMixin.decode_batch` (batched encoder, when exact, and greedy
+search). Two flavours:
 
 * ``MultiblankSpeech2Text`` (the plug-in's inference entry point): every transducer
   model gets :func:`build_transducer_search`;
@@ -43,14 +44,14 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     BatchExactness,
     make_batch_exact,
 )
-from espnet_multiblank.espnet.lm_fusion import read_token_list
-from espnet_multiblank.espnet.registration import PLUGIN_MODELS
-from espnet_multiblank.espnet.search import (
+from espnet_multiblank.espnet.inference.lm_fusion import read_token_list
+from espnet_multiblank.espnet.inference.search import (
     PLUGIN_ONLY_KEYS,
     PLUGIN_SEARCH_TYPES,
     build_transducer_search,
     lattice_from_model,
 )
+from espnet_multiblank.espnet.registration import PLUGIN_MODELS
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ import yaml
 from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import ddp
-from espnet_multiblank.espnet.task import MultiblankASRTask
+from espnet_multiblank.espnet.training import ddp
+from espnet_multiblank.espnet.training.task import MultiblankASRTask
 
 #: variant name -> model_conf overrides
 VARIANTS = {

@@ -38,11 +38,12 @@ import yaml
 from test_espnet_model import TOKENS, tiny_config  # noqa: I100
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import autoregister, cpu_spawn, ddp
+from espnet_multiblank.espnet import autoregister
 from espnet_multiblank.espnet._hook import ENV_DISABLE
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
-from espnet_multiblank.espnet.task import MultiblankASRTask
+from espnet_multiblank.espnet.training import cpu_spawn, ddp
+from espnet_multiblank.espnet.training.task import MultiblankASRTask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "ddp_probe.py")
@@ -471,7 +472,7 @@ _EXIT_CASE = r"""
 import logging, sys
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
-from espnet_multiblank.espnet import ddp
+from espnet_multiblank.espnet.training import ddp
 
 logging.basicConfig(filename=sys.argv[2], level=logging.INFO)
 ddp.exit_finished_rank()  # no DDP training finished yet: returns

@@ -32,7 +32,10 @@ from espnet2.asr_transducer.joint_network import JointNetwork  # noqa: E402
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.task import MultiblankASRTask, check_args  # noqa: E402
+from espnet_multiblank.espnet.training.task import (  # noqa: E402
+    MultiblankASRTask,
+    check_args,
+)
 
 KEY = r"model_conf\.transducer_fused_joint"
 KINDS = ("standard", "multiblank", "tdt")

@@ -21,7 +21,7 @@ from espnet2.asr_transducer.joint_network import JointNetwork  # noqa: E402
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.task import MultiblankASRTask  # noqa: E402
+from espnet_multiblank.espnet.training.task import MultiblankASRTask  # noqa: E402
 
 TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]
 
@@ -406,8 +406,8 @@ def test_default_config_lists_the_plugin_keys():
 def test_task_check_uses_the_constructor_defaults(monkeypatch, tmp_path):
     """check_args fills the keys a config leaves out from the model constructor's
     signature (one definition of the defaults): a changed default reaches it."""
-    from espnet_multiblank.espnet import task
     from espnet_multiblank.espnet.model import asr_model as plugin_model
+    from espnet_multiblank.espnet.training import task
 
     defaults = plugin_model.model_conf_defaults()
     assert defaults["transducer_multi_blank_sigma"] == 0.05

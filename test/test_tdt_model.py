@@ -21,7 +21,7 @@ from espnet2.tasks.asr import ASRTask  # noqa: E402
 from espnet_multiblank.espnet.inference.search import (  # noqa: E402
     build_transducer_search,
 )
-from espnet_multiblank.espnet.task import MultiblankASRTask  # noqa: E402
+from espnet_multiblank.espnet.training.task import MultiblankASRTask  # noqa: E402
 
 DURS = [0, 1, 2, 3, 4]
 V = len(TOKENS)
@@ -265,7 +265,7 @@ def test_validation_decodes_with_tdt_greedy(tmp_path):
 def test_bad_tdt_conf_names_the_key(tmp_path, conf, match):
     """At start-up through the plug-in's task (before ESPnet edits the token list)
     and through ESPnet's own ASRTask (the model's constructor)."""
-    from espnet_multiblank.espnet.task import check_args
+    from espnet_multiblank.espnet.training.task import check_args
 
     config = tdt_config()
     config["model_conf"].update(conf)

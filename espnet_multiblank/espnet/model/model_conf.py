@@ -1,14 +1,14 @@
 """The ``model_conf`` keys that ``model: multiblank_espnet`` adds to ESPnet's model,
 validated in one place.
 
-:func:`check_model_conf` turns the keys' values into a :class:`TransducerConf` or
-raises :class:`~espnet_multiblank.espnet.errors.ConfigError` naming the key. It runs
-twice on the way to a model: in :func:`espnet_multiblank.espnet.task.check_args`
-(the plug-in's entry point, before ESPnet's ``build_model`` edits the token list with
-the keys), and in the model's constructor (every path, ESPnet's stock scripts
-included). The keys' defaults have one definition, the constructor's signature
-(which ESPnet's ``--print_config`` shows; two of its defaults are the constants
-here, :data:`MULTI_BLANK_SIGMA_DEFAULT` and :data:`FUSED_JOINT_DEFAULT`);
+:func:`check_model_conf` turns the keys' values into a :class:`TransducerConf` or raises
+:class:`~espnet_multiblank.espnet.errors.ConfigError` naming the key. It runs twice on
+the way to a model: in :func:`espnet_multiblank.espnet.training.task.check_args` (the
+plug-in's entry point, before ESPnet's ``build_model`` edits the token list with the
+keys), and in the model's constructor (every path, ESPnet's stock scripts included). The
+keys' defaults have one definition, the constructor's signature (which ESPnet's
+``--print_config`` shows; two of its defaults are the constants here,
+:data:`MULTI_BLANK_SIGMA_DEFAULT` and :data:`FUSED_JOINT_DEFAULT`);
 :func:`check_model_conf` takes every key.
 
 The loss's own validators check the numbers (their messages name the key here), the

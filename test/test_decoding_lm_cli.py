@@ -133,6 +133,7 @@ def fused_args(lms, lm, arpa):
     )
 
 
+@pytest.mark.slow
 def test_both_entry_points_fuse_the_lm_alike(setup):
     root, scp, exps, lm, arpa, env = setup
     cases = [c for c in CASES if HAVE_KENLM or "ngram" not in c[2]]

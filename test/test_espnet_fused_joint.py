@@ -11,8 +11,7 @@ from unittest import mock
 import pytest
 import torch
 import yaml
-from test_espnet_model import TOKENS, batch, build, tiny_config  # noqa: I100
-from test_tdt_model import tdt_config
+from espnet_cases import TOKENS, batch, build, tdt_config, tiny_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)

@@ -81,6 +81,7 @@ def _reporter_stats(exp):
     return ckpt["reporter"]["stats"]
 
 
+@pytest.mark.slow
 def test_same_losses_epoch_by_epoch(trained):
     """ESPnet's logged train and valid stats of every epoch agree to float32
     rounding, and so do the final parameters (but for the directions the loss does
@@ -129,6 +130,7 @@ def _decode(config, model_file, wavs):
     return out
 
 
+@pytest.mark.slow
 def test_fused_checkpoint_decodes_as_dense(trained, tmp_path):
     """The fused experiment's checkpoint loaded with its own config and with the
     dense config (the key off: the same state dict, strict): identical n-best

@@ -6,8 +6,7 @@ import logging
 
 import pytest
 import torch
-from test_espnet_model import batch, build, tiny_config  # noqa: I100
-from test_tdt_model import tdt_config
+from espnet_cases import batch, build, tdt_config, tiny_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import yaml
-from test_espnet_model import TOKENS, tiny_config  # noqa: I100
+from espnet_cases import TOKENS, tiny_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)

@@ -1,10 +1,12 @@
 """``model: multiblank_espnet`` as a token-and-duration transducer (TDT), built through
 ESPnet's own ASRTask from YAML (``model_conf.transducer_tdt_durations``)."""
 
+import warnings
+
 import pytest
 import torch
 import yaml
-from test_espnet_model import TOKENS, batch, build, tiny_config  # noqa: I100
+from espnet_cases import DURS, TOKENS, batch, build, tdt_config, tiny_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
@@ -23,14 +25,7 @@ from espnet_multiblank.espnet.inference.search import (  # noqa: E402
 )
 from espnet_multiblank.espnet.training.task import MultiblankASRTask  # noqa: E402
 
-DURS = [0, 1, 2, 3, 4]
 V = len(TOKENS)
-
-
-def tdt_config(durations=DURS, **model_conf):
-    conf = dict(transducer_tdt_durations=list(durations))
-    conf.update(model_conf)
-    return tiny_config(durations=(), **conf)
 
 
 def test_build_from_yaml_contract(tmp_path):
@@ -296,6 +291,49 @@ def test_joint_without_lin_out_is_refused(tmp_path):
     layer = joint.lin_out
     _add_duration_outputs(joint, V, 5)  # already V + D: kept
     assert joint.lin_out is layer
+
+
+def _weight_norm(layer):
+    with warnings.catch_warnings():  # deprecated in torch, still used
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.nn.utils.weight_norm(layer)
+
+
+def _parametrized_weight_norm(layer):
+    return torch.nn.utils.parametrizations.weight_norm(layer)
+
+
+class _ScaledLinear(torch.nn.Linear):
+    pass
+
+
+def _spectral_norm(layer):
+    return torch.nn.utils.spectral_norm(layer)
+
+
+@pytest.mark.parametrize(
+    "customise, what",
+    [
+        (_weight_norm, "forward hooks"),
+        (_spectral_norm, "forward hooks"),
+        (_parametrized_weight_norm, "not a plain torch.nn.Linear"),
+        (lambda layer: _ScaledLinear(4, V), "_ScaledLinear"),
+    ],
+)
+def test_customised_lin_out_is_refused(customise, what):
+    """Rebuilding lin_out as a plain Linear would drop the customisation silently."""
+    from espnet_multiblank.espnet.model.asr_model import _add_duration_outputs
+
+    joint = torch.nn.Module()
+    joint.lin_out = customise(torch.nn.Linear(4, V))
+    layer = joint.lin_out
+    with pytest.raises(ConfigError, match=f"transducer_tdt_durations: .*{what}"):
+        _add_duration_outputs(joint, V, 5)
+    assert joint.lin_out is layer  # left as it was
+    plain = torch.nn.Module()
+    plain.lin_out = torch.nn.Linear(4, V)
+    _add_duration_outputs(plain, V, 5)
+    assert plain.lin_out.out_features == V + 5
 
 
 def test_rebuild_from_saved_config_and_state(tmp_path):

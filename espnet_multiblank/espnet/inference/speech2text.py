@@ -44,6 +44,11 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     BatchExactness,
     make_batch_exact,
 )
+from espnet_multiblank.espnet.inference.inputs import (
+    min_encoder_samples,
+    model_sample_rate,
+    too_short_reason,
+)
 from espnet_multiblank.espnet.inference.lm_fusion import read_token_list
 from espnet_multiblank.espnet.inference.search import (
     PLUGIN_ONLY_KEYS,
@@ -417,7 +422,14 @@ class PluginSearchMixin:
 
     def __call__(self, speech):
         """ESPnet's ``Speech2Text.__call__`` (one utterance), with the waveform left
-        in float32 when the frontend runs in float32."""
+        in float32 when the frontend runs in float32.
+
+        Raises:
+            ValueError: a waveform too short for the model's frontend and encoder
+                (ESPnet's own code would fail deep inside the STFT or the
+                subsampling, naming nothing).
+        """
+        self._check_length(speech)
         if not getattr(self, "float32_frontend", False):
             return super().__call__(speech)
         dtype, self.dtype = self.dtype, "float32"  # ESPnet casts speech to self.dtype
@@ -425,6 +437,24 @@ class PluginSearchMixin:
             return super().__call__(speech)
         finally:
             self.dtype = dtype
+
+    def _check_length(self, speech: Any) -> None:
+        model = self.asr_model
+        if getattr(model, "frontend", None) is None or not hasattr(speech, "shape"):
+            return  # features, or not an array: ESPnet's own checks apply
+        if len(speech.shape) == 0:
+            return
+        if not hasattr(self, "_min_samples"):
+            # found once per Speech2Text, by encoding silence
+            self._min_samples = min_encoder_samples(
+                model, self.device, self.input_dtype
+            )
+        samples = int(speech.shape[0])
+        if self._min_samples and samples < self._min_samples:
+            fs = model_sample_rate(getattr(self, "asr_train_args", None))
+            raise ValueError(
+                f"speech: {too_short_reason(samples, self._min_samples, fs)} " "samples"
+            )
 
     @property
     def supports_batch(self) -> bool:

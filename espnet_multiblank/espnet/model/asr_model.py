@@ -127,6 +127,20 @@ def _check_ctc_blank(ctc: CTC, ctc_weight: float, blank_id: int) -> None:
         )
 
 
+def _customisation(layer: torch.nn.Linear) -> str:
+    """What makes ``layer`` more than a plain ``torch.nn.Linear`` ("" if nothing):
+    a subclass (also torch's parametrizations), forward hooks (weight_norm,
+    spectral_norm) or parameters other than weight and bias."""
+    if type(layer) is not torch.nn.Linear:
+        return f"a {type(layer).__name__} (not a plain torch.nn.Linear)"
+    if layer._forward_pre_hooks or layer._forward_hooks:
+        return "a torch.nn.Linear with forward hooks (e.g. weight_norm)"
+    names = sorted(n for n, _ in layer.named_parameters(recurse=False))
+    if not set(names) <= {"weight", "bias"}:
+        return f"a torch.nn.Linear with parameters {names}"
+    return ""
+
+
 def _add_duration_outputs(
     joint_network: torch.nn.Module, vocab_size: int, num_durations: int
 ) -> None:
@@ -140,7 +154,8 @@ def _add_duration_outputs(
 
     Raises:
         ConfigError: the joint network has no ``lin_out`` ``torch.nn.Linear`` with V
-            or V + D outputs.
+            or V + D outputs, or one with V outputs that is customised (weight norm,
+            a parametrization, a subclass): rebuilding it would drop that.
     """
     lin_out = getattr(joint_network, "lin_out", None)
     tdt_key = key("transducer_tdt_durations")
@@ -152,6 +167,15 @@ def _add_duration_outputs(
         )
     if lin_out.out_features == vocab_size + num_durations:
         return
+    custom = _customisation(lin_out)
+    if custom:
+        # rebuilding it as a plain Linear would silently drop the customisation
+        raise ConfigError(
+            f"{tdt_key}: the joint network's lin_out is {custom}; a TDT rebuilds "
+            f"lin_out with {vocab_size} + {num_durations} outputs and can only do so "
+            f"for a plain torch.nn.Linear. Give the joint network V + D outputs "
+            f"itself, or drop the customisation"
+        )
     if lin_out.out_features != vocab_size:
         raise ConfigError(
             f"{tdt_key}: the joint network's lin_out has {lin_out.out_features} "

@@ -21,7 +21,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 import yaml
-from test_espnet_model import TOKENS, tiny_config  # noqa: I100
+from espnet_cases import TOKENS, tiny_config
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.training import ddp

@@ -300,13 +300,13 @@ def trained_model(args, device):
     """(kind, decoder, joint, lattice, encoder outputs, encoder seconds)."""
     import soundfile
 
-    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+    import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
     # isort: split
     from espnet2.tasks.asr import ASRTask
 
     import espnet_multiblank
-    from espnet_multiblank.espnet.search import (
+    from espnet_multiblank.espnet.inference.search import (
         fix_decoder_blank,
         joint_size_of,
         lattice_from_model,

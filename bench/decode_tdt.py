@@ -27,7 +27,7 @@ import soundfile
 import torch
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import single_thread_on_cpu
 
 #: (model dir, search type) of the greedy searches compared
@@ -106,7 +106,7 @@ def main():
     a = p.parse_args()
 
     espnet_multiblank.register()
-    from espnet_multiblank.espnet.search import build_transducer_search
+    from espnet_multiblank.espnet.inference.search import build_transducer_search
 
     torch.set_num_threads(1)
     lines = a.wav_scp.read_text().splitlines()[: a.num]

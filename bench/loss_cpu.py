@@ -212,7 +212,7 @@ def make_contender(
             RNNTLossNumba,
         )
 
-        import espnet_multiblank.espnet.quiet  # noqa: F401  (silence nltk)
+        import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (silence nltk)
 
         loss = RNNTLossNumba(blank=blank, reduction="mean")
         return _fwd_bwd(lambda x: loss(x, labels, act_lens, label_lens), logits)

@@ -1,4 +1,4 @@
-"""NaN epochs never chosen as ESPnet's best model (espnet/best_model_guard.py),
+"""NaN epochs never chosen as ESPnet's best model (registration/best_model_guard.py),
 against ESPnet's own Reporter: its values are registered as the trainer does."""
 
 import logging
@@ -7,8 +7,8 @@ import random
 import pytest
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import best_model_guard
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet.registration import best_model_guard
 
 espnet_multiblank.register()
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "decode"
@@ -206,7 +206,7 @@ def std_exp(workdir):
 def test_espnet_multiblank_config_layout(mb_exp):
     from espnet2.tasks.asr import ASRTask
 
-    from espnet_multiblank.espnet.search import (
+    from espnet_multiblank.espnet.inference.search import (
         build_transducer_search,
         lattice_from_model,
     )
@@ -257,7 +257,7 @@ def test_speech2text_results_layout(mb_exp):
     from espnet2.asr.transducer.beam_search_transducer import Hypothesis as ESPnetHyp
 
     from espnet_multiblank.decoding import Hypothesis
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     s2t = MultiblankSpeech2Text(
         asr_train_config=mb_exp / "config.yaml",
@@ -344,7 +344,7 @@ def test_decode_batch_encodes_each_utterance_trimmed(workdir, mb_exp):
     which needs each utterance encoded without its padding."""
     import soundfile
 
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     root, scp = workdir
     s2t = MultiblankSpeech2Text(
@@ -373,3 +373,32 @@ def test_decode_batch_encodes_each_utterance_trimmed(workdir, mb_exp):
         ((_, _, ids, hyp),) = batched[b]
         assert ids == alone_ids
         assert hyp.score == pytest.approx(alone.score, rel=1e-6)
+
+
+@pytest.mark.parametrize("samples", [0, 1, 40])
+def test_direct_speech2text_refuses_too_short_input(mb_exp, samples):
+    """Speech2Text called from Python (not through the inference loop, which reports
+    the utterance and goes on): a waveform too short for the frontend and encoder is
+    a ValueError that says so and how many samples are needed, not a crash deep in
+    the STFT (``reflect_pad_each``) or the subsampling; long enough input decodes."""
+    from espnet_multiblank.espnet.inference.inputs import min_encoder_samples
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
+
+    s2t = MultiblankSpeech2Text(
+        asr_train_config=mb_exp / "config.yaml",
+        asr_model_file=mb_exp / "model.pth",
+        transducer_conf={"search_type": "mb_greedy"},
+        beam_size=1,
+    )
+    need = min_encoder_samples(s2t.asr_model, "cpu", torch.float32)
+    assert need is not None and need > samples
+    g = torch.Generator().manual_seed(samples)
+    with pytest.raises(
+        ValueError,
+        match=f"speech: too short: {samples} samples.*" f"at least {need} samples",
+    ):
+        s2t(torch.randn(samples, generator=g))
+    with pytest.raises(ValueError, match="speech: too short"):
+        s2t(torch.randn(need - 1, generator=g).numpy())
+    results = s2t(torch.randn(need, generator=g))
+    assert len(results) == 1 and isinstance(results[0][0], str)

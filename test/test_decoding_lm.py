@@ -27,7 +27,7 @@ from test_tdt_search import enumerate_paths
 from test_tdt_search import make_model as tdt_make_model
 from test_tdt_search import reference_greedy as tdt_reference_greedy
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 # isort: split
 from espnet2.lm.seq_rnn_lm import SequentialRNNLM
@@ -39,13 +39,16 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
-from espnet_multiblank.espnet.lm_fusion import (
+from espnet_multiblank.espnet.inference.lm_fusion import (
     RNNLM,
     BatchScorerLM,
     build_fusion,
     lm_token_ids,
 )
-from espnet_multiblank.espnet.search import build_transducer_search, lattice_from_model
+from espnet_multiblank.espnet.inference.search import (
+    build_transducer_search,
+    lattice_from_model,
+)
 
 pytestmark = pytest.mark.timeout(600)
 

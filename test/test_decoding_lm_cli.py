@@ -133,6 +133,7 @@ def fused_args(lms, lm, arpa):
     )
 
 
+@pytest.mark.slow
 def test_both_entry_points_fuse_the_lm_alike(setup):
     root, scp, exps, lm, arpa, env = setup
     cases = [c for c in CASES if HAVE_KENLM or "ngram" not in c[2]]
@@ -238,7 +239,7 @@ def test_espnet_beam_scores_with_an_lm_become_numbers():
     write ``tensor(-12.3)`` into the score file)."""
     from espnet2.asr.transducer.beam_search_transducer import Hypothesis
 
-    from espnet_multiblank.espnet.speech2text import to_espnet_hypothesis
+    from espnet_multiblank.espnet.inference.speech2text import to_espnet_hypothesis
 
     hyp = Hypothesis(score=-1.0 + torch.tensor(-0.5), yseq=[0, 3], dec_state=None)
     out = to_espnet_hypothesis(hyp)

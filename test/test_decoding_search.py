@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 # isort: split
 from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
@@ -18,7 +18,7 @@ from espnet_multiblank.decoding import (
     MultiblankBeamSearch,
     MultiblankGreedySearch,
 )
-from espnet_multiblank.espnet.search import (
+from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
     lattice_from_model,
     resolve_search_type,

@@ -119,6 +119,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_stock_inference_equals_plugin_inference(setup):
     """Stock CLI (subprocesses, in parallel) vs the plug-in's own inference."""
     root, scp, exps, env = setup

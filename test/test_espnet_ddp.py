@@ -8,8 +8,8 @@ Real runs of a tiny ``multiblank_espnet`` model on 16 utterances, 2 ranks, gloo:
 * ESPnet's stock ``espnet2.bin.asr_train`` registered by the start-up hook in every
   rank.
 
-Each rank runs ``test/ddp_probe.py`` (the entry point with a probe that records every
-rank's parameters and utterances per epoch). The runs without the hook set
+Each rank runs ``test/helpers/ddp_probe.py`` (the entry point with a probe that
+records every rank's parameters and utterances per epoch). The runs without the hook set
 ``ESPNET_MULTIBLANK_NO_AUTOREGISTER=1``: the entry point alone must register in every
 rank. Checked: the ranks' parameters are identical after every epoch and changed,
 their utterances disjoint and together the whole set, the loss falls, and the
@@ -35,17 +35,18 @@ import pytest
 import soundfile
 import torch
 import yaml
-from test_espnet_model import TOKENS, tiny_config  # noqa: I100
+from espnet_cases import TOKENS, tiny_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import autoregister, cpu_spawn, ddp
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet import autoregister
 from espnet_multiblank.espnet._hook import ENV_DISABLE
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
-from espnet_multiblank.espnet.task import MultiblankASRTask
+from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
+from espnet_multiblank.espnet.training import cpu_spawn, ddp
+from espnet_multiblank.espnet.training.task import MultiblankASRTask
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROBE = os.path.join(HERE, "ddp_probe.py")
+PROBE = os.path.join(HERE, "helpers", "ddp_probe.py")
 TEXTS = ["ab c", "ba", "cab", "c a", "abc", "b", "ca b", "aa"] * 2
 UTTS = [f"utt{i:02d}" for i in range(len(TEXTS))]
 N_EPOCHS = 3
@@ -183,6 +184,7 @@ def _check_run(out, probe_dir, recorded_world, world=2):
     return ranks
 
 
+@pytest.mark.slow
 def test_torchrun_gpus_hidden_no_hook(data, tmp_path):
     """torchrun, CUDA_VISIBLE_DEVICES= (LOCAL_RANK=1 failed ESPnet's device check),
     no --dist_backend (ESPnet's default nccl fails on CPU), start-up hook off."""
@@ -195,6 +197,7 @@ def test_torchrun_gpus_hidden_no_hook(data, tmp_path):
     _check_run(out, probe, recorded_world=None)
 
 
+@pytest.mark.slow
 def test_spawn_path_starts_cpu_workers_no_hook(data, tmp_path, monkeypatch):
     """--multiprocessing_distributed true --dist_world_size 2 --ngpu 0: two spawned CPU
     workers (ESPnet's spawn path starts GPU workers only); hook off."""
@@ -213,6 +216,7 @@ def test_spawn_path_starts_cpu_workers_no_hook(data, tmp_path, monkeypatch):
     assert [r["threads"] for r in ranks] == [cpu_spawn.worker_threads(2)] * 2
 
 
+@pytest.mark.slow
 def test_torchrun_two_nodes_on_localhost(data, tmp_path):
     """Multi-node: two torchrun agents (--nnodes 2, --node_rank 0/1), one rank each,
     rendezvous at 127.0.0.1; start-up hook as installed in this environment."""
@@ -250,6 +254,7 @@ runpy.run_module("espnet2.bin.asr_train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_stock_espnet_registers_in_every_rank_with_hook(data, tmp_path):
     """ESPnet's own entry point under torchrun: every rank parses the config and builds
     a multiblank_espnet model (--dry_run), registered by the start-up hook only."""
@@ -267,6 +272,7 @@ def test_stock_espnet_registers_in_every_rank_with_hook(data, tmp_path):
     assert saved["model"] == "multiblank_espnet" and saved["distributed"] is True
 
 
+@pytest.mark.slow
 def test_rank_that_dies_fails_the_run_at_once(data, tmp_path):
     """Spawn path: rank 1 exits without a Python error when epoch 2 starts; the run
     stops the other worker and fails, naming the rank and the exit code."""
@@ -283,6 +289,7 @@ def test_rank_that_dies_fails_the_run_at_once(data, tmp_path):
     assert not (out / f"{N_EPOCHS}epoch.pth").exists()
 
 
+@pytest.mark.slow
 def test_rank_that_hangs_fails_after_dist_timeout(data, tmp_path):
     """torchrun: rank 1 stops responding at epoch 2; rank 0 gives up after
     --dist_timeout (torch's default would be 30 min) with a message that says why,
@@ -304,6 +311,7 @@ def test_rank_that_hangs_fails_after_dist_timeout(data, tmp_path):
     assert time.time() - hang_started < timeout + 120
 
 
+@pytest.mark.slow
 def test_one_step_over_two_ranks_equals_one_process_over_the_global_batch(tmp_path):
     """2 ranks x 4 utterances vs 1 process x 8, one SGD step through ESPnet's trainer:
     the same parameters for "mean", FastEmit + clamp and "mean_label_normalized"
@@ -471,7 +479,7 @@ _EXIT_CASE = r"""
 import logging, sys
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
-from espnet_multiblank.espnet import ddp
+from espnet_multiblank.espnet.training import ddp
 
 logging.basicConfig(filename=sys.argv[2], level=logging.INFO)
 ddp.exit_finished_rank()  # no DDP training finished yet: returns

@@ -11,16 +11,18 @@ from unittest import mock
 import pytest
 import torch
 import yaml
-from test_espnet_model import TOKENS, batch, build, tiny_config  # noqa: I100
-from test_tdt_model import tdt_config
+from espnet_cases import TOKENS, batch, build, tdt_config, tiny_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import fused_joint
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.fused_joint import FusedJointLoss, check_fusable
-from espnet_multiblank.espnet.model import NO_PATH_STAT, MultiblankESPnetASRModel
-from espnet_multiblank.espnet.no_path import MODEL_REDUCTIONS
+from espnet_multiblank.espnet.model import fused_joint
+from espnet_multiblank.espnet.model.asr_model import (
+    NO_PATH_STAT,
+    MultiblankESPnetASRModel,
+)
+from espnet_multiblank.espnet.model.fused_joint import FusedJointLoss, check_fusable
+from espnet_multiblank.espnet.model.no_path import MODEL_REDUCTIONS
 
 espnet_multiblank.register()
 
@@ -29,7 +31,10 @@ from espnet2.asr_transducer.joint_network import JointNetwork  # noqa: E402
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.task import MultiblankASRTask, check_args  # noqa: E402
+from espnet_multiblank.espnet.training.task import (  # noqa: E402
+    MultiblankASRTask,
+    check_args,
+)
 
 KEY = r"model_conf\.transducer_fused_joint"
 KINDS = ("standard", "multiblank", "tdt")
@@ -475,7 +480,7 @@ def test_example_configs_name_the_key_with_its_default(tmp_path):
     and set to true the example builds a fused model."""
     from pathlib import Path
 
-    from espnet_multiblank.espnet.model_conf import FUSED_JOINT_DEFAULT
+    from espnet_multiblank.espnet.model.model_conf import FUSED_JOINT_DEFAULT
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     line = f"    # transducer_fused_joint: {str(FUSED_JOINT_DEFAULT).lower()} "

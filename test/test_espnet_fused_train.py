@@ -11,7 +11,7 @@ from test_espnet_train import N_EPOCHS, TEXTS, _common, _data  # noqa: I100
 from test_espnet_train import _train_config as _mb_train_config
 from test_tdt_train import _train_config as _tdt_train_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 
 #: per kind: the config (besides the key), and what it exercises beyond the losses:
@@ -81,6 +81,7 @@ def _reporter_stats(exp):
     return ckpt["reporter"]["stats"]
 
 
+@pytest.mark.slow
 def test_same_losses_epoch_by_epoch(trained):
     """ESPnet's logged train and valid stats of every epoch agree to float32
     rounding, and so do the final parameters (but for the directions the loss does
@@ -113,7 +114,7 @@ def _decode(config, model_file, wavs):
     (beam search over the joint network)."""
     import soundfile
 
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     s2t = MultiblankSpeech2Text(
         asr_train_config=config,
@@ -129,6 +130,7 @@ def _decode(config, model_file, wavs):
     return out
 
 
+@pytest.mark.slow
 def test_fused_checkpoint_decodes_as_dense(trained, tmp_path):
     """The fused experiment's checkpoint loaded with its own config and with the
     dense config (the key off: the same state dict, strict): identical n-best

@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank import register
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.grad_scaled import (
+from espnet_multiblank.espnet.frontends.grad_scaled import (
     GradScaledFrontend,
     GradScaledPreEncoder,
 )

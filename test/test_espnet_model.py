@@ -3,14 +3,16 @@
 import pytest
 import torch
 import yaml
+from espnet_cases import TOKENS, batch, build, tiny_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import MultiblankGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model import (
+from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
+from espnet_multiblank.espnet.model.error_calculators import (
+    MultiblankCTCErrorCalculator,
     MultiblankErrorCalculatorTransducer,
-    MultiblankESPnetASRModel,
 )
 
 espnet_multiblank.register()
@@ -20,82 +22,7 @@ from espnet2.asr_transducer.joint_network import JointNetwork  # noqa: E402
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.task import MultiblankASRTask  # noqa: E402
-
-TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]
-
-
-def loss_backend() -> str:
-    """The fused CPU kernel when it is importable, else the PyTorch backend."""
-    try:
-        from espnet_multiblank.loss.cpu import compute  # noqa: F401
-
-        return "auto"
-    except ImportError:
-        return "torch"
-
-
-def tiny_config(durations=(2, 4, 8), **model_conf):
-    conf = dict(
-        transducer_multi_blank_durations=list(durations),
-        transducer_multi_blank_sigma=0.05,
-        transducer_loss_backend=loss_backend(),
-        ctc_weight=0.3,
-        report_cer=False,
-        report_wer=False,
-    )
-    conf.update(model_conf)
-    return dict(
-        model="multiblank_espnet",
-        model_conf=conf,
-        frontend="default",
-        frontend_conf=dict(n_fft=128, win_length=128, hop_length=64, n_mels=20),
-        normalize="utterance_mvn",
-        encoder="conformer",
-        encoder_conf=dict(
-            output_size=16,
-            attention_heads=2,
-            linear_units=16,
-            num_blocks=1,
-            dropout_rate=0.0,
-            positional_dropout_rate=0.0,
-            attention_dropout_rate=0.0,
-            input_layer="conv2d",
-            cnn_module_kernel=3,
-            rel_pos_type="latest",
-            pos_enc_layer_type="rel_pos",
-            selfattention_layer_type="rel_selfattn",
-        ),
-        decoder="transducer",
-        decoder_conf=dict(rnn_type="lstm", num_layers=1, hidden_size=16),
-        joint_net_conf=dict(joint_space_size=16),
-    )
-
-
-def build(tmp_path, config, *extra, task=ASRTask) -> MultiblankESPnetASRModel:
-    """Parse ``config`` (a dict written as YAML) with ESPnet's ASRTask parser (or
-    ``task``'s) and build it."""
-    (tmp_path / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    args = task.get_parser().parse_args(
-        ["--config", str(tmp_path / "config.yaml")]
-        + ["--token_list", str(tmp_path / "tokens.txt")]
-        + list(extra)
-    )
-    return task.build_model(args)
-
-
-def batch(token_list, seed=0):
-    """3 utterances "ab c", "bc", "a" (padded with -1) with random speech."""
-    g = torch.Generator().manual_seed(seed)
-    speech = torch.randn(3, 2400, generator=g)
-    speech_lengths = torch.tensor([2400, 2000, 1600])
-    ids = {t: i for i, t in enumerate(token_list)}
-    rows = [["a", "b", "<space>", "c"], ["b", "c"], ["a"]]
-    text = torch.full((3, 4), -1)
-    for r, row in enumerate(rows):
-        text[r, : len(row)] = torch.tensor([ids[t] for t in row])
-    return speech, speech_lengths, text, torch.tensor([4, 2, 1])
+from espnet_multiblank.espnet.training.task import MultiblankASRTask  # noqa: E402
 
 
 def test_build_from_yaml_contract(tmp_path):
@@ -405,8 +332,8 @@ def test_default_config_lists_the_plugin_keys():
 def test_task_check_uses_the_constructor_defaults(monkeypatch, tmp_path):
     """check_args fills the keys a config leaves out from the model constructor's
     signature (one definition of the defaults): a changed default reaches it."""
-    from espnet_multiblank.espnet import model as plugin_model
-    from espnet_multiblank.espnet import task
+    from espnet_multiblank.espnet.model import asr_model as plugin_model
+    from espnet_multiblank.espnet.training import task
 
     defaults = plugin_model.model_conf_defaults()
     assert defaults["transducer_multi_blank_sigma"] == 0.05
@@ -430,8 +357,6 @@ def test_ctc_cer_treats_big_blanks_as_blank(tmp_path):
     of the greedy CTC output in validation; every blank (standard and big) must act
     as the CTC blank: it separates repeats and is dropped (oracle written here)."""
     import editdistance
-
-    from espnet_multiblank.espnet.model import MultiblankCTCErrorCalculator
 
     model = build(tmp_path, tiny_config())  # report_* off, ctc_weight 0.3
     assert isinstance(model.error_calculator, MultiblankCTCErrorCalculator)

@@ -6,13 +6,12 @@ import logging
 
 import pytest
 import torch
-from test_espnet_model import batch, build, tiny_config  # noqa: I100
-from test_tdt_model import tdt_config
+from espnet_cases import batch, build, tdt_config, tiny_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet.model import NO_PATH_STAT
-from espnet_multiblank.espnet.no_path import MODEL_REDUCTIONS, NoPathWarnings
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet.model.asr_model import NO_PATH_STAT
+from espnet_multiblank.espnet.model.no_path import MODEL_REDUCTIONS, NoPathWarnings
 from espnet_multiblank.lattice import TDTLattice, has_path
 
 espnet_multiblank.register()
@@ -202,7 +201,7 @@ def test_warning_reasons():
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logger = logging.getLogger("espnet_multiblank.espnet.no_path")
+    logger = logging.getLogger("espnet_multiblank.espnet.model.no_path")
     logger.addHandler(handler)
     try:
         warn(

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 import yaml
-from test_espnet_model import TOKENS, tiny_config  # noqa: I100
+from espnet_cases import TOKENS, tiny_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet import _hook, autoregister, registration
 
 
@@ -30,7 +30,7 @@ def test_register_is_idempotent():
     assert registration.is_registered()
     from espnet2.tasks.asr import ASRTask, model_choices
 
-    from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+    from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 
     assert model_choices.classes["multiblank_espnet"] is MultiblankESPnetASRModel
     assert before["frontend"]["grad_scaled"].__name__ == "GradScaledFrontend"
@@ -166,7 +166,7 @@ QUIET = textwrap.dedent("""
     import sys
     import nltk
     own = nltk.download
-    import espnet_multiblank.espnet.quiet   # imports g2p_en with downloads off
+    import espnet_multiblank.espnet.registration.quiet  # g2p_en, downloads off
     assert "g2p_en" in sys.modules
     assert nltk.download is own, "nltk.download not restored"
     import espnet2.tasks.asr  # noqa: F401

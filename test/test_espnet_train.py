@@ -14,9 +14,9 @@ import pytest
 import soundfile
 import torch
 import yaml
-from test_espnet_model import TOKENS, loss_backend, tiny_config  # noqa: I100
+from espnet_cases import TOKENS, loss_backend, tiny_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 from espnet_multiblank.espnet import autoregister
 
@@ -111,12 +111,14 @@ def trained(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_collect_stats(trained):
     shapes = (trained / "stats/train/speech_shape").read_text().split("\n")
     assert len([s for s in shapes if s]) == len(TEXTS)
     assert (trained / "stats/train/feats_stats.npz").exists()
 
 
+@pytest.mark.slow
 def test_training_loss_finite_and_decreasing(trained):
     ckpt = torch.load(
         trained / "exp/checkpoint.pth", map_location="cpu", weights_only=False
@@ -156,6 +158,7 @@ RELOAD = textwrap.dedent("""
     """)
 
 
+@pytest.mark.slow
 def test_reload_in_fresh_process(trained, tmp_path):
     from espnet2.tasks.asr import ASRTask
 
@@ -218,6 +221,7 @@ def _stats(root):
     return ckpt["reporter"]["stats"]
 
 
+@pytest.mark.slow
 def test_standard_model_with_an_impossible_utterance_trains(tmp_path):
     """A standard transducer (labels cover no frame: only an utterance without
     encoder frames is impossible) with one such utterance among 9: finite losses,
@@ -248,7 +252,7 @@ def test_nan_criterion_stops_stock_training(tmp_path):
     guard stops the run at epoch 1 instead of linking the NaN epoch as the best."""
     from espnet2.tasks.asr import ASRTask
 
-    from espnet_multiblank.espnet.best_model_guard import NaNCriterionError
+    from espnet_multiblank.espnet.registration.best_model_guard import NaNCriterionError
 
     _data(tmp_path, short=["ab"])
     config = _train_config(durations=(), transducer_multi_blank_sigma=0.0)

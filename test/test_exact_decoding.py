@@ -10,15 +10,17 @@ import pytest
 import torch
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 espnet_multiblank.register()
 
 from espnet2.asr.espnet_model import ESPnetASRModel  # noqa: E402
 
-import espnet_multiblank.espnet.model as plugin_model  # noqa: E402
-import espnet_multiblank.espnet.speech2text as plugin_s2t  # noqa: E402
-from espnet_multiblank.espnet.exact_encoding import BatchExactness  # noqa: E402
+import espnet_multiblank.espnet.inference.speech2text as plugin_s2t  # noqa: E402
+from espnet_multiblank.espnet.batch_exact.exact_encoding import (  # noqa: E402
+    BatchExactness,
+)
+from espnet_multiblank.espnet.model import asr_model as plugin_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 espnet_multiblank.register()
 
@@ -35,9 +35,11 @@ from espnet.nets.pytorch_backend.transformer.subsampling import (  # noqa: E402
     Conv2dSubsampling8,
 )
 
-import espnet_multiblank.espnet.exact_encoding as exact_encoding  # noqa: E402
-from espnet_multiblank.espnet.exact_encoding import make_batch_exact  # noqa: E402
-from espnet_multiblank.espnet.exact_layers import (  # noqa: E402
+from espnet_multiblank.espnet.batch_exact import exact_encoding  # noqa: E402
+from espnet_multiblank.espnet.batch_exact.exact_encoding import (  # noqa: E402
+    make_batch_exact,
+)
+from espnet_multiblank.espnet.batch_exact.exact_layers import (  # noqa: E402
     ExactStft,
     MaskedConformerEncoderLayer,
     MaskedConvolutionModule,
@@ -564,7 +566,7 @@ def test_utterance_mvn_padded_batch_equals_alone(tmp_path):
 def test_exact_utterance_mvn_equals_espnet_alone(norm_means, norm_vars):
     from espnet2.layers.utterance_mvn import UtteranceMVN
 
-    from espnet_multiblank.espnet.exact_layers import ExactUtteranceMVN
+    from espnet_multiblank.espnet.batch_exact.exact_layers import ExactUtteranceMVN
 
     g = torch.Generator().manual_seed(4)
     lengths = torch.tensor([30, 12, 21])
@@ -587,7 +589,7 @@ def test_switch_off_keeps_espnet_layers_and_decoding_makes_them_exact(tmp_path):
     differs from each utterance alone, as in ESPnet) and the state dict of the
     default; the plug-in's batched decoding (its Speech2Text's batch_exactness,
     run on the first batch) still makes the loaded model exact."""
-    from espnet_multiblank.espnet.speech2text import PluginSearchMixin
+    from espnet_multiblank.espnet.inference.speech2text import PluginSearchMixin
 
     config = load_config(CONFIGS[-1], tmp_path)
     config["model_conf"]["batch_exact_encoding"] = False

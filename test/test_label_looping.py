@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
 # isort: split
 from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
@@ -33,7 +33,7 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
-from espnet_multiblank.espnet.search import build_transducer_search
+from espnet_multiblank.espnet.inference.search import build_transducer_search
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 # a search without its max-symbols guard loops forever on these models: fail, not hang
@@ -462,7 +462,7 @@ def test_decode_batch_label_looping_equals_alone(cli):
     utterance decoded alone by the frame-looping search."""
     import soundfile
 
-    from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+    from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
     root, exp, scp = cli
     kwargs = dict(

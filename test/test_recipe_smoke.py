@@ -86,6 +86,7 @@ def smoke_run(tmp_path_factory):
     return work, log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_data_dirs(smoke_run):
     work, _ = smoke_run
@@ -126,6 +127,7 @@ def test_data_dirs(smoke_run):
     assert tokens[0] == "<blank>" and tokens[-1] == "<sos/eos>"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_training_outputs(smoke_run):
     work, _ = smoke_run
@@ -161,6 +163,7 @@ def test_configs_differ_only_in_loss_keys():
     assert mb == std == tdt
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_decoding_and_scores(smoke_run):
     work, _ = smoke_run
@@ -179,6 +182,7 @@ def test_decoding_and_scores(smoke_run):
                 assert stats["frames_skipped"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_lms_and_fused_decoding(smoke_run):
     """Both LMs trained; every beam search decoded with each on its dev set at every
@@ -220,6 +224,7 @@ def test_lms_and_fused_decoding(smoke_run):
                     float(line.split()[1])  # plain numbers
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_half_precision_decodings(smoke_run):
     work, _ = smoke_run
@@ -233,6 +238,7 @@ def test_half_precision_decodings(smoke_run):
             assert json.loads((d / "score.json").read_text())["num_utterances"] == n
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_report(smoke_run):
     work, log = smoke_run

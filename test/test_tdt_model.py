@@ -1,16 +1,18 @@
 """``model: multiblank_espnet`` as a token-and-duration transducer (TDT), built through
 ESPnet's own ASRTask from YAML (``model_conf.transducer_tdt_durations``)."""
 
+import warnings
+
 import pytest
 import torch
 import yaml
-from test_espnet_model import TOKENS, batch, build, tiny_config  # noqa: I100
+from espnet_cases import DURS, TOKENS, batch, build, tdt_config, tiny_config
 
 import espnet_multiblank
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.decoding import TDTGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 espnet_multiblank.register()
@@ -18,17 +20,12 @@ espnet_multiblank.register()
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.search import build_transducer_search  # noqa: E402
-from espnet_multiblank.espnet.task import MultiblankASRTask  # noqa: E402
+from espnet_multiblank.espnet.inference.search import (  # noqa: E402
+    build_transducer_search,
+)
+from espnet_multiblank.espnet.training.task import MultiblankASRTask  # noqa: E402
 
-DURS = [0, 1, 2, 3, 4]
 V = len(TOKENS)
-
-
-def tdt_config(durations=DURS, **model_conf):
-    conf = dict(transducer_tdt_durations=list(durations))
-    conf.update(model_conf)
-    return tiny_config(durations=(), **conf)
 
 
 def test_build_from_yaml_contract(tmp_path):
@@ -263,7 +260,7 @@ def test_validation_decodes_with_tdt_greedy(tmp_path):
 def test_bad_tdt_conf_names_the_key(tmp_path, conf, match):
     """At start-up through the plug-in's task (before ESPnet edits the token list)
     and through ESPnet's own ASRTask (the model's constructor)."""
-    from espnet_multiblank.espnet.task import check_args
+    from espnet_multiblank.espnet.training.task import check_args
 
     config = tdt_config()
     config["model_conf"].update(conf)
@@ -282,7 +279,7 @@ def test_bad_tdt_conf_names_the_key(tmp_path, conf, match):
 
 
 def test_joint_without_lin_out_is_refused(tmp_path):
-    from espnet_multiblank.espnet.model import _add_duration_outputs
+    from espnet_multiblank.espnet.model.asr_model import _add_duration_outputs
 
     with pytest.raises(ConfigError, match="transducer_tdt_durations: a TDT needs"):
         _add_duration_outputs(torch.nn.Identity(), V, 5)
@@ -294,6 +291,49 @@ def test_joint_without_lin_out_is_refused(tmp_path):
     layer = joint.lin_out
     _add_duration_outputs(joint, V, 5)  # already V + D: kept
     assert joint.lin_out is layer
+
+
+def _weight_norm(layer):
+    with warnings.catch_warnings():  # deprecated in torch, still used
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.nn.utils.weight_norm(layer)
+
+
+def _parametrized_weight_norm(layer):
+    return torch.nn.utils.parametrizations.weight_norm(layer)
+
+
+class _ScaledLinear(torch.nn.Linear):
+    pass
+
+
+def _spectral_norm(layer):
+    return torch.nn.utils.spectral_norm(layer)
+
+
+@pytest.mark.parametrize(
+    "customise, what",
+    [
+        (_weight_norm, "forward hooks"),
+        (_spectral_norm, "forward hooks"),
+        (_parametrized_weight_norm, "not a plain torch.nn.Linear"),
+        (lambda layer: _ScaledLinear(4, V), "_ScaledLinear"),
+    ],
+)
+def test_customised_lin_out_is_refused(customise, what):
+    """Rebuilding lin_out as a plain Linear would drop the customisation silently."""
+    from espnet_multiblank.espnet.model.asr_model import _add_duration_outputs
+
+    joint = torch.nn.Module()
+    joint.lin_out = customise(torch.nn.Linear(4, V))
+    layer = joint.lin_out
+    with pytest.raises(ConfigError, match=f"transducer_tdt_durations: .*{what}"):
+        _add_duration_outputs(joint, V, 5)
+    assert joint.lin_out is layer  # left as it was
+    plain = torch.nn.Module()
+    plain.lin_out = torch.nn.Linear(4, V)
+    _add_duration_outputs(plain, V, 5)
+    assert plain.lin_out.out_features == V + 5
 
 
 def test_rebuild_from_saved_config_and_state(tmp_path):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from espnet_cases import DURS, tdt_config
 from test_espnet_train import N_EPOCHS, _common, _data  # noqa: I100
-from test_tdt_model import DURS, tdt_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train
 from espnet_multiblank.espnet import autoregister
 from espnet_multiblank.espnet._hook import ENV_DISABLE
@@ -66,6 +66,7 @@ def trained(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_training_loss_finite_and_decreasing(trained):
     ckpt = torch.load(
         trained / "exp/checkpoint.pth", map_location="cpu", weights_only=False
@@ -107,6 +108,7 @@ RELOAD = textwrap.dedent("""
     """)
 
 
+@pytest.mark.slow
 def test_reload_in_fresh_process(trained, tmp_path):
     from espnet2.tasks.asr import ASRTask
 
@@ -192,7 +194,7 @@ def trained_unreachable(tmp_path_factory):
     )
     (root / "train.yaml").write_text(yaml.safe_dump(config))
     records = _Records()
-    logger = logging.getLogger("espnet_multiblank.espnet.no_path")
+    logger = logging.getLogger("espnet_multiblank.espnet.model.no_path")
     logger.addHandler(records)
     try:
         _collect_stats_and_train(root)
@@ -201,6 +203,7 @@ def trained_unreachable(tmp_path_factory):
     return root, records.messages
 
 
+@pytest.mark.slow
 def test_unreachable_lengths_opt_in_trains_finite(trained_unreachable):
     """Finite train and valid losses in every epoch (ESPnet's reporter would have
     averaged nothing but infinite batches: NaN), the share of utterances left out

@@ -61,7 +61,7 @@ for name, ver in want.items():
     got = md.version(name)
     if got.split("+")[0] != ver:
         sys.exit(f"[setup] {name} is {got}, expected {ver}: the environment was altered")
-import espnet_multiblank.espnet.quiet  # noqa: F401  (silences ESPnet's nltk download noise)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (no nltk noise)
 import numba
 import espnet2.tasks.asr  # noqa: F401
 import torch

@@ -12,7 +12,7 @@ Usage (every argument of ``espnet2.bin.asr_inference``)::
 
 It calls :func:`espnet_multiblank.register` first (so models trained with
 ``model: multiblank_espnet`` rebuild) and runs
-:func:`espnet_multiblank.espnet.inference.inference` (ESPnet's output layout,
+:func:`espnet_multiblank.espnet.inference.loop.inference` (ESPnet's output layout,
 ``decoding_stats.json``, batched decoding, utterances that cannot be decoded reported
 by key in ``failed_utterances``). Differences from ESPnet's parser:
 
@@ -26,13 +26,11 @@ by key in ``failed_utterances``). Differences from ESPnet's parser:
 import sys
 from typing import Any, Dict
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet.inference import exit_status, inference
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet.inference.arguments import add_plugin_arguments
+from espnet_multiblank.espnet.inference.loop import exit_status, inference
 
 __all__ = ["dict_arg", "get_parser", "inference", "main"]
-
-#: ``--dtype`` values (ESPnet's parser: float16, float32, float64)
-DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def dict_arg(value: str) -> Dict[str, Any]:
@@ -50,23 +48,6 @@ def dict_arg(value: str) -> Dict[str, Any]:
             raise ValueError(f"expected key=value or a YAML mapping, got {value!r}")
         out[key.strip()] = yaml.safe_load(val)
     return out
-
-
-def add_plugin_arguments(parser) -> None:
-    """The plug-in's additions to ESPnet's ``asr_inference`` parser (also given to
-    the stock module's parser by the start-up hook)."""
-    from espnet2.utils.types import str2bool
-
-    for action in parser._actions:
-        if action.dest == "dtype":
-            action.choices = list(DTYPES)
-    parser.add_argument(
-        "--allow_failed_utterances",
-        type=str2bool,
-        default=False,
-        help="exit with status 0 even when some utterances could not be decoded "
-        "(they are listed in <output_dir>/failed_utterances either way)",
-    )
 
 
 def get_parser():

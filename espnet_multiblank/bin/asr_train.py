@@ -3,8 +3,8 @@
 
 ``python -m espnet_multiblank.bin.asr_train`` takes the arguments of
 ``python -m espnet2.bin.asr_train`` (it runs ESPnet's ``ASRTask.main`` through
-:class:`~espnet_multiblank.espnet.task.MultiblankASRTask`, which adds an up-front
-check of the plug-in's config keys), and in addition accepts
+:class:`~espnet_multiblank.espnet.training.task.MultiblankASRTask`, which adds an
+up-front check of the plug-in's config keys), and in addition accepts
 ``model: multiblank_espnet``, ``frontend: grad_scaled`` and ``preencoder: grad_scaled``.
 
 Distributed training (DDP) works on CPU as on GPUs:
@@ -19,18 +19,19 @@ Distributed training (DDP) works on CPU as on GPUs:
 Registration happens when this module is imported; DDP workers register too: torchrun
 runs this module in every rank, and workers started with the ``spawn`` method
 re-import ``__main__`` and unpickle their target from
-:mod:`espnet_multiblank.espnet.task`, which registers at import.
+:mod:`espnet_multiblank.espnet.training.task`, which registers at import.
 """
 
 from typing import Optional, Sequence
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.registration import register
 
 register()
 
-from espnet_multiblank.espnet import ddp  # noqa: E402
-from espnet_multiblank.espnet.task import MultiblankASRTask as ASRTask  # noqa: E402
+from espnet_multiblank.espnet.training import ddp, task  # noqa: E402
+
+ASRTask = task.MultiblankASRTask
 
 
 def get_parser():

@@ -13,9 +13,9 @@ the whole sentence.
 
 A language model is a :class:`TokenLM`: it maps the search's token ids itself (the
 ESPnet glue builds them from token lists,
-:mod:`espnet_multiblank.espnet.lm_fusion`). :class:`ShallowFusion` sums the weighted
-scores of one or more of them and sets the columns of the blanks to exactly 0, so no
-language model can score a blank whatever it returns there.
+:mod:`espnet_multiblank.espnet.inference.lm_fusion`). :class:`ShallowFusion` sums the
+weighted scores of one or more of them and sets the columns of the blanks to exactly
+0, so no language model can score a blank whatever it returns there.
 
 Notation: A = rows (hypotheses or utterances), V = the search's token count (the joint
 network's outputs without a TDT's duration logits).

@@ -1,47 +1,52 @@
-"""ESPnet integration of espnet-multiblank, by job:
+"""ESPnet integration of espnet-multiblank: one sub-package per job.
 
-Registration and start-up hook
-    * :mod:`~espnet_multiblank.espnet.registration`: ``register()`` adds the
-      plug-in's classes to ``espnet2.tasks.asr``'s class choices (``model:
-      multiblank_espnet``, ``frontend: grad_scaled``, ``preencoder: grad_scaled``)
-      and installs the best-model guard.
-    * :mod:`~espnet_multiblank.espnet.autoregister`: installs a ``.pth`` start-up
-      hook; :mod:`~espnet_multiblank.espnet._hook` is what it runs (``register()``
-      once ``espnet2.tasks.asr`` is imported, and ESPnet's stock inference wrapped).
-    * :mod:`~espnet_multiblank.espnet.quiet`: ESPnet's import without nltk download
-      errors on machines without network.
+Listed from the bottom up: each imports only what is listed before it (and
+ESPnet, :mod:`espnet_multiblank.decoding`, the losses); ``test_espnet_layout.py``
+checks it.
 
-The model
-    * :mod:`~espnet_multiblank.espnet.model`: :class:`MultiblankESPnetASRModel`.
-    * :mod:`~espnet_multiblank.espnet.model_conf`: its ``model_conf`` keys checked.
-    * :mod:`~espnet_multiblank.espnet.no_path`: its training loss over the
-      utterances that have a path.
-    * :mod:`~espnet_multiblank.espnet.error_calculators`: its validation CER/WER.
-    * :mod:`~espnet_multiblank.espnet.grad_scaled`: gradient-scaling frontend /
-      pre-encoder wrappers (wav2vec 2.0 ``feature_grad_mult``).
-    * :mod:`~espnet_multiblank.espnet.errors`: ``ConfigError``.
+:mod:`~espnet_multiblank.espnet.errors`
+    ``ConfigError``, the error every sub-package raises for a bad config value
+    (imports nothing).
 
-Training
-    * :mod:`~espnet_multiblank.espnet.task`: :class:`MultiblankASRTask`, ESPnet's
-      ``ASRTask`` with the plug-in's config keys checked before ``build_model`` and
-      DDP on CPU (used by ``python -m espnet_multiblank.bin.asr_train``).
-    * :mod:`~espnet_multiblank.espnet.ddp`, :mod:`~espnet_multiblank.espnet.cpu_spawn`:
-      the DDP options and the CPU worker launcher.
-    * :mod:`~espnet_multiblank.espnet.best_model_guard`: NaN epochs never chosen as
-      the best model.
+:mod:`~espnet_multiblank.espnet.frontends`
+    ``frontend: grad_scaled`` / ``preencoder: grad_scaled``
+    (:mod:`~espnet_multiblank.espnet.frontends.grad_scaled`): gradient-scaling
+    wrappers of any frontend / pre-encoder.
 
-Batch-exact encoding
-    * :mod:`~espnet_multiblank.espnet.exact_encoding`: ``make_batch_exact``, which
-      swaps in the padding-invariant layers of
-      :mod:`~espnet_multiblank.espnet.exact_layers`.
+:mod:`~espnet_multiblank.espnet.batch_exact`
+    Batch-exact encoding: ``make_batch_exact``
+    (:mod:`~espnet_multiblank.espnet.batch_exact.exact_encoding`) swaps in the
+    padding-invariant layers of
+    :mod:`~espnet_multiblank.espnet.batch_exact.exact_layers`.
 
-Inference
-    * :mod:`~espnet_multiblank.espnet.search`: the transducer search a decode config
-      chooses.
-    * :mod:`~espnet_multiblank.espnet.speech2text`: ESPnet's ``Speech2Text`` with the
-      plug-in's searches and batched decoding.
-    * :mod:`~espnet_multiblank.espnet.stock_inference`: ESPnet's stock
-      ``espnet2.bin.asr_inference`` decoding the plug-in's models right.
+:mod:`~espnet_multiblank.espnet.model`
+    ``model: multiblank_espnet``: the model
+    (:mod:`~espnet_multiblank.espnet.model.asr_model`), its ``model_conf`` keys
+    (``model_conf``), its training loss over the utterances that have a path
+    (``no_path``), the fused joint + loss (``fused_joint``), its validation CER/WER
+    (``error_calculators``).
 
-Importing this package does not import ESPnet; each submodule imports what it needs.
+:mod:`~espnet_multiblank.espnet.registration`
+    ``register()`` (:mod:`~espnet_multiblank.espnet.registration.class_choices`) adds
+    the classes above to ``espnet2.tasks.asr``'s class choices and installs the
+    best-model guard (``best_model_guard``: NaN epochs are never chosen as the best
+    model); ``quiet``: ESPnet's import without nltk download errors.
+
+:mod:`~espnet_multiblank.espnet.inference` and :mod:`~espnet_multiblank.espnet.training`
+    Independent of each other. Inference: the search a decode config chooses
+    (``search``), ESPnet LMs for fusion (``lm_fusion``), ``Speech2Text`` with the
+    plug-in's searches (``speech2text``), input checks (``inputs``), the decoding
+    loop (``loop``), the entry points' parser additions (``arguments``) and ESPnet's
+    stock ``asr_inference`` wrapped (``stock_inference``). Training:
+    :class:`MultiblankASRTask` (``task``), the DDP options (``ddp``) and the CPU
+    worker launcher (``cpu_spawn``).
+
+The start-up hook, on top: :mod:`~espnet_multiblank.espnet.autoregister` installs a
+``.pth`` file whose bootstrap imports :mod:`~espnet_multiblank.espnet._hook`, which
+calls ``register()`` once ``espnet2.tasks.asr`` is imported and wraps ESPnet's stock
+inference. Both stay at these paths: installed ``.pth`` files and ``setup.py``
+(which loads ``autoregister.py`` by file path) name them.
+
+Importing this package, or any sub-package, does not import ESPnet; the modules
+import what they need.
 """

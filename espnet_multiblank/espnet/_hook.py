@@ -6,7 +6,7 @@ Two ESPnet modules are watched:
   plug-in's classes to its choices (``model: multiblank_espnet`` ...);
 * ``espnet2.bin.asr_inference``: right after it has executed, its ``Speech2Text`` is
   replaced by a subclass that decodes the plug-in's models with the plug-in's searches
-  (:mod:`espnet_multiblank.espnet.stock_inference`). ``python -m
+  (:mod:`espnet_multiblank.espnet.inference.stock_inference`). ``python -m
   espnet2.bin.asr_inference`` runs that module as ``__main__`` through ``runpy``,
   which asks the loader for the module's code instead of executing it: the loader then
   hands out a stub (:func:`run_as_main`) that executes the real code without its final
@@ -62,7 +62,7 @@ def wrap_inference_now(namespace: dict) -> None:
     """Wrap ``Speech2Text`` (and ``inference``) in an executed
     ``espnet2.bin.asr_inference`` namespace; a failure becomes a warning."""
     try:
-        from espnet_multiblank.espnet.stock_inference import wrap
+        from espnet_multiblank.espnet.inference.stock_inference import wrap
 
         wrap(namespace)
     except Exception as e:

@@ -71,8 +71,9 @@ def pth_line(targets=TARGETS) -> str:
     """The single ``import ...`` line of the ``.pth`` file.
 
     It embeds the bootstrap twice: marshalled for the interpreter that writes it (no
-    compilation at start-up: ~15 us instead of ~300 us) and as source for any other
-    interpreter. It does not need to know where the package is installed.
+    compilation at each interpreter's start-up, which every Python process pays) and
+    as source for any other interpreter. It does not need to know where the package
+    is installed.
     """
     source = bootstrap_source(targets)
     filename = "<" + PTH_NAME + ">"

@@ -458,7 +458,7 @@ train_lm() {
   log "training LM $name ($config) on $text: progress in $out.tmp/train.log"
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -c \
-    'import espnet_multiblank.espnet.quiet; from espnet2.bin.lm_train import main; main()' \
+    'import espnet_multiblank.espnet.registration.quiet; from espnet2.bin.lm_train import main; main()' \
     --ngpu 0 --config "$config" --use_preprocessor true --token_type word \
     --token_list "$token_list" --non_linguistic_symbols none --cleaner none --g2p none \
     --train_data_path_and_name_and_type "$text,text,text" \

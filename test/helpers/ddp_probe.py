@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.bin import asr_train  # the entry point under test
 
 # isort: split

@@ -4,7 +4,7 @@
 encoder output (frontend, normalisation, pre-encoder, encoder, post-encoder) and, when
 every module on it is one whose behaviour on padded input is known, replaces those
 that mix padding into valid frames by the padding-invariant versions of
-:mod:`espnet_multiblank.espnet.exact_layers`:
+:mod:`espnet_multiblank.espnet.batch_exact.exact_layers`:
 
 * the frontend's ``Stft`` (``center=True``) -> :class:`ExactStft`;
 * ``UtteranceMVN`` -> :class:`ExactUtteranceMVN` (variance over valid frames);
@@ -68,14 +68,14 @@ from espnet.nets.pytorch_backend.transformer.subsampling import (
     Conv2dSubsampling8,
 )
 
-from espnet_multiblank.espnet.exact_layers import (
+from espnet_multiblank.espnet.batch_exact.exact_layers import (
     ExactStft,
     ExactUtteranceMVN,
     MaskedConformerEncoderLayer,
     MaskedConvolutionModule,
     subsampling_mask_hook,
 )
-from espnet_multiblank.espnet.grad_scaled import (
+from espnet_multiblank.espnet.frontends.grad_scaled import (
     GradScaledFrontend,
     GradScaledPreEncoder,
 )

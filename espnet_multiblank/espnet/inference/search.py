@@ -52,7 +52,7 @@ from espnet_multiblank.decoding.label_looping import (
     MultiblankLabelLoopingSearch,
     TDTLabelLoopingSearch,
 )
-from espnet_multiblank.espnet.lm_fusion import build_fusion
+from espnet_multiblank.espnet.inference.lm_fusion import build_fusion
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 logger = logging.getLogger(__name__)
@@ -216,10 +216,10 @@ def build_transducer_search(
         nbest: Hypotheses returned.
         lm, lm_weight: Shallow-fusion LM (an ESPnet LM module, ``lm.lm`` of what
             ``espnet2.bin.lm_train`` trains) and its weight. Fused into every plug-in
-            search (:mod:`espnet_multiblank.espnet.lm_fusion`); ESPnet's greedy type
-            then runs as ``mb_greedy`` with ESPnet's greedy rule (one label per
-            frame, the arg-max symbol) so that the LM is used; ESPnet's beam searches
-            fuse it their own way.
+            search (:mod:`espnet_multiblank.espnet.inference.lm_fusion`); ESPnet's
+            greedy type then runs as ``mb_greedy`` with ESPnet's greedy rule (one
+            label per frame, the arg-max symbol) so that the LM is used; ESPnet's
+            beam searches fuse it their own way.
         token_list: The model's token list (default ``model.token_list``).
         lm_token_list: The LM's token list (required with ``lm``).
         ngram_file, ngram_weight: An n-gram LM (ARPA / KenLM file, through

@@ -3,10 +3,11 @@
 :func:`plugin_speech2text` derives, from ESPnet's ``Speech2Text`` class, a class that
 builds everything as ESPnet does (model from ``config.yaml`` + ``model.pth``, LM,
 tokenizer, converter) and then replaces ``beam_search_transducer`` by
-:func:`~espnet_multiblank.espnet.search.build_transducer_search`, which reads the
-lattice from the model, fixes ``decoder.blank_id`` and serves the plug-in's search
-types. It also keeps decoding statistics and adds :meth:`PluginSearchMixin.decode_batch`
-(batched encoder, when exact, and greedy search). Two flavours:
+:func:`~espnet_multiblank.espnet.inference.search.build_transducer_search`, which
+reads the lattice from the model, fixes ``decoder.blank_id`` and serves the plug-in's
+search types. It also keeps decoding statistics and adds
+:meth:`PluginSearchMixin.decode_batch` (batched encoder, when exact, and greedy
+search). Two flavours:
 
 * ``MultiblankSpeech2Text`` (the plug-in's inference entry point): every transducer
   model gets :func:`build_transducer_search`;
@@ -39,15 +40,23 @@ from espnet_multiblank.decoding import (
     TransducerSearch,
     single_thread_on_cpu,
 )
-from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
-from espnet_multiblank.espnet.lm_fusion import read_token_list
-from espnet_multiblank.espnet.registration import PLUGIN_MODELS
-from espnet_multiblank.espnet.search import (
+from espnet_multiblank.espnet.batch_exact.exact_encoding import (
+    BatchExactness,
+    make_batch_exact,
+)
+from espnet_multiblank.espnet.inference.inputs import (
+    min_encoder_samples,
+    model_sample_rate,
+    too_short_reason,
+)
+from espnet_multiblank.espnet.inference.lm_fusion import read_token_list
+from espnet_multiblank.espnet.inference.search import (
     PLUGIN_ONLY_KEYS,
     PLUGIN_SEARCH_TYPES,
     build_transducer_search,
     lattice_from_model,
 )
+from espnet_multiblank.espnet.registration import PLUGIN_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +172,7 @@ def _config_is_transducer(config: Dict[str, Any]) -> bool:
 
 
 def is_plugin_model(model: Any) -> bool:
-    from espnet_multiblank.espnet.model import MultiblankESPnetASRModel
+    from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 
     return isinstance(model, MultiblankESPnetASRModel)
 
@@ -413,7 +422,14 @@ class PluginSearchMixin:
 
     def __call__(self, speech):
         """ESPnet's ``Speech2Text.__call__`` (one utterance), with the waveform left
-        in float32 when the frontend runs in float32."""
+        in float32 when the frontend runs in float32.
+
+        Raises:
+            ValueError: a waveform too short for the model's frontend and encoder
+                (ESPnet's own code would fail deep inside the STFT or the
+                subsampling, naming nothing).
+        """
+        self._check_length(speech)
         if not getattr(self, "float32_frontend", False):
             return super().__call__(speech)
         dtype, self.dtype = self.dtype, "float32"  # ESPnet casts speech to self.dtype
@@ -421,6 +437,24 @@ class PluginSearchMixin:
             return super().__call__(speech)
         finally:
             self.dtype = dtype
+
+    def _check_length(self, speech: Any) -> None:
+        model = self.asr_model
+        if getattr(model, "frontend", None) is None or not hasattr(speech, "shape"):
+            return  # features, or not an array: ESPnet's own checks apply
+        if len(speech.shape) == 0:
+            return
+        if not hasattr(self, "_min_samples"):
+            # found once per Speech2Text, by encoding silence
+            self._min_samples = min_encoder_samples(
+                model, self.device, self.input_dtype
+            )
+        samples = int(speech.shape[0])
+        if self._min_samples and samples < self._min_samples:
+            fs = model_sample_rate(getattr(self, "asr_train_args", None))
+            raise ValueError(
+                f"speech: {too_short_reason(samples, self._min_samples, fs)} " "samples"
+            )
 
     @property
     def supports_batch(self) -> bool:
@@ -466,8 +500,8 @@ class PluginSearchMixin:
 
     def batch_exactness(self) -> BatchExactness:
         """Whether the model encodes a padded batch exactly as one utterance at a time
-        (:func:`~espnet_multiblank.espnet.exact_encoding.make_batch_exact`, applied on
-        first use; logged once when it cannot be)."""
+        (:func:`~espnet_multiblank.espnet.batch_exact.exact_encoding.make_batch_exact`,
+        applied on first use; logged once when it cannot be)."""
         result = getattr(self, "_batch_exactness", None)
         if result is None:
             result = make_batch_exact(self.asr_model)
@@ -488,8 +522,8 @@ class PluginSearchMixin:
         The encoder runs on the padded batch when the model is batch-exact
         (:meth:`batch_exactness`: ESPnet's conformer and transformer, with the
         padding-invariant layers of
-        :mod:`~espnet_multiblank.espnet.exact_encoding`), otherwise on each utterance
-        alone. The search's rows are independent.
+        :mod:`~espnet_multiblank.espnet.batch_exact.exact_encoding`), otherwise on each
+        utterance alone. The search's rows are independent.
 
         Args:
             speech: (B, L) or (B, L, F) padded input.

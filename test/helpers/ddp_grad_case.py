@@ -21,11 +21,11 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 import yaml
-from test_espnet_model import TOKENS, tiny_config  # noqa: I100
+from espnet_cases import TOKENS, tiny_config
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.espnet import ddp
-from espnet_multiblank.espnet.task import MultiblankASRTask
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
+from espnet_multiblank.espnet.training import ddp
+from espnet_multiblank.espnet.training.task import MultiblankASRTask
 
 #: variant name -> model_conf overrides
 VARIANTS = {

@@ -19,8 +19,8 @@ utterance values that differ from those it gets alone, in these places:
 
 The classes here replace them on an existing model without changing its parameters or
 state dict (the instance's class is swapped, see
-:mod:`espnet_multiblank.espnet.exact_encoding`): each computes, for every valid frame,
-what the utterance alone gives (to float rounding) and the same lengths.
+:mod:`espnet_multiblank.espnet.batch_exact.exact_encoding`): each computes, for every
+valid frame, what the utterance alone gives (to float rounding) and the same lengths.
 """
 
 from typing import Optional, Tuple

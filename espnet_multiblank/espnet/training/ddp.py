@@ -1,8 +1,8 @@
 """Distributed (DDP) options of the plug-in's training entry point.
 
 ESPnet 202511 trains with ``torch.distributed`` but assumes GPUs in three places; the
-plug-in's :class:`~espnet_multiblank.espnet.task.MultiblankASRTask` uses the helpers
-here to make the same flags work on CPU:
+plug-in's :class:`~espnet_multiblank.espnet.training.task.MultiblankASRTask` uses the
+helpers here to make the same flags work on CPU:
 
 * ``--dist_backend`` defaults to ``gloo`` with ``--ngpu 0`` and to ``nccl`` otherwise
   (ESPnet's default ``nccl`` makes torch raise on CPU); an explicit ``nccl`` on CPU is
@@ -14,8 +14,8 @@ here to make the same flags work on CPU:
   stopped responding makes the others fail instead of waiting; the error they raise
   says so (:class:`DistributedTrainingError`);
 * ``--multiprocessing_distributed true --dist_world_size N --ngpu 0`` starts N CPU
-  workers on this machine (:mod:`espnet_multiblank.espnet.cpu_spawn`); ESPnet's own
-  spawn path only starts one worker per GPU.
+  workers on this machine (:mod:`espnet_multiblank.espnet.training.cpu_spawn`);
+  ESPnet's own spawn path only starts one worker per GPU.
 
 Nothing here imports ESPnet at import time.
 """

@@ -4,13 +4,13 @@ ESPnet has no plug-in mechanism: ``espnet2.tasks.asr`` keeps module-level
 ``ClassChoices`` whose dicts are frozen into argparse ``choices=`` when the parser is
 built and looked up again by ``ASRTask.build_model``. :func:`register` adds
 
-==================  ===================  =============================================
-choices             name                 class
-==================  ===================  =============================================
-``model``           ``multiblank_espnet``  :class:`~.model.MultiblankESPnetASRModel`
-``frontend``        ``grad_scaled``      :class:`~.grad_scaled.GradScaledFrontend`
-``preencoder``      ``grad_scaled``      :class:`~.grad_scaled.GradScaledPreEncoder`
-==================  ===================  =============================================
+==============  =====================  ===============================================
+choices         name                   class (:data:`ENTRIES`: module and class)
+==============  =====================  ===============================================
+``model``       ``multiblank_espnet``  ``MultiblankESPnetASRModel``
+``frontend``    ``grad_scaled``        ``GradScaledFrontend``
+``preencoder``  ``grad_scaled``        ``GradScaledPreEncoder``
+==============  =====================  ===============================================
 
 It must run, before the parser is built or a model is rebuilt, in every process:
 ``python -m espnet_multiblank.bin.asr_train`` does it at import (so DDP workers
@@ -18,8 +18,8 @@ started with ``spawn``, which re-import ``__main__``, do it too); the ``.pth`` h
 :mod:`espnet_multiblank.espnet.autoregister` does it whenever ``espnet2.tasks.asr``
 is imported (stock ``espnet2.bin.*`` scripts included); any other program calls
 ``espnet_multiblank.register()`` first. It also installs
-:mod:`~espnet_multiblank.espnet.best_model_guard` (NaN epochs are never chosen as the
-best model), so that both training entry points get it.
+:mod:`~espnet_multiblank.espnet.registration.best_model_guard` (NaN epochs are never
+chosen as the best model), so that both training entry points get it.
 
 This module imports nothing from ESPnet at import time, so the start-up hook can
 import it while ``espnet2.tasks.asr`` is being set up.
@@ -33,18 +33,24 @@ _LOCK = threading.RLock()
 #: choices name -> {choice name -> "module:Class"}
 ENTRIES: Dict[str, Dict[str, str]] = {
     "model": {
-        "multiblank_espnet": "espnet_multiblank.espnet.model:MultiblankESPnetASRModel"
+        "multiblank_espnet": (
+            "espnet_multiblank.espnet.model.asr_model:MultiblankESPnetASRModel"
+        )
     },
     "frontend": {
-        "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledFrontend"
+        "grad_scaled": (
+            "espnet_multiblank.espnet.frontends.grad_scaled:GradScaledFrontend"
+        )
     },
     "preencoder": {
-        "grad_scaled": "espnet_multiblank.espnet.grad_scaled:GradScaledPreEncoder"
+        "grad_scaled": (
+            "espnet_multiblank.espnet.frontends.grad_scaled:GradScaledPreEncoder"
+        )
     },
 }
 
 #: ``model`` choice names of the plug-in's models: configs naming one get the
-#: plug-in's config checks (task.py) and searches (speech2text.py)
+#: plug-in's config checks (training.task) and searches (inference.speech2text)
 PLUGIN_MODELS = tuple(ENTRIES["model"])
 
 
@@ -59,16 +65,16 @@ def register() -> None:
     """Add the plug-in's classes to ``espnet2.tasks.asr``'s class choices.
 
     Also keeps NaN epochs out of ESPnet's best-model selection in this process
-    (:mod:`~espnet_multiblank.espnet.best_model_guard`). Idempotent and thread-safe;
-    cheap after the first call. Raises RuntimeError when another class already owns
-    one of the names.
+    (:mod:`~espnet_multiblank.espnet.registration.best_model_guard`). Idempotent and
+    thread-safe; cheap after the first call. Raises RuntimeError when another class
+    already owns one of the names.
     """
     import importlib
 
-    import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+    from espnet_multiblank.espnet.registration import quiet  # noqa: F401  (first)
 
     asr = importlib.import_module("espnet2.tasks.asr")
-    from espnet_multiblank.espnet import best_model_guard
+    from espnet_multiblank.espnet.registration import best_model_guard
 
     with _LOCK:
         best_model_guard.install()

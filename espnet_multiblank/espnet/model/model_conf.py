@@ -1,14 +1,14 @@
 """The ``model_conf`` keys that ``model: multiblank_espnet`` adds to ESPnet's model,
 validated in one place.
 
-:func:`check_model_conf` turns the keys' values into a :class:`TransducerConf` or
-raises :class:`~espnet_multiblank.espnet.errors.ConfigError` naming the key. It runs
-twice on the way to a model: in :func:`espnet_multiblank.espnet.task.check_args`
-(the plug-in's entry point, before ESPnet's ``build_model`` edits the token list with
-the keys), and in the model's constructor (every path, ESPnet's stock scripts
-included). The keys' defaults have one definition, the constructor's signature
-(which ESPnet's ``--print_config`` shows; two of its defaults are the constants
-here, :data:`MULTI_BLANK_SIGMA_DEFAULT` and :data:`FUSED_JOINT_DEFAULT`);
+:func:`check_model_conf` turns the keys' values into a :class:`TransducerConf` or raises
+:class:`~espnet_multiblank.espnet.errors.ConfigError` naming the key. It runs twice on
+the way to a model: in :func:`espnet_multiblank.espnet.training.task.check_args` (the
+plug-in's entry point, before ESPnet's ``build_model`` edits the token list with the
+keys), and in the model's constructor (every path, ESPnet's stock scripts included). The
+keys' defaults have one definition, the constructor's signature (which ESPnet's
+``--print_config`` shows; two of its defaults are the constants here,
+:data:`MULTI_BLANK_SIGMA_DEFAULT` and :data:`FUSED_JOINT_DEFAULT`);
 :func:`check_model_conf` takes every key.
 
 The loss's own validators check the numbers (their messages name the key here), the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Tuple
 
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.no_path import MODEL_REDUCTIONS
+from espnet_multiblank.espnet.model.no_path import MODEL_REDUCTIONS
 from espnet_multiblank.lattice import (
     TDTLattice,
     check_big_blank_durations,
@@ -90,7 +90,7 @@ class TransducerConf:
         batch_exact_encoding: whether the encoder is made batch-exact.
         fused_joint: whether the training and validation loss runs the joint
             network's activation and output layer inside the fused joint + loss
-            (:mod:`espnet_multiblank.espnet.fused_joint`).
+            (:mod:`espnet_multiblank.espnet.model.fused_joint`).
     """
 
     big_blank_durations: Tuple[int, ...]

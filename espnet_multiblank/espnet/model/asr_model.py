@@ -1,11 +1,11 @@
 """ESPnet ASR model whose transducer branch uses the espnet-multiblank loss.
 
 Selected from YAML with ``model: multiblank_espnet`` once
-:func:`espnet_multiblank.espnet.registration.register` has run. Its ``model_conf``
-keys are checked by :mod:`espnet_multiblank.espnet.model_conf`; the training loss
-leaves utterances without a path out (:mod:`espnet_multiblank.espnet.no_path`) and
-can run through the fused joint + loss (:mod:`espnet_multiblank.espnet.fused_joint`);
-validation CER/WER come from :mod:`espnet_multiblank.espnet.error_calculators`.
+:func:`espnet_multiblank.espnet.registration.register` has run. Its sibling modules
+in :mod:`espnet_multiblank.espnet.model` do the rest: ``model_conf`` checks its
+``model_conf`` keys, ``no_path`` leaves utterances without a path out of the training
+loss, ``fused_joint`` runs that loss through the fused joint + loss, and
+``error_calculators`` give the validation CER/WER.
 """
 
 import inspect
@@ -25,15 +25,18 @@ from espnet2.layers.abs_normalize import AbsNormalize
 from espnet2.torch_utils.device_funcs import force_gatherable
 from typeguard import typechecked
 
-from espnet_multiblank.espnet import exact_encoding
-from espnet_multiblank.espnet.error_calculators import (  # noqa: F401  (re-exported)
+from espnet_multiblank.espnet.batch_exact import exact_encoding
+from espnet_multiblank.espnet.batch_exact.exact_encoding import (
+    BatchExactness,
+    make_batch_exact,
+)
+from espnet_multiblank.espnet.errors import ConfigError
+from espnet_multiblank.espnet.model.error_calculators import (
     MultiblankCTCErrorCalculator,
     MultiblankErrorCalculatorTransducer,
 )
-from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.exact_encoding import BatchExactness, make_batch_exact
-from espnet_multiblank.espnet.fused_joint import FusedJointLoss
-from espnet_multiblank.espnet.model_conf import (
+from espnet_multiblank.espnet.model.fused_joint import FusedJointLoss
+from espnet_multiblank.espnet.model.model_conf import (
     FUSED_JOINT_DEFAULT,
     KEYS,
     MULTI_BLANK_SIGMA_DEFAULT,
@@ -41,7 +44,7 @@ from espnet_multiblank.espnet.model_conf import (
     check_model_conf,
     key,
 )
-from espnet_multiblank.espnet.no_path import NoPathWarnings, reduce_over_paths
+from espnet_multiblank.espnet.model.no_path import NoPathWarnings, reduce_over_paths
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 from espnet_multiblank.loss.api import MultiblankRNNTLoss
 from espnet_multiblank.loss.tdt_api import TDTLoss
@@ -124,6 +127,20 @@ def _check_ctc_blank(ctc: CTC, ctc_weight: float, blank_id: int) -> None:
         )
 
 
+def _customisation(layer: torch.nn.Linear) -> str:
+    """What makes ``layer`` more than a plain ``torch.nn.Linear`` ("" if nothing):
+    a subclass (also torch's parametrizations), forward hooks (weight_norm,
+    spectral_norm) or parameters other than weight and bias."""
+    if type(layer) is not torch.nn.Linear:
+        return f"a {type(layer).__name__} (not a plain torch.nn.Linear)"
+    if layer._forward_pre_hooks or layer._forward_hooks:
+        return "a torch.nn.Linear with forward hooks (e.g. weight_norm)"
+    names = sorted(n for n, _ in layer.named_parameters(recurse=False))
+    if not set(names) <= {"weight", "bias"}:
+        return f"a torch.nn.Linear with parameters {names}"
+    return ""
+
+
 def _add_duration_outputs(
     joint_network: torch.nn.Module, vocab_size: int, num_durations: int
 ) -> None:
@@ -137,7 +154,8 @@ def _add_duration_outputs(
 
     Raises:
         ConfigError: the joint network has no ``lin_out`` ``torch.nn.Linear`` with V
-            or V + D outputs.
+            or V + D outputs, or one with V outputs that is customised (weight norm,
+            a parametrization, a subclass): rebuilding it would drop that.
     """
     lin_out = getattr(joint_network, "lin_out", None)
     tdt_key = key("transducer_tdt_durations")
@@ -149,6 +167,15 @@ def _add_duration_outputs(
         )
     if lin_out.out_features == vocab_size + num_durations:
         return
+    custom = _customisation(lin_out)
+    if custom:
+        # rebuilding it as a plain Linear would silently drop the customisation
+        raise ConfigError(
+            f"{tdt_key}: the joint network's lin_out is {custom}; a TDT rebuilds "
+            f"lin_out with {vocab_size} + {num_durations} outputs and can only do so "
+            f"for a plain torch.nn.Linear. Give the joint network V + D outputs "
+            f"itself, or drop the customisation"
+        )
     if lin_out.out_features != vocab_size:
         raise ConfigError(
             f"{tdt_key}: the joint network's lin_out has {lin_out.out_features} "
@@ -201,16 +228,17 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
     * ``transducer_allow_unreachable_lengths`` (default false): accept TDT durations
       that some encoder lengths cannot be reached with.
     * ``batch_exact_encoding`` (default true): make the encoder padding-invariant in
-      training and decoding (:mod:`espnet_multiblank.espnet.exact_encoding`); false
-      trains ESPnet's encoder layers as they are.
+      training and decoding
+      (:mod:`espnet_multiblank.espnet.batch_exact.exact_encoding`); false trains
+      ESPnet's encoder layers as they are.
     * ``transducer_fused_joint`` (default false): the training and validation loss
       runs the joint network's activation and output layer inside the fused joint +
-      loss (:mod:`espnet_multiblank.espnet.fused_joint`): no (B, T, U, V) tensor, the
-      same parameters, costs and gradients; decoding is unchanged. A joint network
-      it cannot fuse is refused when the model is built.
+      loss (:mod:`espnet_multiblank.espnet.model.fused_joint`): no (B, T, U, V)
+      tensor, the same parameters, costs and gradients; decoding is unchanged. A
+      joint network it cannot fuse is refused when the model is built.
 
-    Utterances without a path (see :mod:`espnet_multiblank.espnet.no_path`) are left
-    out of the transducer loss with a warning; the stats hold their share of the
+    Utterances without a path (see :mod:`espnet_multiblank.espnet.model.no_path`) are
+    left out of the transducer loss with a warning; the stats hold their share of the
     batch as ``transducer_no_path_fraction``.
 
     Attributes (the contract used by espnet-multiblank's searches and inference):
@@ -239,7 +267,8 @@ class MultiblankESPnetASRModel(ESPnetASRModel):
             (ESPnet's attribute name, read by ESPnet's ``Speech2Text``).
         batch_exact_encoding (BatchExactness): whether ``encode`` gives each
             utterance of a padded batch what it gives the utterance alone (see
-            :mod:`espnet_multiblank.espnet.exact_encoding`; in training too).
+            :mod:`espnet_multiblank.espnet.batch_exact.exact_encoding`; in training
+            too).
         fused_joint_loss (FusedJointLoss | None): the fused joint + loss that
             computes the transducer costs instead of ``joint_network`` +
             ``criterion_transducer`` when ``transducer_fused_joint`` is true (it

@@ -16,7 +16,7 @@ as soon as it has executed:
 * ``inference`` refuses ``batch_size > 1`` (ESPnet's own loop decodes one utterance
   at a time) with an error naming the plug-in's entry point, which batches; for the
   models and configs above it runs the plug-in's decoding loop
-  (:func:`espnet_multiblank.espnet.inference.inference`, with ``"entry_point":
+  (:func:`espnet_multiblank.espnet.inference.loop.inference`, with ``"entry_point":
   "espnet2.bin.asr_inference"`` in ``decoding_stats.json``), so that an utterance
   that cannot be decoded is reported by its key and the run goes on, and ends the
   process with exit status 1 when one failed (``--allow_failed_utterances true``:
@@ -27,7 +27,11 @@ as soon as it has executed:
 
 import functools
 
-from espnet_multiblank.espnet.speech2text import plugin_decodes, plugin_speech2text
+from espnet_multiblank.espnet.inference.arguments import add_plugin_arguments
+from espnet_multiblank.espnet.inference.speech2text import (
+    plugin_decodes,
+    plugin_speech2text,
+)
 
 ENTRY_POINT = "python -m espnet_multiblank.bin.asr_inference"
 STOCK_NAME = "espnet2.bin.asr_inference"
@@ -48,8 +52,12 @@ def _wrap_inference(inference, namespace: dict):
             kwargs.get("asr_train_config"), kwargs.get("transducer_conf")
         ):
             return inference(*args, **kwargs)
-        from espnet_multiblank.espnet.inference import exit_status
-        from espnet_multiblank.espnet.inference import inference as plugin_inference
+        from espnet_multiblank.espnet.inference.loop import (
+            exit_status,
+        )
+        from espnet_multiblank.espnet.inference.loop import (
+            inference as plugin_inference,
+        )
 
         stats = plugin_inference(
             entry_point=STOCK_NAME,
@@ -68,8 +76,6 @@ def _wrap_inference(inference, namespace: dict):
 def _wrap_get_parser(get_parser):
     @functools.wraps(get_parser)
     def wrapped(*args, **kwargs):
-        from espnet_multiblank.bin.asr_inference import add_plugin_arguments
-
         parser = get_parser(*args, **kwargs)
         add_plugin_arguments(parser)
         return parser

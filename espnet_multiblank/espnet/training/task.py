@@ -10,18 +10,19 @@ DDP that also works on CPU.
 * ``build_model`` validates the plug-in's ``model_conf`` keys *before* ESPnet's
   ``ASRTask.build_model`` edits the token list with them, so a bad value fails with a
   message naming its YAML key instead of an error from inside ESPnet;
-* distributed training (:mod:`espnet_multiblank.espnet.ddp`): ``--dist_backend``
-  defaults to gloo with ``--ngpu 0``, ``--dist_timeout`` bounds every collective
-  operation, torchrun works with GPUs hidden, and ``--multiprocessing_distributed true
-  --dist_world_size N --ngpu 0`` starts N CPU workers
-  (:mod:`espnet_multiblank.espnet.cpu_spawn`). GPU runs take ESPnet's own paths.
+* distributed training (:mod:`espnet_multiblank.espnet.training.ddp`):
+  ``--dist_backend`` defaults to gloo with ``--ngpu 0``, ``--dist_timeout`` bounds
+  every collective operation, torchrun works with GPUs hidden, and
+  ``--multiprocessing_distributed true --dist_world_size N --ngpu 0`` starts N CPU
+  workers (:mod:`espnet_multiblank.espnet.training.cpu_spawn`). GPU runs take
+  ESPnet's own paths.
 """
 
 import argparse
 import sys
 from typing import Optional, Sequence
 
-import espnet_multiblank.espnet.quiet  # noqa: F401  (before espnet2)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 from espnet_multiblank.espnet.registration import PLUGIN_MODELS, register
 
 register()
@@ -29,10 +30,13 @@ register()
 from espnet2.asr.espnet_model import ESPnetASRModel  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet import cpu_spawn, ddp  # noqa: E402
 from espnet_multiblank.espnet.errors import ConfigError  # noqa: E402
-from espnet_multiblank.espnet.model import model_conf_defaults  # noqa: E402
-from espnet_multiblank.espnet.model_conf import KEYS, check_model_conf  # noqa: E402
+from espnet_multiblank.espnet.model.asr_model import model_conf_defaults  # noqa: E402
+from espnet_multiblank.espnet.model.model_conf import (  # noqa: E402
+    KEYS,
+    check_model_conf,
+)
+from espnet_multiblank.espnet.training import cpu_spawn, ddp  # noqa: E402
 
 
 def check_args(args: argparse.Namespace) -> None:

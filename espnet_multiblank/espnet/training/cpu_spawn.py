@@ -8,8 +8,8 @@ port unless ``--dist_master_addr``, ``--dist_master_port`` (or ``MASTER_PORT``) 
 ``main_worker`` as target) with ``torch.multiprocessing.start_processes``, which sends
 each worker's traceback back to this process. When a worker fails or dies, the others
 are stopped at once and this process raises
-:class:`~espnet_multiblank.espnet.ddp.DistributedTrainingError` naming the rank and the
-cause; SIGTERM or Ctrl-C here stops the workers too.
+:class:`~espnet_multiblank.espnet.training.ddp.DistributedTrainingError` naming the
+rank and the cause; SIGTERM or Ctrl-C here stops the workers too.
 
 Each worker gets ``cpus // N`` torch threads (at least 1) unless ``OMP_NUM_THREADS``
 is set, as torchrun does.
@@ -21,8 +21,8 @@ import signal
 import sys
 from typing import List, Optional
 
-from espnet_multiblank.espnet import ddp
-from espnet_multiblank.espnet.ddp import DistributedTrainingError
+from espnet_multiblank.espnet.training import ddp
+from espnet_multiblank.espnet.training.ddp import DistributedTrainingError
 
 
 def _available_cpus() -> int:

@@ -23,7 +23,7 @@ import torch
 from espnet2.asr_transducer.joint_network import JointNetwork
 
 from espnet_multiblank.espnet.errors import ConfigError
-from espnet_multiblank.espnet.model_conf import TransducerConf, key
+from espnet_multiblank.espnet.model.model_conf import TransducerConf, key
 from espnet_multiblank.fused import fused_transducer_loss
 from espnet_multiblank.fused.activations import joint_activation
 

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from espnet_multiblank.espnet.inputs import (
+from espnet_multiblank.espnet.inference.inputs import (
     InputChecks,
     Utterance,
     input_checks,
@@ -66,7 +66,7 @@ def inference(
             so that a parsed command line can be passed as it is.
         entry_point: Written to ``decoding_stats.json`` (ESPnet's stock module).
         speech2text_class: The ``Speech2Text`` class (default
-            :class:`~espnet_multiblank.espnet.speech2text.MultiblankSpeech2Text`).
+            :class:`~espnet_multiblank.espnet.inference.speech2text.MultiblankSpeech2Text`).
 
     Returns:
         The statistics written to ``<output_dir>/decoding_stats.json``.
@@ -124,7 +124,7 @@ def build_speech2text(
     """The ``Speech2Text`` of the run, from the arguments it accepts (the others are
     logged as unused)."""
     if cls is None:
-        from espnet_multiblank.espnet.speech2text import MultiblankSpeech2Text
+        from espnet_multiblank.espnet.inference.speech2text import MultiblankSpeech2Text
 
         cls = MultiblankSpeech2Text
     accepted = set(inspect.signature(cls.__init__).parameters)
@@ -338,7 +338,7 @@ def write_outputs(output_dir: str, stats: Dict[str, Any], failed: Dict[str, str]
     """``decoding_stats.json``, ``failed_utterances`` and the summary log line."""
     from pathlib import Path
 
-    from espnet_multiblank.espnet.speech2text import write_decoding_stats
+    from espnet_multiblank.espnet.inference.speech2text import write_decoding_stats
 
     write_decoding_stats(output_dir, stats)
     path = Path(output_dir) / FAILED_FILE

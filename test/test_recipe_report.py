@@ -4,6 +4,7 @@ section modules in local/report/)."""
 import importlib
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -160,6 +161,23 @@ def test_lm_weight_choice_and_section(tmp_path):
     finally:
         sys.path.remove(str(LOCAL))
     assert choose.choose({"0.4": 5.0, "0.1": 6.0, "0.2": 5.0}) == "0.2"
+    # weight 0 (no LM) takes part: an LM that does not lower the dev WER is not used
+    for no_lm, want in ((5.0, "0"), (6.5, "0.1")):
+        paths = {}
+        for w, wer in (("no_lm", no_lm), ("0.1", 6.0), ("0.2", 7.0)):
+            paths[w] = tmp_path / f"dev_{w}_{no_lm}.json"
+            paths[w].write_text(json.dumps({"wer": wer}))
+        out = tmp_path / f"chosen_{no_lm}.json"
+        argv = ["choose_lm_weight.py", "--no_lm", str(paths["no_lm"]), str(out)]
+        argv += [f"{w}={paths[w]}" for w in ("0.1", "0.2")]
+        with mock.patch.object(sys, "argv", argv):
+            choose.main()
+        got = json.loads(out.read_text())
+        assert got == {
+            "chosen": want,
+            "dev_wer": {"0.1": 6.0, "0.2": 7.0},
+            "no_lm_wer": no_lm,
+        }
     exp, im = tmp_path / "exp", "valid.loss.ave"
     (exp / "lm_train").mkdir(parents=True)
 

@@ -75,8 +75,8 @@ lm_config=$recipe/conf/train_lm.yaml             # LM "train": training transcri
 lm_known_config=$recipe/conf/train_lm_known.yaml # LM "known": the account list
 lm_args=""                  # extra arguments for lm_train (both LMs)
 lm_searches="standard:beam multiblank:mb_beam tdt:tdt_beam"  # decoded with the LMs
-lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev
-lm_known_weights="0.2 0.4 0.8"  # candidates for LM "known", chosen on dev_known
+lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev (0, no LM, too)
+lm_known_weights="0.2 0.4 0.8 1.6"  # candidates for LM "known", on dev_known (and 0)
 lm_decode_jobs=2            # LM decodings at a time (not timed: they may share CPUs)
 # model:search decoded on the first test set in half precision too (--dtype), to
 # compare with float32

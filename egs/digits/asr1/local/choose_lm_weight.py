@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Choose an LM weight on a dev set: the candidate with the lowest WER (ties: the
-smaller weight). Writes OUT (JSON): {"chosen": weight, "dev_wer": {weight: WER},
-"no_lm_wer": WER}; the report reads it.
+"""Choose an LM weight on a dev set: the candidate with the lowest WER, weight 0 (no
+LM: the LM-free run's WER) among the candidates, ties to the smaller weight, so that an
+LM that does not lower the dev WER is not used. Writes OUT (JSON): {"chosen": weight,
+"dev_wer": {weight: WER}, "no_lm_wer": WER}; the report reads it.
 
 Usage: choose_lm_weight.py --no_lm NO_LM_SCORE_JSON OUT W=SCORE_JSON [W=SCORE_JSON ...]
 """
@@ -37,13 +38,15 @@ def main():
         if not sep:
             p.error(f"expected WEIGHT=score.json, got {item!r}")
         dev[w] = wer(path)
-    result = {"chosen": choose(dev), "dev_wer": dev, "no_lm_wer": wer(a.no_lm)}
+    no_lm = wer(a.no_lm)
+    chosen = choose({"0": no_lm, **dev})
+    result = {"chosen": chosen, "dev_wer": dev, "no_lm_wer": no_lm}
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f, indent=2)
     os.replace(a.out + ".tmp", a.out)
     print(
-        f"[lm weight] {a.out}: {result['chosen']} (dev WER {dev[result['chosen']]:.2f}%"
-        f", without LM {result['no_lm_wer']:.2f}%)"
+        f"[lm weight] {a.out}: {chosen} (dev WER {dev.get(chosen, no_lm):.2f}%"
+        f", without LM {no_lm:.2f}%)"
     )
 
 

@@ -123,7 +123,10 @@ def section(exp, data, lm_searches, inference_model, test_sets):
         "hypothesis adds weight x log P(</s>) (ESPnet's own `beam` search on the "
         "standard model fuses the LM its own way, without the end-of-sentence term). "
         "The weight of each LM is chosen per model on its dev set (lowest WER of the "
-        "candidates, ties to the smaller weight) and then used on the test sets."
+        "candidates and of weight 0, i.e. no LM; ties to the smaller weight, so an LM "
+        "that does not lower the dev WER is not used) and then used on the test sets; "
+        "at weight 0 the test sets are decoded with the LM given at weight 0, which "
+        "must give the LM-free hypotheses."
     )
     L += [
         "",

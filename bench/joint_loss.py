@@ -535,12 +535,24 @@ def computed_figures(B, T, U, J, V_list=(1024, 5000)) -> None:
     print(f"  (fused: the planes alone {planes} MiB for standard / [2,4,8] / TDT 0-4)")
 
 
+_STYLES = {
+    "dense": dict(linewidth=3.0, markersize=8),
+    "nemo-fused-batch": dict(linestyle="--", markersize=4),
+}
+
+
+def _plain(y, _pos=None) -> str:
+    """A log axis's major tick as a plain number (0.1, 1, 10, 1000)."""
+    return f"{y:g}"
+
+
 def plot(series: Dict[str, List[Tuple[Shape, Dict[str, dict]]]], path: str, thread):
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, NullFormatter
     except ImportError as e:
         print(f"\nno plot: matplotlib is not importable ({e})")
         return
@@ -567,14 +579,24 @@ def plot(series: Dict[str, List[Tuple[Shape, Dict[str, dict]]]], path: str, thre
                 mems.append(row["mem_mb"])
                 times.append(_median(row["times"][thread]))
             if xs:
-                axes[0, col].plot(xs, mems, marker="o", label=name)
-                axes[1, col].plot(xs, times, marker="o", label=name)
+                # dense and nemo-fused-batch have the same peaks: dashed lines and
+                # smaller markers keep the line drawn under another one visible
+                style = dict(marker="o", label=name, **_STYLES.get(name, {}))
+                axes[0, col].plot(xs, mems, **style)
+                axes[1, col].plot(xs, times, **style)
+        ticks = sorted({xval(shape) for shape, _ in points})
         axes[0, col].set_ylabel("peak memory above the inputs (MB)")
         axes[1, col].set_ylabel(f"step time (s, {thread} thread(s))")
         for ax in axes[:, col]:
             ax.set_xlabel(xlabel)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            # ticks at the measured x values, plain numbers, no minor tick labels
+            # (matplotlib's "3x10^2 4x10^2" labels collide on a short log axis)
+            ax.set_xticks(ticks, [f"{x:,}" for x in ticks])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     fig.suptitle("transducer joint + loss, one training step (float32)")

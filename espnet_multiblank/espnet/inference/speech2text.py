@@ -438,23 +438,34 @@ class PluginSearchMixin:
         finally:
             self.dtype = dtype
 
+    def min_input_samples(self) -> Optional[int]:
+        """The fewest waveform samples the model's frontend and encoder take (None:
+        not known), found once per ``Speech2Text`` by encoding silence
+        (:func:`~espnet_multiblank.espnet.inference.inputs.min_encoder_samples`) and
+        shared by the decoding loop's input checks and :meth:`__call__`."""
+        if not hasattr(self, "_min_samples"):
+            model = self.asr_model
+            was_training = model.training
+            model.eval()
+            try:
+                self._min_samples = min_encoder_samples(
+                    model, self.device, self.input_dtype
+                )
+            finally:
+                model.train(was_training)
+        return self._min_samples
+
     def _check_length(self, speech: Any) -> None:
         model = self.asr_model
         if getattr(model, "frontend", None) is None or not hasattr(speech, "shape"):
             return  # features, or not an array: ESPnet's own checks apply
         if len(speech.shape) == 0:
             return
-        if not hasattr(self, "_min_samples"):
-            # found once per Speech2Text, by encoding silence
-            self._min_samples = min_encoder_samples(
-                model, self.device, self.input_dtype
-            )
+        need = self.min_input_samples()
         samples = int(speech.shape[0])
-        if self._min_samples and samples < self._min_samples:
+        if need and samples < need:
             fs = model_sample_rate(getattr(self, "asr_train_args", None))
-            raise ValueError(
-                f"speech: {too_short_reason(samples, self._min_samples, fs)} " "samples"
-            )
+            raise ValueError(f"speech: {too_short_reason(samples, need, fs)} samples")
 
     @property
     def supports_batch(self) -> bool:

@@ -27,13 +27,6 @@ from espnet2.asr.encoder.transformer_encoder import TransformerEncoder  # noqa: 
 from espnet2.asr.espnet_model import ESPnetASRModel  # noqa: E402
 from espnet2.layers.stft import Stft  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
-from espnet.nets.pytorch_backend.transformer.subsampling import (  # noqa: E402
-    Conv2dSubsampling,
-    Conv2dSubsampling1,
-    Conv2dSubsampling2,
-    Conv2dSubsampling6,
-    Conv2dSubsampling8,
-)
 
 from espnet_multiblank.espnet.batch_exact import exact_encoding  # noqa: E402
 from espnet_multiblank.espnet.batch_exact.exact_encoding import (  # noqa: E402
@@ -46,6 +39,13 @@ from espnet_multiblank.espnet.batch_exact.exact_layers import (  # noqa: E402
     conv_output_lengths,
     masked_batch_norm,
     reflect_pad_each,
+)
+from espnet_multiblank.espnet.compat import (  # noqa: E402
+    Conv2dSubsampling,
+    Conv2dSubsampling1,
+    Conv2dSubsampling2,
+    Conv2dSubsampling6,
+    Conv2dSubsampling8,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -516,12 +516,14 @@ def test_unknown_modules_leave_the_model_alone(make, culprit, tmp_path):
 def test_legacy_rel_pos_is_really_not_padding_invariant(tmp_path, monkeypatch):
     """Why legacy_rel_pos is refused: with every other fix applied its attention
     still depends on the padded length."""
-    from espnet.nets.pytorch_backend.transformer.attention import (
-        LegacyRelPositionMultiHeadedAttention,
-    )
-    from espnet.nets.pytorch_backend.transformer.embedding import (
-        LegacyRelPositionalEncoding,
-    )
+    from espnet_multiblank.espnet.compat import legacy_module
+
+    LegacyRelPositionMultiHeadedAttention = legacy_module(
+        "nets.pytorch_backend.transformer.attention"
+    ).LegacyRelPositionMultiHeadedAttention
+    LegacyRelPositionalEncoding = legacy_module(
+        "nets.pytorch_backend.transformer.embedding"
+    ).LegacyRelPositionalEncoding
 
     monkeypatch.setattr(
         exact_encoding,

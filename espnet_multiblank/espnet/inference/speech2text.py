@@ -33,7 +33,6 @@ from espnet2.asr.transducer.beam_search_transducer import (
     Hypothesis as ESPnetTransducerHypothesis,
 )
 from espnet2.torch_utils.device_funcs import to_device
-from espnet.nets.pytorch_backend.transformer.subsampling import TooShortUttError
 
 from espnet_multiblank.decoding import (
     Hypothesis,
@@ -44,6 +43,7 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     BatchExactness,
     make_batch_exact,
 )
+from espnet_multiblank.espnet.compat import TooShortUttError
 from espnet_multiblank.espnet.inference.inputs import (
     min_encoder_samples,
     model_sample_rate,

@@ -229,8 +229,13 @@ def _encoder_module(
     """Check ``module`` and its subtree; queue the replacements it needs."""
     kind = type(module)
     if kind in _SUBSAMPLING:
-        _check_conv2d_stack(module.conv, path + ".conv")
-        _encoder_module(module.out, path + ".out", actions)
+        # ESPnet 202511: conv, out = Sequential(Linear, positional encoding);
+        # 202611: conv, out = Linear, pos_enc: every child but conv is checked
+        for name, child in module.named_children():
+            if name == "conv":
+                _check_conv2d_stack(child, f"{path}.conv")
+            else:
+                _encoder_module(child, f"{path}.{name}", actions)
         if getattr(module, _HOOK_HANDLE, None) is None:
 
             def hook(module=module):

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from espnet_experiments import dry_run_experiment
+from espnet_experiments import RNN_ENCODER as RNN
+from espnet_experiments import asr_model_args, dry_run_experiment
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
@@ -39,12 +40,6 @@ CONFORMER = [
     "selfattention_layer_type: rel_selfattn, macaron_style: true, "
     "use_cnn_module: true, cnn_module_kernel: 7}",
 ]
-RNN = [
-    "--encoder",
-    "rnn",
-    "--encoder_conf",
-    "{num_layers: 1, hidden_size: 16, output_size: 16, subsample: [1, 2]}",
-]
 
 
 def make_experiment(root: Path, encoder_args) -> Path:
@@ -60,26 +55,13 @@ def make_experiment(root: Path, encoder_args) -> Path:
         out = model.joint_network.lin_out
         out.weight.mul_(4.0)  # sharper, encoder-dependent decisions
 
-    args = [
-        "--token_type",
-        "char",
-        "--model",
+    args = asr_model_args(
         "multiblank_espnet",
-        "--model_conf",
         "{transducer_multi_blank_durations: [2, 4], report_cer: false, "
         "report_wer: false}",
-        "--frontend_conf",
+        encoder_args,
         "{n_fft: 512, win_length: 400, hop_length: 160, n_mels: 20}",
-        "--normalize",
-        "utterance_mvn",
-        "--decoder",
-        "transducer",
-        "--decoder_conf",
-        "{hidden_size: 16}",
-        "--joint_net_conf",
-        "{joint_space_size: 16}",
-        *encoder_args,
-    ]
+    ) + ["--normalize", "utterance_mvn"]
     return dry_run_experiment(root / "exp", args, edit, tokens=TOKENS)
 
 

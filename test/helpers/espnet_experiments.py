@@ -27,29 +27,40 @@ from espnet_multiblank.bin import asr_train
 # ------------------------------------------------------------------------ dry runs
 
 
-def asr_model_args(model: str = "espnet", model_conf: str = "{}") -> list:
-    """ASRTask arguments of a tiny transducer: ``model`` (ESPnet's own ``espnet`` or
-    the plug-in's ``multiblank_espnet``) with ``model_conf`` (YAML), a one-layer RNN
-    encoder and an 8-mel frontend."""
+#: a one-layer RNN encoder (not batch-exact)
+RNN_ENCODER = [
+    "--encoder",
+    "rnn",
+    "--encoder_conf",
+    "{num_layers: 1, hidden_size: 16, output_size: 16, subsample: [1, 2]}",
+]
+
+
+def asr_model_args(
+    model: str = "espnet",
+    model_conf: str = "{}",
+    encoder: Sequence[str] = RNN_ENCODER,
+    frontend_conf: str = "{n_fft: 256, hop_length: 128, n_mels: 8}",
+) -> list:
+    """ASRTask arguments of a tiny char transducer: ``model`` (ESPnet's own
+    ``espnet`` or the plug-in's ``multiblank_espnet``) with ``model_conf`` (YAML),
+    the ``encoder`` arguments, a 16-unit prediction and joint network."""
     return [
         "--model",
         model,
+        "--model_conf",
+        model_conf,
         "--token_type",
         "char",
+        "--frontend_conf",
+        frontend_conf,
         "--decoder",
         "transducer",
         "--decoder_conf",
         "{hidden_size: 16}",
         "--joint_net_conf",
         "{joint_space_size: 16}",
-        "--encoder",
-        "rnn",
-        "--encoder_conf",
-        "{num_layers: 1, hidden_size: 16, output_size: 16, subsample: [1, 2]}",
-        "--frontend_conf",
-        "{n_fft: 256, hop_length: 128, n_mels: 8}",
-        "--model_conf",
-        model_conf,
+        *encoder,
     ]
 
 

@@ -27,6 +27,39 @@ import math
 import torch
 
 
+def _predict(dec):
+    """One prediction-network step of ``dec``: (label, state) -> (output, state)."""
+
+    def pred(k, state):
+        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
+        return out[0, 0], state
+
+    return pred
+
+
+def _blank_frames(model):
+    """{blank symbol: frames it moves} of a multi-blank model."""
+    frames = {model.blank_id: 1}
+    frames.update(
+        {model.blank_id - 1 - i: d for i, d in enumerate(model.big_blank_durations)}
+    )
+    return frames
+
+
+def _merge(queue, hyp):
+    """Queue ``hyp`` (a dict with "y", its labels, and "s", its score) at its label
+    sequence: a sequence already there keeps the better hypothesis with the log-add
+    of both scores."""
+    old = queue.get(hyp["y"])
+    if old is None:
+        queue[hyp["y"]] = hyp
+        return
+    total = float(torch.logaddexp(torch.tensor(old["s"]), torch.tensor(hyp["s"])))
+    if hyp["s"] > old["s"]:
+        queue[hyp["y"]] = hyp
+    queue[hyp["y"]]["s"] = total
+
+
 def mb_greedy_path(model, enc, blank_decision, max_sym, lm=None):
     """Greedy search of docs/decoding.md written again for one utterance, with the
     decoder and joint network called directly. Returns (labels, score, frames skipped,
@@ -35,15 +68,9 @@ def mb_greedy_path(model, enc, blank_decision, max_sym, lm=None):
     ``lm(labels) -> ({label: weighted LM score of it next}, weighted end score)``:
     shallow fusion, every label's log-probability plus its LM score, the end score
     added once at the end."""
-    blank, durations = model.blank_id, model.big_blank_durations
-    dec, joint = model.decoder, model.joint_network
-    frames = {blank: 1}
-    frames.update({blank - 1 - i: d for i, d in enumerate(durations)})
+    blank, dec, joint = model.blank_id, model.decoder, model.joint_network
+    frames, pred = _blank_frames(model), _predict(dec)
     T, V = enc.size(0), dec.odim
-
-    def pred(k, state):
-        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
 
     out, state = pred(blank, dec.init_state(1))
     t, n, labels, score, big, skipped = 0, 0, [], 0.0, 0, 0
@@ -97,10 +124,7 @@ def brute_force_sequences(model, enc, max_sym):
     labels = [k for k in range(dec.odim) if k > blank or k < blank - len(durations)]
     T = enc.size(0)
     paths = {}
-
-    def step(k, state):
-        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
+    step = _predict(dec)
 
     def rec(t, y, n_sym, dec_out, state, lp):
         if t == T:
@@ -130,25 +154,9 @@ def mb_reference_beam(model, enc, beam, max_sym, blank_decision):
         [(labels, score, big_blank_emissions, frames_skipped)] of every complete
         hypothesis, and the number of hypotheses of every expansion, in order.
     """
-    blank, durations = model.blank_id, model.big_blank_durations
-    dec, joint = model.decoder, model.joint_network
-    frames = {blank: 1}
-    frames.update({blank - 1 - i: d for i, d in enumerate(durations)})
+    blank, dec, joint = model.blank_id, model.decoder, model.joint_network
+    frames, pred = _blank_frames(model), _predict(dec)
     T, V = enc.size(0), dec.odim
-
-    def pred(k, state):
-        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
-
-    def insert(queue, hyp):
-        old = queue.get(hyp["y"])
-        if old is None:
-            queue[hyp["y"]] = hyp
-            return
-        total = float(torch.logaddexp(torch.tensor(old["s"]), torch.tensor(hyp["s"])))
-        if hyp["s"] > old["s"]:
-            queue[hyp["y"]] = hyp
-        queue[hyp["y"]]["s"] = total
 
     queues = [dict() for _ in range(T + 1)]
     out, state = pred(blank, dec.init_state(1))
@@ -190,7 +198,7 @@ def mb_reference_beam(model, enc, beam, max_sym, blank_decision):
                     child = dict(h, s=s, n=0)
                     child["big"] += f > 1
                     child["skip"] += f - 1
-                    insert(queues[t + f], child)
+                    _merge(queues[t + f], child)
                 current = nxt
     final = [(h["y"], h["s"], h["big"], h["skip"]) for h in queues[T].values()]
     return final, expansions
@@ -204,10 +212,7 @@ class TDTOracle:
         self.V = model.decoder.odim
         self.blank = model.blank_id
         self.durations = model.tdt_durations
-
-    def pred(self, k, state):
-        out, state = self.dec.rnn_forward(self.dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
+        self.pred = _predict(self.dec)
 
     def start(self):
         return self.pred(self.blank, self.dec.init_state(1))
@@ -318,16 +323,6 @@ def tdt_reference_beam(model, enc, beam, max_sym, decision="symbol"):
     o = TDTOracle(model)
     T = enc.size(0)
 
-    def insert(queue, h):
-        old = queue.get(h["y"])
-        if old is None:
-            queue[h["y"]] = h
-            return
-        total = float(torch.logaddexp(torch.tensor(old["s"]), torch.tensor(h["s"])))
-        if h["s"] > old["s"]:
-            queue[h["y"]] = h
-        queue[h["y"]]["s"] = total
-
     def moved(h, frames, blank):
         h = dict(h, n=0)
         h["skip"] += max(frames - 1, 0)
@@ -356,7 +351,7 @@ def tdt_reference_beam(model, enc, beam, max_sym, decision="symbol"):
                     h = current[a]
                     frames = min(o.durations[j], T - t)
                     if k == o.blank:
-                        insert(queues[t + frames], moved(dict(h, s=s), frames, True))
+                        _merge(queues[t + frames], moved(dict(h, s=s), frames, True))
                         continue
                     if frames == 0 and s < floor:
                         continue
@@ -366,7 +361,7 @@ def tdt_reference_beam(model, enc, beam, max_sym, decision="symbol"):
                         child["n"] = h["n"] + 1
                         nxt.append(child)
                     else:
-                        insert(queues[t + frames], moved(child, frames, False))
+                        _merge(queues[t + frames], moved(child, frames, False))
                 current = nxt
     final = [(h["y"], h["s"], h["big"], h["skip"]) for h in queues[T].values()]
     return final, expansions

@@ -141,17 +141,18 @@ def test_the_decisions_differ_on_the_fixture(lattice):
     assert hyps["total"] != hyps["symbol"]
 
 
-@pytest.mark.parametrize(
-    "lattice",
-    sc.params(
-        sc.standard(blank_bias=1.0),
-        sc.multiblank(blank_bias=0.0),
-        sc.multiblank(blank_bias=1.0),
-    )
-    + sc.params(*(sc.tdt(d, blank=i % 3) for i, d in enumerate(TDT_SETS))),
-)
+def _greedy_reference_params():
+    """(lattice, seed): the TDT duration sets with the blank at 0, 1 or 2."""
+    out = [(sc.standard(blank_bias=1.0), s) for s in (0, 1)]
+    for bias in (0.0, 1.0):
+        out += [(sc.multiblank(blank_bias=bias), s) for s in (0, 1, 2)]
+    for i, durations in enumerate(TDT_SETS):
+        out += [(sc.tdt(durations, blank=i % 3), s) for s in (0, 1)]
+    return [pytest.param(*p, id=f"{p[0].id}-seed{p[1]}") for p in out]
+
+
+@pytest.mark.parametrize("lattice, seed", _greedy_reference_params())
 @pytest.mark.parametrize("decision", ["total", "symbol"])
-@pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_follows_the_documented_rule(lattice, seed, decision):
     """Both blank decisions, one utterance and batched, against the reference."""
     model = lattice.model(seed)

@@ -25,17 +25,12 @@ from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from espnet2.asr_transducer.joint_network import JointNetwork
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
-)
+from espnet_multiblank.decoding import JointStepper, MultiblankGreedySearch
 from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
     lattice_from_model,
     resolve_search_type,
 )
-from espnet_multiblank.lattice import MultiblankLattice
 
 V = sc.MB_V
 D_ENC = sc.D_ENC
@@ -54,15 +49,6 @@ def one_thread():
     torch.set_num_threads(1)  # tiny ops: threads only add overhead (shared CPUs)
     yield
     torch.set_num_threads(n)
-
-
-def core_beam(model, **kwargs):
-    """The core multi-blank beam search on a ``make_model`` model (no ESPnet glue)."""
-    return MultiblankBeamSearch(
-        JointStepper(model.decoder, model.joint_network),
-        MultiblankLattice.create(model.blank_id, model.big_blank_durations),
-        **kwargs,
-    )
 
 
 class CountingStepper(JointStepper):
@@ -534,12 +520,13 @@ def test_beam_merges_alignments_exactly():
     """With a beam wide enough to keep everything, the score of the empty label
     sequence is the total probability of all its blank alignments."""
     durations = (2, 3)
-    model = make_model(5, blank_id=2, durations=durations, vocab=4)
+    lattice = sc.multiblank(durations, blank=2, vocab=4)
+    model = lattice.model(5)
     with torch.no_grad():
         model.joint_network.lin_out.weight.zero_()  # context-free probabilities
     T = 6
     enc, _ = enc_batch(0, [T])
-    search = core_beam(model, beam_size=50, nbest=50, blank_decision="symbol")
+    search = lattice.core_beam(model, beam_size=50, nbest=50, blank_decision="symbol")
     hyps = search(enc[0])
     empty = [h for h in hyps if h.yseq == [2]][0]
     logp = torch.log_softmax(model.joint_network.lin_out.bias.detach().double(), -1)

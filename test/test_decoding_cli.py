@@ -13,7 +13,6 @@ The random models (``helpers/espnet_experiments.py``) are written by ESPnet's ow
 multiblank_espnet``.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -359,11 +358,6 @@ def test_cli_standard_model(workdir, std_exp):
     assert stats["search"] == "MultiblankGreedySearch"
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("espnet_multiblank.espnet.registration") is None,
-    reason="espnet_multiblank.espnet.registration (model: multiblank_espnet) has "
-    "not landed yet",
-)
 def test_cli_subprocess_multiblank_espnet(workdir):
     """``python -m espnet_multiblank.bin.asr_inference``, model: multiblank_espnet."""
     import espnet_multiblank

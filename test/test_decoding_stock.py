@@ -160,3 +160,25 @@ def test_stock_inference_equals_plugin_inference(setup):
         tokens = plugin[model, "greedy.yaml"][0]["token_int"].values()
         assert any(t.strip() for t in tokens)
     assert plugin["mb", "greedy.yaml"][1]["big_blank_emissions"] > 0
+
+
+def test_help_texts_argparse_cannot_format_are_escaped():
+    """A lone "%" in a help text (ESPnet 202611's --ctc_window_margin says "3.19% CER")
+    makes argparse's --help raise; the wrapped get_parser escapes it, and leaves
+    "%(default)s", "%%" and texts that format alone."""
+    import argparse
+
+    from espnet_multiblank.espnet.inference.stock_inference import (
+        escape_stray_percents,
+    )
+
+    parser = argparse.ArgumentParser(prog="p")
+    parser.add_argument("--a", default=5, help="3.19% CER, default %(default)s")
+    parser.add_argument("--b", default=1, help="100%% sure, default %(default)s")
+    with pytest.raises(ValueError, match="unsupported format character"):
+        parser.format_help()
+    escape_stray_percents(parser)
+    text = " ".join(parser.format_help().split())
+    assert "3.19% CER, default 5" in text and "100% sure, default 1" in text
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["b"] == "100%% sure, default %(default)s"  # it formatted: unchanged

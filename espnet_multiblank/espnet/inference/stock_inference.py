@@ -23,10 +23,14 @@ as soon as it has executed:
   point does; everything else runs ESPnet's loop (which batches attention / CTC
   models from ESPnet 202611 on, and refuses ``--batch_size > 1`` in 202511);
 * ``get_parser`` gets the plug-in's additions (``--dtype bfloat16``,
-  ``--allow_failed_utterances``).
+  ``--allow_failed_utterances``), and help texts that argparse cannot format (ESPnet
+  202611's ``--ctc_window_margin`` help says "3.19% CER", so its own ``--help``
+  raises ``ValueError: unsupported format character``) get their stray ``%`` escaped.
 """
 
+import argparse
 import functools
+import re
 
 from espnet_multiblank.espnet.inference.arguments import add_plugin_arguments
 from espnet_multiblank.espnet.inference.speech2text import (
@@ -66,11 +70,30 @@ def _wrap_inference(inference, namespace: dict):
     return wrapped
 
 
+def escape_stray_percents(parser: argparse.ArgumentParser) -> None:
+    """Escape the ``%`` of every help text that argparse's ``--help`` cannot format
+    (it expands ``help % {"default": ...}``); texts that format are left alone."""
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.help:
+            continue
+        try:
+            formatter._expand_help(action)
+        except (ValueError, TypeError, KeyError):
+            # "%%" and "%(name)" stay; a lone "%" becomes "%%"
+            action.help = re.sub(r"%%|%\(|%", _escape_percent, action.help)
+
+
+def _escape_percent(match: "re.Match[str]") -> str:
+    return "%%" if match.group(0) == "%" else match.group(0)
+
+
 def _wrap_get_parser(get_parser):
     @functools.wraps(get_parser)
     def wrapped(*args, **kwargs):
         parser = get_parser(*args, **kwargs)
         add_plugin_arguments(parser)
+        escape_stray_percents(parser)
         return parser
 
     wrapped.espnet_get_parser = get_parser

@@ -53,7 +53,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from espnet_multiblank.decoding.base import TransducerSearch
+from espnet_multiblank.decoding.batched_beam import BatchedBeamSearch
+from espnet_multiblank.decoding.beam_step import MultiblankBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
     SymbolTable,
@@ -63,8 +64,13 @@ from espnet_multiblank.decoding.multiblank_table import (
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
 
-class MultiblankBeamSearch(TransducerSearch):
+class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
     """Frame-synchronous multi-blank beam search (see the module docstring).
+
+    :meth:`search` decodes one utterance (the reference implementation, in Python
+    over hypothesis objects); :meth:`search_batch_nbest` decodes B utterances at
+    once with the same rules and results
+    (:mod:`~espnet_multiblank.decoding.batched_beam`).
 
     Args:
         stepper, lattice, max_sym_per_frame, nbest: see
@@ -273,6 +279,7 @@ class MultiblankBeamSearch(TransducerSearch):
             big_blank_emissions=parent.big_blank_emissions,
             frames_skipped=parent.frames_skipped,
             lm_state=parent.lm_state,  # a blank leaves the language models as they are
+            timing=parent.timing,
         )
         child.advance(frames)
         self._enqueue(queues, child)
@@ -302,6 +309,10 @@ class MultiblankBeamSearch(TransducerSearch):
         for j, (a, k, score) in enumerate(labels):
             parent = current[a]
             row = torch.tensor([j], device=device)
+            # the arc's acoustic log-probability (for timing): its LM part left out
+            acoustic = score - parent.score
+            if fusion is not None:
+                acoustic -= float(parent.lm_state.labels[0, k])
             children.append(
                 Hypothesis(
                     score=score,
@@ -313,6 +324,7 @@ class MultiblankBeamSearch(TransducerSearch):
                     big_blank_emissions=parent.big_blank_emissions,
                     frames_skipped=parent.frames_skipped,
                     lm_state=None if fusion is None else fusion.select(lm, row),
+                    timing=parent.timing + [(t, 0, acoustic)],
                 )
             )
         return children

@@ -27,6 +27,7 @@ from typing import List, Optional
 import torch
 
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
+from espnet_multiblank.decoding.beam_step import TDTBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.row_step import TDTRowStep
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
@@ -35,7 +36,7 @@ from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 TDT_BEAM_DECISION = "symbol"
 
 
-class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
+class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
     """Frame-synchronous TDT beam search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, with a
@@ -130,6 +131,7 @@ class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
             if frames == 0:
                 staying.append(child)
             else:
+                child.timing[-1] = (t, frames, child.timing[-1][2])
                 child.advance(frames, is_label=True)
                 self._enqueue(queues, child)
         return staying

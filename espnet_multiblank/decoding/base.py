@@ -291,9 +291,7 @@ class FrameLoopingGreedySearch(TransducerSearch):
             lm_part = None
             if lm is not None:  # timing: the labels' acoustic part
                 lm_part = lm.labels[active].gather(1, arcs.symbol.unsqueeze(1))[:, 0]
-            hyps.record(
-                active, arcs.symbol, arcs.frames, arcs.score, is_label, lm_part
-            )
+            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label, lm_part)
             if bool(is_label.any()):
                 rows = active[is_label]
                 labels = arcs.symbol[is_label]

@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from espnet_multiblank.decoding.batched_beam import BatchedBeamSearch
+from espnet_multiblank.decoding.batched_beam import BatchedBeamSearch, check_beam_sync
 from espnet_multiblank.decoding.beam_step import MultiblankBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
@@ -91,6 +91,11 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
             candidates, merging and the final ranking use the fused score (a label's
             weighted LM score added where it is emitted, the end of the sentence
             where a hypothesis reaches T), or None.
+        beam_sync: ``"frame"`` (default): the frame-synchronous rule above, batched
+            by :meth:`search_batch_nbest` with the same results; ``"step"``: every
+            hypothesis takes one arc per step, pruned per step
+            (:mod:`~espnet_multiblank.decoding.step_sync_beam`), one utterance or a
+            batch.
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         score_norm: bool = False,
         blank_decision: str = "symbol",
         fusion=None,
+        beam_sync: str = "frame",
     ):
         super().__init__(
             stepper,
@@ -111,6 +117,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
             nbest=nbest,
             fusion=fusion,
         )
+        self.beam_sync = check_beam_sync(beam_sync)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int):
             raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
         if beam_size < 1:
@@ -159,6 +166,9 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         Returns:
             Up to ``nbest`` hypotheses, best first.
         """
+        if self.beam_sync == "step":  # one utterance as a batch of one
+            length = torch.tensor([enc_out.size(0)], device=enc_out.device)
+            return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
         device = enc_out.device
         table = self.table(device)
         B = self.beam_size

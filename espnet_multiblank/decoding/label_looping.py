@@ -360,7 +360,9 @@ class LabelLoopingGreedySearch(TransducerSearch):
             moved = torch.where(emit, arcs.frames, 0)  # TDT: a label's duration
             acoustic = arcs.score
             if lm_labels is not None:
-                acoustic = acoustic - lm_labels.gather(1, arcs.symbol.unsqueeze(1))[:, 0]
+                acoustic = (
+                    acoustic - lm_labels.gather(1, arcs.symbol.unsqueeze(1))[:, 0]
+                )
             timing[:, iteration, 0] = frame
             timing[:, iteration, 1] = moved
             timing[:, iteration, 2] = acoustic

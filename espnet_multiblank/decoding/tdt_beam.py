@@ -43,7 +43,8 @@ class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
     :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D);
     ``blank_decision`` (default ``"symbol"``: a beam that prunes nothing returns the
     exact probability of every label sequence) and ``end_rule`` as for
-    :class:`~espnet_multiblank.decoding.TDTGreedySearch`.
+    :class:`~espnet_multiblank.decoding.TDTGreedySearch`; ``beam_sync`` as for
+    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`.
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
         blank_decision: str = TDT_BEAM_DECISION,
         end_rule: str = "exact",
         fusion=None,
+        beam_sync: str = "frame",
     ):
         super().__init__(
             stepper,
@@ -67,6 +69,7 @@ class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
             score_norm=score_norm,
             blank_decision=blank_decision,
             fusion=fusion,
+            beam_sync=beam_sync,
         )
         self._set_end_rule(end_rule)
 

@@ -1,0 +1,168 @@
+"""Step-synchronous batched beam search (``beam_sync: step``): every hypothesis takes
+one arc per step, pruned per step.
+
+The frame-synchronous rule (:mod:`.frame_sync_beam`) expands the hypotheses frame by
+frame: a beam whose hypotheses stand on different frames (a big blank or a TDT
+duration parks one ahead) visits every one of those frames, two or three label rounds
+each, so it takes about as many steps on a multi-blank or TDT model as on a standard
+one. Here, as in the alignment-length synchronous searches (Saon et al. 2020; NeMo's
+``malsd_batch``, Grigoryan et al. 2025), each step moves every hypothesis of the
+beam by one arc from its own frame, so a big blank or a duration of d frames costs one
+step, not d:
+
+    beam_b = the K hypotheses of utterance b, each at its own frame t_h
+    one step, for every utterance b that has not finished:
+        one joint-network call for every hypothesis with t_h < T_b
+        candidates of each (its lattice kind's arcs, :mod:`.beam_step`); a
+            hypothesis that has reached T_b competes as it is (pinned)
+        beam_b = the K best candidates of the utterance
+        children that arrived at the same frame with the same labels (by a move, or
+            pinned at T_b) merged: log-add, the better alignment's statistics kept
+        one prediction-network call (and one step of the fused LMs) for the labels
+        a hypothesis arriving at T_b adds the end-of-sentence LM score
+    utterance b finishes when none of beam_b is short of T_b; its n-best: beam_b
+
+What differs from the frame-synchronous rule: hypotheses standing on different frames
+(with different numbers of arcs behind them) compete for the K places of a step, and
+equal label sequences merge only when they reach the same frame in the same step (or
+at T_b); a label that stays is not held to the K-th best hypothesis of t + 1. With
+K = 1 it is the greedy search (the same ``blank_decision``); with a beam that prunes
+nothing every path survives and every label sequence gets its exact probability
+(tested against exhaustive enumeration). The number of steps is about the arcs of the
+longest path kept: frames / (frames per blank) + labels.
+"""
+
+import torch
+
+from espnet_multiblank.decoding.beam_queues import (
+    NEG,
+    NODE,
+    STATS,
+    extend_key,
+    stats_increment,
+)
+from espnet_multiblank.decoding.beam_run import BeamRun
+
+
+class StepSyncRun(BeamRun):
+    """One batch of the step-synchronous beam search (module docstring)."""
+
+    def __init__(self, search, enc_out: torch.Tensor, lens: torch.Tensor):
+        B, K = enc_out.size(0), search.beam_size
+        super().__init__(search, enc_out, lens, B * K)
+        device = self.device
+        self.rows = self.utts.unsqueeze(1) * K + torch.arange(K, device=device)
+        self.score = torch.full((B, K), NEG, dtype=torch.float64, device=device)
+        self.score[:, 0] = self.root_score()
+        self.frame = torch.zeros(B, K, dtype=torch.long, device=device)
+        self.num_sym = torch.zeros_like(self.frame)
+        self.key = torch.zeros_like(self.frame)
+        self.meta = torch.zeros(B, K, 2, dtype=torch.long, device=device)
+        self.meta[..., NODE] = -1
+
+    def step(self) -> bool:
+        """One arc for every hypothesis of every unfinished utterance; False when all
+        finished."""
+        live = ~self.done
+        if not bool(live.any()):
+            return False
+        B, K = self.B, self.K
+        lens = self.lens.unsqueeze(1)
+        valid = (self.score > NEG) & live.unsqueeze(1)
+        finished = valid & (self.frame >= lens)
+        ex = self.expand(
+            self.score,
+            self.frame,
+            self.num_sym,
+            self.rows,
+            valid & ~finished,
+            pinned=finished,
+        )
+        ok = torch.isfinite(ex.score) & live.unsqueeze(1)
+        parent = torch.where(live.unsqueeze(1), ex.parent, self.rows - self.rows[:, :1])
+        p_row = self.rows.gather(1, parent)
+        moved = ex.frames > 0
+        is_label = ok & ex.is_label
+        frame = self.frame.gather(1, parent) + ex.frames
+        key = self.key.gather(1, parent)
+        key = torch.where(is_label, extend_key(key, ex.symbol), key)
+        meta = self.meta.gather(1, parent.unsqueeze(2).expand(B, K, 2))
+        meta[..., STATS] += stats_increment(ex.frames, ex.is_label)
+        num_sym = torch.where(
+            moved | ex.pinned, 0, self.num_sym.gather(1, parent) + is_label.long()
+        )
+        lab = is_label.view(-1).nonzero().squeeze(1)  # (L,)
+        new = None
+        if lab.numel():
+            src = p_row.view(-1)[lab]
+            acoustic = ex.score.view(-1)[lab] - self.score.view(-1)[src]
+            new, ids = self.step_labels(
+                lab,
+                src,
+                ex.symbol.view(-1)[lab],
+                meta.view(-1, 2)[lab, NODE],
+                frame.view(-1)[lab] - ex.frames.view(-1)[lab],
+                ex.frames.view(-1)[lab],
+                acoustic - ex.lm_label.view(-1)[lab],
+            )
+            meta.view(-1, 2)[lab, NODE] = ids
+        score = torch.where(ok, ex.score, NEG)
+        arrived = ok & (moved | ex.pinned)
+        if self.lm is not None:  # a hypothesis that ends: the end of the sentence
+            end = self.lm.end[p_row].double()
+            if new is not None:
+                end.view(-1)[lab] = new[2].end.double()
+            score = score + torch.where(
+                arrived & ~ex.pinned & (frame == lens), end, 0.0
+            )
+        score = self._merge(arrived, score, key, frame)
+
+        # the children's states: their parents' (blanks, pinned), new for labels
+        self.write_state(self.rows.view(-1), p_row.view(-1), self.stored())
+        if new is not None:
+            self.write_state(
+                self.rows.view(-1)[lab],
+                torch.arange(lab.numel(), device=self.device),
+                new,
+            )
+        keep = live.unsqueeze(1)
+        self.score = torch.where(keep, score, self.score)
+        self.frame = torch.where(keep, frame, self.frame)
+        self.key = torch.where(keep, key, self.key)
+        self.num_sym = torch.where(keep, num_sym, self.num_sym)
+        self.meta = torch.where(keep.unsqueeze(2), meta, self.meta)
+        held = self.score > NEG
+        self.lost |= live & ~held.any(1)
+        self.done |= live & ~(held & (self.frame < lens)).any(1)
+        return True
+
+    @staticmethod
+    def _merge(arrived, score, key, frame) -> torch.Tensor:
+        """Children that arrived at the same frame with the same labels merge into
+        the first (the best: the candidates are sorted); the others leave."""
+        same = (
+            arrived.unsqueeze(2)
+            & arrived.unsqueeze(1)
+            & (key.unsqueeze(2) == key.unsqueeze(1))
+            & (frame.unsqueeze(2) == frame.unsqueeze(1))
+        )  # (B, K, K)
+        first = same.long().argmax(2)
+        leader = first == torch.arange(score.size(1), device=score.device)
+        merged = torch.logsumexp(torch.where(same, score.unsqueeze(1), NEG), 2)
+        score = torch.where(arrived, merged, score)
+        return torch.where(arrived & ~leader, NEG, score)
+
+    def results(self):
+        """The n-best of every utterance: its beam's complete hypotheses, ranked."""
+        complete = (self.score > NEG) & (self.frame >= self.lens.unsqueeze(1))
+        fields = [
+            torch.where(complete, self.score, NEG).tolist(),
+            self.meta[..., NODE].tolist(),
+            self.meta[..., STATS].tolist(),
+            self.rows.tolist(),
+        ]
+        entries = [
+            [(s, n, st, r) for s, n, st, r in zip(*per) if s != NEG]
+            for per in zip(*fields)
+        ]
+        return self.ranked(entries)

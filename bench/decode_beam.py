@@ -294,8 +294,11 @@ def bench_e2e(args, out):
                 f"{row['beam_lm_b1_over_beam_lm_b32']:.2f}x, same: "
                 f"{row['same_lm_b32_b1']}"
             )
-        line += "\n" + " " * 11 + "search s: " + ", ".join(
-            f"{n} {s:.3f}" for n, s in srch.items()
+        line += (
+            "\n"
+            + " " * 11
+            + "search s: "
+            + ", ".join(f"{n} {s:.3f}" for n, s in srch.items())
         )
         out(row)
         print(line, flush=True)

@@ -24,9 +24,9 @@ import math
 import pytest
 import torch
 from test_decoding_search import brute_force_sequences  # noqa: I100
+from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
 from test_decoding_search import enc_batch as mb_enc_batch
 from test_decoding_search import make_model as mb_make_model
-from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
 from test_tdt_search import Oracle as TDTOracle
 from test_tdt_search import enc_batch as tdt_enc_batch
 from test_tdt_search import enumerate_paths

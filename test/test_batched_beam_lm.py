@@ -13,8 +13,15 @@ import pytest
 import torch
 from test_batched_beam import mb_arcs  # noqa: I100
 from test_batched_beam import assert_same_nbest, reference_step_beam, tdt_arcs
-from test_decoding_lm import ARPA, OracleLM, lm_tokens_for, make_rnnlm
-from test_decoding_lm import mb_setup, search, tdt_setup
+from test_decoding_lm import (
+    ARPA,
+    OracleLM,
+    lm_tokens_for,
+    make_rnnlm,
+    mb_setup,
+    search,
+    tdt_setup,
+)
 from test_decoding_search import enc_batch as mb_enc_batch
 from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
 from test_tdt_search import enc_batch as tdt_enc_batch

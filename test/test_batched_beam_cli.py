@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from test_decoding_cli import REPO, run_inference  # noqa: I100
+from test_decoding_cli import REPO  # noqa: I100
 from test_decoding_stock import decode_args, plugin_experiments, stock_env
 from test_tdt_cli import make_tdt_experiment
 

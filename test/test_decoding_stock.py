@@ -3,8 +3,8 @@
 With the start-up hook, the stock module must decode ``model: multiblank_espnet``
 models with the plug-in's searches (the same hypotheses as the plug-in's own entry
 point, token for token; batches too), and refuse what it cannot do with an error
-naming the plug-in's entry point: never a silent wrong answer (before the hook wrapped it, the
-stock module emitted big blanks as labels).
+naming the plug-in's entry point: never a silent wrong answer (before the hook
+wrapped it, the stock module emitted big blanks as labels).
 
 The subprocesses run the hook of this checkout: a ``sitecustomize`` on PYTHONPATH
 replaces whatever hook the environment's ``.pth`` installed by this checkout's

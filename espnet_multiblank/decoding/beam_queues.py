@@ -170,7 +170,8 @@ class FrameQueues:
         return admitted, dest
 
     def write(self, rows, score, key, meta) -> None:
-        """Slot rows ``rows`` ((n,)) get ``score``, ``key`` ((n,)), ``meta`` ((n, 2))."""
+        """Slot rows ``rows`` ((n,)) get ``score``, ``key`` ((n,)) and ``meta``
+        ((n, 2))."""
         self.score.view(-1)[rows] = score
         self.key.view(-1)[rows] = key
         self.meta.view(-1, 2)[rows] = meta

@@ -13,10 +13,11 @@ error of the search, and a non-finite score). The caller decides the exit status
 ``decoding_stats.json``'s ``num_failed`` (:func:`exit_status`).
 
 With ``--batch_size N > 1`` and a batched search (``mb_greedy``, ``tdt_greedy``,
-``mb_beam``, ``tdt_beam``) utterances are decoded N at a time (``decode_batch``), grouped by length (32 N
-utterances are read and sorted at a time) and written in input order, with the
-hypotheses of ``--batch_size 1``; a batch that fails is decoded again one utterance
-at a time, so that a bad utterance fails alone, as it does at batch 1.
+``mb_beam``, ``tdt_beam``) utterances are decoded N at a time (``decode_batch``),
+grouped by length (32 N utterances are read and sorted at a time) and written in
+input order, with the hypotheses of ``--batch_size 1``; a batch that fails is
+decoded again one utterance at a time, so that a bad utterance fails alone, as it
+does at batch 1.
 """
 
 import inspect

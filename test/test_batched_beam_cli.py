@@ -8,7 +8,7 @@
   times inside the utterance, the same at batch 1 and 4; the frame shift the
   encoder's (hop x subsampling);
 * ESPnet's stock ``espnet2.bin.asr_inference`` batches the plug-in's searches too
-  (the same outputs) and refuses ``--batch_size > 1`` for what ESPnet decodes;
+  (the same outputs) and refuses ``--write_ctm`` for what ESPnet decodes;
 * an utterance the batched search finds no hypothesis for is reported by key while
   the others of its batch are written.
 """
@@ -217,18 +217,18 @@ def test_stock_entry_point_batches_the_plugins_searches(setup, tmp_path):
     assert '"batch_size": 4' in (out / "decoding_stats.json").read_text()
 
 
-def test_stock_entry_point_refuses_batches_of_espnets_own_models(tmp_path):
-    """A model and decode config ESPnet decodes itself: its loop decodes one
-    utterance at a time; --batch_size 2 is refused with the message."""
+def test_stock_entry_point_refuses_ctm_for_espnets_own_models(tmp_path):
+    """A model and decode config ESPnet decodes itself: --write_ctm is refused (its
+    searches give no word times) and never reaches ESPnet's loop; --batch_size goes
+    to ESPnet's loop as it is."""
     from espnet_multiblank.espnet.inference.stock_inference import _wrap_inference
 
     config = tmp_path / "config.yaml"
     config.write_text("model: espnet\ndecoder: transformer\n")
     called = []
     wrapped = _wrap_inference(lambda **kw: called.append(kw), {})
-    with pytest.raises(NotImplementedError, match="one utterance at a time"):
-        wrapped(asr_train_config=str(config), batch_size=2, transducer_conf=None)
     with pytest.raises(ValueError, match="--write_ctm"):
         wrapped(asr_train_config=str(config), batch_size=1, write_ctm=True)
-    wrapped(asr_train_config=str(config), batch_size=1, write_ctm=False)
-    assert called and "write_ctm" not in called[0]
+    assert not called
+    wrapped(asr_train_config=str(config), batch_size=2, write_ctm=False)
+    assert called == [{"asr_train_config": str(config), "batch_size": 2}]

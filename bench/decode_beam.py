@@ -24,7 +24,9 @@ printed:
   ``EXP_ROOT/asr_{standard,multiblank,tdt}`` on ``DIR/wav.scp``, with the recipe's
   decode configs: greedy at batch 32, beam at batch 32, beam at batch 1, and with
   ``--lm DIR`` (an ``espnet2.bin.lm_train`` output: ``config.yaml``,
-  ``valid.loss.ave.pth``) beam at batch 32 with the LM (weight ``--lm-weight``). The
+  ``valid.loss.best.pth``) beam at batch 32 and 1 with the LM (weight
+  ``--lm-weight``); beam is the frame rule (``mb_beam.yaml``, ``tdt_beam.yaml``),
+  ``--step`` adds the step rule (``*_beam_step.yaml``) at batch 32. The
   issue's goals (on the recipe's ``test``, beam 4): beam b32 <= 1.5x greedy b32
   (<= 2.0x with an LM), beam b32 >= 5x faster than beam b1, the same hypotheses at
   batch 32 and 1. ``--rounds`` runs of each, interleaved.
@@ -192,21 +194,29 @@ def e2e_runs(args):
     }
     runs = []
     for kind in args.kinds.split(","):
+        step_conf = conf / beam_conf[kind].replace(".yaml", "_step.yaml")
         runs.append(("greedy_b32", kind, conf / greedy_conf[kind], 32, []))
         runs.append(("beam_b32", kind, conf / beam_conf[kind], 32, []))
         runs.append(("beam_b1", kind, conf / beam_conf[kind], 1, []))
+        if args.step:
+            runs.append(("step_b32", kind, step_conf, 32, []))
         if args.lm:
             lm = Path(args.lm)
+            lm_file = lm / "valid.loss.best.pth"  # what the recipe decodes with
+            if not lm_file.exists():
+                lm_file = lm / "valid.loss.ave.pth"
             extra = [
                 "--lm_train_config",
                 str(lm / "config.yaml"),
                 "--lm_file",
-                str(lm / "valid.loss.ave.pth"),
+                str(lm_file),
                 "--lm_weight",
                 str(args.lm_weight),
             ]
             runs.append(("beam_lm_b32", kind, conf / beam_conf[kind], 32, extra))
             runs.append(("beam_lm_b1", kind, conf / beam_conf[kind], 1, extra))
+            if args.step:
+                runs.append(("step_lm_b32", kind, step_conf, 32, extra))
     return runs
 
 
@@ -281,6 +291,16 @@ def bench_e2e(args, out):
             f"beam b1 / beam b32 {row['beam_b1_over_beam_b32']:.2f}x (goal >= 5), "
             f"same hyps b32/b1: {row['same_b32_b1']}"
         )
+        if "step_b32" in med:
+            row["step_b32_over_greedy_b32"] = med["step_b32"] / med["greedy_b32"]
+            row["beam_b1_over_step_b32"] = med["beam_b1"] / med["step_b32"]
+            row["step_same_as_b1"] = texts["step_b32", kind] == texts["beam_b1", kind]
+            line += (
+                f" | step b32 {med['step_b32']:.2f} s = "
+                f"{row['step_b32_over_greedy_b32']:.2f}x greedy, beam b1 / step "
+                f"{row['beam_b1_over_step_b32']:.2f}x, same hyps as beam b1: "
+                f"{row['step_same_as_b1']}"
+            )
         if "beam_lm_b32" in med:
             row["beam_lm_b32_over_greedy_b32"] = med["beam_lm_b32"] / med["greedy_b32"]
             row["beam_lm_b1_over_beam_lm_b32"] = med["beam_lm_b1"] / med["beam_lm_b32"]
@@ -293,6 +313,12 @@ def bench_e2e(args, out):
                 f"b1 {med['beam_lm_b1']:.2f} s = "
                 f"{row['beam_lm_b1_over_beam_lm_b32']:.2f}x, same: "
                 f"{row['same_lm_b32_b1']}"
+            )
+        if "step_lm_b32" in med:
+            row["step_lm_b32_over_greedy_b32"] = med["step_lm_b32"] / med["greedy_b32"]
+            line += (
+                f" | LM step b32 {med['step_lm_b32']:.2f} s = "
+                f"{row['step_lm_b32_over_greedy_b32']:.2f}x greedy"
             )
         line += (
             "\n"
@@ -322,6 +348,9 @@ def main():
     parser.add_argument("--data-dir", default=None, help="e2e mode: a data dir")
     parser.add_argument("--lm", default=None, help="e2e mode: an LM exp dir")
     parser.add_argument("--lm-weight", type=float, default=0.4)
+    parser.add_argument(
+        "--step", action="store_true", help="e2e mode: the step rule at batch 32 too"
+    )
     parser.add_argument(
         "--budget-s",
         type=float,

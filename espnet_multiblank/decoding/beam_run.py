@@ -204,6 +204,13 @@ class BeamRun:
         if self.lm is not None:
             self.fusion.scatter(self.lm, dest, self.fusion.select(lm, idx))
 
+    def gather_store(self, rows: torch.Tensor) -> None:
+        """The store becomes its rows ``rows`` ((S,) long: row i <- row rows[i])."""
+        self.state = self.stepper.select_state(self.state, rows)
+        self.dec_proj = self.dec_proj[rows]
+        if self.lm is not None:
+            self.lm = self.fusion.select(self.lm, rows)
+
     def stored(self):
         """The store as a ``new`` of :meth:`write_state` (to copy rows within it)."""
         return self.state, self.dec_proj, self.lm

@@ -34,18 +34,21 @@ longest path kept: frames / (frames per blank) + labels.
 
 import torch
 
-from espnet_multiblank.decoding.beam_queues import (
-    NEG,
-    NODE,
-    STATS,
-    extend_key,
-    stats_increment,
-)
+from espnet_multiblank.decoding.beam_queues import NEG, extend_key, stats_increment
 from espnet_multiblank.decoding.beam_run import BeamRun
+
+#: columns of a hypothesis's (B, K, 5) long fields
+FRAME, NUM_SYM, KEY, NODE_COL, STATS_COL = range(5)
 
 
 class StepSyncRun(BeamRun):
-    """One batch of the step-synchronous beam search (module docstring)."""
+    """One batch of the step-synchronous beam search (module docstring).
+
+    The K hypotheses of utterance b are store rows ``b K .. b K + K - 1``; a step
+    gathers the kept candidates' parents into those rows (one gather of the whole
+    store). An utterance whose hypotheses have all reached T takes no joint call: its
+    hypotheses are pinned and keep their places.
+    """
 
     def __init__(self, search, enc_out: torch.Tensor, lens: torch.Tensor):
         B, K = enc_out.size(0), search.beam_size
@@ -54,43 +57,36 @@ class StepSyncRun(BeamRun):
         self.rows = self.utts.unsqueeze(1) * K + torch.arange(K, device=device)
         self.score = torch.full((B, K), NEG, dtype=torch.float64, device=device)
         self.score[:, 0] = self.root_score()
-        self.frame = torch.zeros(B, K, dtype=torch.long, device=device)
-        self.num_sym = torch.zeros_like(self.frame)
-        self.key = torch.zeros_like(self.frame)
-        self.meta = torch.zeros(B, K, 2, dtype=torch.long, device=device)
-        self.meta[..., NODE] = -1
+        # frame, labels emitted at it, label-sequence key, last node, statistics
+        self.fields = torch.zeros(B, K, 5, dtype=torch.long, device=device)
+        self.fields[..., NODE_COL] = -1
 
     def step(self) -> bool:
-        """One arc for every hypothesis of every unfinished utterance; False when all
-        finished."""
-        live = ~self.done
-        if not bool(live.any()):
-            return False
+        """One arc for every hypothesis short of its T; False when none is left."""
         B, K = self.B, self.K
         lens = self.lens.unsqueeze(1)
-        valid = (self.score > NEG) & live.unsqueeze(1)
-        finished = valid & (self.frame >= lens)
+        frame = self.fields[..., FRAME]
+        valid = self.score > NEG
+        finished = valid & (frame >= lens)
+        grow = valid & ~finished
+        if not bool(grow.any()):
+            return False
         ex = self.expand(
-            self.score,
-            self.frame,
-            self.num_sym,
-            self.rows,
-            valid & ~finished,
-            pinned=finished,
+            self.score, frame, self.fields[..., NUM_SYM], self.rows, grow, finished
         )
-        ok = torch.isfinite(ex.score) & live.unsqueeze(1)
-        parent = torch.where(live.unsqueeze(1), ex.parent, self.rows - self.rows[:, :1])
-        p_row = self.rows.gather(1, parent)
+        ok = torch.isfinite(ex.score)
         moved = ex.frames > 0
         is_label = ok & ex.is_label
-        frame = self.frame.gather(1, parent) + ex.frames
-        key = self.key.gather(1, parent)
+        fields = self.fields.gather(1, ex.parent.unsqueeze(2).expand(B, K, 5))
+        p_row = self.rows.gather(1, ex.parent)  # (B, K) the parents' store rows
+        frame = fields[..., FRAME] + ex.frames
+        key = fields[..., KEY]
         key = torch.where(is_label, extend_key(key, ex.symbol), key)
-        meta = self.meta.gather(1, parent.unsqueeze(2).expand(B, K, 2))
-        meta[..., STATS] += stats_increment(ex.frames, ex.is_label)
         num_sym = torch.where(
-            moved | ex.pinned, 0, self.num_sym.gather(1, parent) + is_label.long()
+            moved | ex.pinned, 0, fields[..., NUM_SYM] + is_label.long()
         )
+        stats = fields[..., STATS_COL] + stats_increment(ex.frames, ex.is_label)
+        node = fields[..., NODE_COL]
         lab = is_label.view(-1).nonzero().squeeze(1)  # (L,)
         new = None
         if lab.numel():
@@ -100,12 +96,13 @@ class StepSyncRun(BeamRun):
                 lab,
                 src,
                 ex.symbol.view(-1)[lab],
-                meta.view(-1, 2)[lab, NODE],
-                frame.view(-1)[lab] - ex.frames.view(-1)[lab],
+                node.view(-1)[lab],
+                fields[..., FRAME].view(-1)[lab],
                 ex.frames.view(-1)[lab],
                 acoustic - ex.lm_label.view(-1)[lab],
             )
-            meta.view(-1, 2)[lab, NODE] = ids
+            node = node.clone()
+            node.view(-1)[lab] = ids
         score = torch.where(ok, ex.score, NEG)
         arrived = ok & (moved | ex.pinned)
         if self.lm is not None:  # a hypothesis that ends: the end of the sentence
@@ -115,25 +112,16 @@ class StepSyncRun(BeamRun):
             score = score + torch.where(
                 arrived & ~ex.pinned & (frame == lens), end, 0.0
             )
-        score = self._merge(arrived, score, key, frame)
-
+        self.score = self._merge(arrived, score, key, frame)
+        self.fields = torch.stack([frame, num_sym, key, node, stats], 2)
         # the children's states: their parents' (blanks, pinned), new for labels
-        self.write_state(self.rows.view(-1), p_row.view(-1), self.stored())
+        self.gather_store(p_row.view(-1))
         if new is not None:
             self.write_state(
                 self.rows.view(-1)[lab],
                 torch.arange(lab.numel(), device=self.device),
                 new,
             )
-        keep = live.unsqueeze(1)
-        self.score = torch.where(keep, score, self.score)
-        self.frame = torch.where(keep, frame, self.frame)
-        self.key = torch.where(keep, key, self.key)
-        self.num_sym = torch.where(keep, num_sym, self.num_sym)
-        self.meta = torch.where(keep.unsqueeze(2), meta, self.meta)
-        held = self.score > NEG
-        self.lost |= live & ~held.any(1)
-        self.done |= live & ~(held & (self.frame < lens)).any(1)
         return True
 
     @staticmethod
@@ -154,11 +142,12 @@ class StepSyncRun(BeamRun):
 
     def results(self):
         """The n-best of every utterance: its beam's complete hypotheses, ranked."""
-        complete = (self.score > NEG) & (self.frame >= self.lens.unsqueeze(1))
+        complete = (self.score > NEG) & (self.fields[..., FRAME] >= self.lens[:, None])
+        self.lost = ~complete.any(1)
         fields = [
             torch.where(complete, self.score, NEG).tolist(),
-            self.meta[..., NODE].tolist(),
-            self.meta[..., STATS].tolist(),
+            self.fields[..., NODE_COL].tolist(),
+            self.fields[..., STATS_COL].tolist(),
             self.rows.tolist(),
         ]
         entries = [

@@ -228,7 +228,9 @@ def extra_section(exp, lm_searches, extra_jobs, inference_model, test_sets):
             w = choice["chosen"]
             mine = os.path.join(decode_dir(exp, m, tag, inference_model, lm, w), s)
             theirs = os.path.join(decode_dir(exp, m, g, inference_model, lm, w), s)
-            row += f" {fmt_pct(wer_of(mine))} (w {w}) | {fmt_pct(wer_of(theirs))} |"
+            got = wer_of(mine)
+            row += f" {fmt_pct(got)}{'' if got is None else f' (w {w})'} |"
+            row += f" {fmt_pct(wer_of(theirs))} |"
             if lm == "known":
                 a, b = _decode_seconds(mine), _decode_seconds(theirs)
                 row += f" {'-' if a is None else f'{a:.1f} s'} |"

@@ -249,7 +249,31 @@ def run_e2e(kind, conf, batch, extra, args, out_dir):
     torch.set_num_threads(1)
     stats = inference(**kwargs)
     text = (Path(out_dir) / "1best_recog" / "token_int").read_text()
-    return stats, text
+    return stats, text, word_error_rate(args.data_dir, out_dir)
+
+
+def word_error_rate(data_dir, out_dir):
+    """WER (%) of ``out_dir``'s 1-best against ``data_dir/text`` (None without it);
+    a missing hypothesis counts as deletions."""
+    import editdistance
+
+    ref_path = Path(data_dir) / "text"
+    if not ref_path.exists():
+        return None
+
+    def read(path):
+        out = {}
+        for line in Path(path).read_text().splitlines():
+            parts = line.split()
+            if parts:
+                out[parts[0]] = parts[1:]
+        return out
+
+    refs = read(ref_path)
+    hyps = read(Path(out_dir) / "1best_recog" / "text")
+    errors = sum(editdistance.eval(r, hyps.get(u, [])) for u, r in refs.items())
+    words = sum(len(r) for r in refs.values())
+    return 100.0 * errors / max(words, 1)
 
 
 def bench_e2e(args, out):
@@ -259,11 +283,11 @@ def bench_e2e(args, out):
     runs = e2e_runs(args)
     times = {(name, kind): [] for name, kind, *_ in runs}
     search_times = {(name, kind): [] for name, kind, *_ in runs}
-    texts = {}
+    texts, wers = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for i, (name, kind, conf, batch, extra) in enumerate(runs):
-                stats, text = run_e2e(
+                stats, text, wers[name, kind] = run_e2e(
                     kind, conf, batch, extra, args, Path(tmp) / f"{r}_{i}"
                 )
                 times[name, kind].append(stats["decode_seconds"])
@@ -326,6 +350,11 @@ def bench_e2e(args, out):
             + "search s: "
             + ", ".join(f"{n} {s:.3f}" for n, s in srch.items())
         )
+        wer = {n: wers[n, k] for n, k in wers if k == kind}
+        row["wer"] = wer
+        if all(w is not None for w in wer.values()):
+            line += "\n" + " " * 11 + "WER %: "
+            line += ", ".join(f"{n} {w:.2f}" for n, w in wer.items())
         out(row)
         print(line, flush=True)
 

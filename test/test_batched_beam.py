@@ -23,14 +23,11 @@ import math
 
 import pytest
 import torch
-from test_decoding_search import brute_force_sequences  # noqa: I100
+from search_cases import enc_batch
+from search_cases import make_mb_model as mb_make_model
+from search_cases import make_tdt_model as tdt_make_model
+from search_oracles import TDTOracle, brute_force_sequences, enumerate_paths
 from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
-from test_decoding_search import enc_batch as mb_enc_batch
-from test_decoding_search import make_model as mb_make_model
-from test_tdt_search import Oracle as TDTOracle
-from test_tdt_search import enc_batch as tdt_enc_batch
-from test_tdt_search import enumerate_paths
-from test_tdt_search import make_model as tdt_make_model
 
 from espnet_multiblank.decoding import (
     JointStepper,
@@ -73,14 +70,14 @@ def mb_case(durations):
             model.joint_network.lin_out.bias[: blank + 1] -= 2.5
         return model
 
-    return make, mb_search, mb_enc_batch
+    return make, mb_search, enc_batch
 
 
 def tdt_case(durations):
     def make(seed):
         return tdt_make_model(seed, durations=durations, blank_bias=-0.5)
 
-    return make, tdt_search, tdt_enc_batch
+    return make, tdt_search, enc_batch
 
 
 CASES = {
@@ -144,7 +141,7 @@ def test_frame_rule_tdt_clip_end_rule(decision):
     search = tdt_search(
         model, beam_size=3, nbest=8, blank_decision=decision, end_rule="clip"
     )
-    enc, _ = tdt_enc_batch(5, LENS)
+    enc, _ = enc_batch(5, LENS)
     check_batched_equals_reference(search, enc, LENS)
 
 
@@ -347,7 +344,7 @@ def test_wide_beam_equals_exhaustive_enumeration(sync):
     search = mb_search(
         model, beam_size=4096, nbest=10**4, max_sym_per_frame=1, beam_sync=sync
     )
-    enc, _ = mb_enc_batch(2, [4, 3])
+    enc, _ = enc_batch(2, [4, 3])
     got = search.search_batch_nbest(enc, torch.tensor([4, 3]))
     for b, T in enumerate([4, 3]):
         want = brute_force_sequences(model, enc[b, :T], 1)
@@ -358,7 +355,7 @@ def test_wide_beam_equals_exhaustive_enumeration(sync):
     search = tdt_search(
         model, beam_size=4096, nbest=10**4, max_sym_per_frame=1, beam_sync=sync
     )
-    enc, _ = tdt_enc_batch(4, [4])
+    enc, _ = enc_batch(4, [4])
     got = search.search_batch_nbest(enc, torch.tensor([4]))[0]
     want = enumerate_paths(model, enc[0], max_sym=1)
     assert {tuple(h.labels): h.score for h in got} == pytest.approx(
@@ -402,7 +399,7 @@ def test_one_joint_and_one_prediction_call_per_step(sync, monkeypatch):
         return expand(run, *args, **kwargs)
 
     monkeypatch.setattr(BeamRun, "expand", counted)
-    enc, lens = mb_enc_batch(0, [20, 5, 17, 1])
+    enc, lens = enc_batch(0, [20, 5, 17, 1])
     search.search_batch_nbest(enc, lens)
     num_steps = len(steps)
     assert stepper.joint_calls == num_steps
@@ -423,7 +420,7 @@ def test_an_utterance_without_paths_leaves_the_others_alone(sync):
     model = mb_make_model(0, blank_bias=0.0)
     search = mb_search(model, beam_size=3, nbest=2, beam_sync=sync)
     lens = [12, 9, 7]
-    enc, _ = mb_enc_batch(1, lens)
+    enc, _ = enc_batch(1, lens)
     enc[1, :9] = float("nan")
     got = search.search_batch_nbest(enc, torch.tensor(lens))
     assert got[1] == [] and search.search(enc[1, :9]) == []
@@ -435,7 +432,7 @@ def test_an_utterance_without_paths_leaves_the_others_alone(sync):
 
 def test_bad_arguments_and_empty_batches():
     search = mb_search(mb_make_model(0), beam_size=2)
-    enc, _ = mb_enc_batch(0, [5])
+    enc, _ = enc_batch(0, [5])
     assert search.search_batch_nbest(enc[:0], torch.zeros(0, dtype=torch.long)) == []
     with pytest.raises(ValueError, match="enc_lens must be in"):
         search.search_batch_nbest(enc, torch.tensor([6]))

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+from espnet_experiments import make_tdt_experiment
 from test_decoding_cli import REPO  # noqa: I100
 from test_decoding_stock import decode_args, plugin_experiments, stock_env
-from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
 

@@ -11,6 +11,7 @@ gives the LM-free hypotheses, an n-gram's states in a batch.
 
 import pytest
 import torch
+from search_cases import enc_batch
 from test_batched_beam import mb_arcs  # noqa: I100
 from test_batched_beam import assert_same_nbest, reference_step_beam, tdt_arcs
 from test_decoding_lm import (
@@ -22,9 +23,7 @@ from test_decoding_lm import (
     search,
     tdt_setup,
 )
-from test_decoding_search import enc_batch as mb_enc_batch
 from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
-from test_tdt_search import enc_batch as tdt_enc_batch
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
@@ -50,7 +49,6 @@ def setups(kind, lm_kind="lstm"):
         ).eval()
         blank_ids = lattice_from_model(model).blank_ids
         oracle = OracleLM(lm, model.token_list, lm_tokens, blank_ids, 0.7)
-    enc_batch = mb_enc_batch if kind == "mb" else tdt_enc_batch
     return model, lm, lm_tokens, oracle, enc_batch
 
 
@@ -204,7 +202,7 @@ def arpa(tmp_path):
 
 @pytest.mark.parametrize("sync", ["frame", "step"])
 def test_ngram_and_neural_lm_together(arpa, sync):
-    from test_tdt_search import make_model as tdt_make_model
+    from search_cases import make_tdt_model as tdt_make_model
 
     from espnet_multiblank.espnet.inference.search import build_transducer_search
 
@@ -224,7 +222,7 @@ def test_ngram_and_neural_lm_together(arpa, sync):
         ngram_weight=0.7,
         beam_sync=sync,
     )
-    enc, _ = tdt_enc_batch(4, LENS)
+    enc, _ = enc_batch(4, LENS)
     got = both.search_batch_nbest(enc, torch.tensor(LENS))
     for b, T in enumerate(LENS):
         assert_same_nbest(got[b], both.search(enc[b, :T]), T)

@@ -14,8 +14,8 @@ import torch
 from search_cases import enc_batch
 from test_batched_beam import mb_arcs  # noqa: I100
 from test_batched_beam import assert_same_nbest, reference_step_beam, tdt_arcs
+from test_decoding_lm import arpa  # noqa: F401 (fixture: an ARPA file, kenlm)
 from test_decoding_lm import (
-    ARPA,
     OracleLM,
     lm_tokens_for,
     make_rnnlm,
@@ -192,16 +192,8 @@ def test_the_lm_is_stepped_once_per_search_step(sync, monkeypatch):
     assert 0 < CountingFusion.calls <= len(steps)
 
 
-@pytest.fixture
-def arpa(tmp_path):
-    pytest.importorskip("kenlm", reason="the ngram extra (pip install kenlm)")
-    path = tmp_path / "lm.arpa"
-    path.write_text(ARPA)
-    return path
-
-
 @pytest.mark.parametrize("sync", ["frame", "step"])
-def test_ngram_and_neural_lm_together(arpa, sync):
+def test_ngram_and_neural_lm_together(arpa, sync):  # noqa: F811 (the fixture)
     from search_cases import make_tdt_model as tdt_make_model
 
     from espnet_multiblank.espnet.inference.search import build_transducer_search

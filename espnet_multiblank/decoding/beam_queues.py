@@ -49,6 +49,35 @@ def stats_increment(frames: torch.Tensor, is_label: torch.Tensor) -> torch.Tenso
     return big + (frames - 1).clamp(min=0)
 
 
+def merge_equal(
+    mask: torch.Tensor, score: torch.Tensor, key: torch.Tensor, place: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge the hypotheses ``mask`` of each utterance that carry the same labels to
+    the same place into the first of them (the best: the candidates are sorted).
+
+    Args:
+        mask: (B, K) bool, the hypotheses that may merge.
+        score: (B, K) float64, sorted best first per utterance.
+        key: (B, K) long, label-sequence keys.
+        place: (B, K) long, where each goes (a frame, a queue).
+
+    Returns:
+        (B, K) bool, the hypotheses of ``mask`` that are first of their group, and
+        the scores with each first one's group log-added (the others unchanged).
+    """
+    same = (
+        mask.unsqueeze(2)
+        & mask.unsqueeze(1)
+        & (key.unsqueeze(2) == key.unsqueeze(1))
+        & (place.unsqueeze(2) == place.unsqueeze(1))
+    )  # (B, K, K)
+    first = mask & (
+        same.long().argmax(2) == torch.arange(mask.size(1), device=mask.device)
+    )
+    merged = torch.logsumexp(torch.where(same, score.unsqueeze(1), NEG), 2)
+    return first, torch.where(first, merged, score)
+
+
 def unpack_stats(stats: int) -> Tuple[int, int]:
     """(big-blank emissions, frames skipped) of packed statistics."""
     return stats >> BIG_SHIFT, stats & ((1 << BIG_SHIFT) - 1)
@@ -180,15 +209,8 @@ class FrameQueues:
         """Merge newcomers of one utterance bound for the same frame with the same
         labels into the first (the best), whose meta is kept; ``score`` in place.
         Returns the newcomers left."""
-        same = (
-            ins.unsqueeze(2)
-            & ins.unsqueeze(1)
-            & (key.unsqueeze(2) == key.unsqueeze(1))
-            & (queue.unsqueeze(2) == queue.unsqueeze(1))
-        )  # (B, K, K)
-        leader = ins & (same.long().argmax(2) == self.beam_ids)
-        merged = torch.logsumexp(torch.where(same, score.unsqueeze(1), NEG), 2)
-        score.copy_(torch.where(leader, merged, score))
+        leader, merged = merge_equal(ins, score, key, queue)
+        score.copy_(merged)
         return leader
 
     def _merge_overflow(self, ins, queue, single, score, key, meta) -> None:

@@ -34,7 +34,12 @@ longest path kept: frames / (frames per blank) + labels.
 
 import torch
 
-from espnet_multiblank.decoding.beam_queues import NEG, extend_key, stats_increment
+from espnet_multiblank.decoding.beam_queues import (
+    NEG,
+    extend_key,
+    merge_equal,
+    stats_increment,
+)
 from espnet_multiblank.decoding.beam_run import BeamRun
 
 #: columns of a hypothesis's (B, K, 5) long fields
@@ -128,17 +133,8 @@ class StepSyncRun(BeamRun):
     def _merge(arrived, score, key, frame) -> torch.Tensor:
         """Children that arrived at the same frame with the same labels merge into
         the first (the best: the candidates are sorted); the others leave."""
-        same = (
-            arrived.unsqueeze(2)
-            & arrived.unsqueeze(1)
-            & (key.unsqueeze(2) == key.unsqueeze(1))
-            & (frame.unsqueeze(2) == frame.unsqueeze(1))
-        )  # (B, K, K)
-        first = same.long().argmax(2)
-        leader = first == torch.arange(score.size(1), device=score.device)
-        merged = torch.logsumexp(torch.where(same, score.unsqueeze(1), NEG), 2)
-        score = torch.where(arrived, merged, score)
-        return torch.where(arrived & ~leader, NEG, score)
+        first, merged = merge_equal(arrived, score, key, frame)
+        return torch.where(arrived & ~first, NEG, merged)
 
     def results(self):
         """The n-best of every utterance: its beam's complete hypotheses, ranked."""

@@ -20,12 +20,13 @@
 #    the carried wheels into /tmp/site (no pip or index needed: they are pure Python),
 #    and writes everything to $OUT (default bench/out/gpu):
 #        env.txt  pytest_gpu.log  bench.log  bench.jsonl  pytest_fused.log
-#        joint_loss.log  joint_loss.jsonl  [decode.log]
+#        joint_loss.log  joint_loss.jsonl  pytest_batched_beam.log  decode_beam.log
+#        decode_beam.jsonl  [decode.log]
 #
 # Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET, and each
 # stage keeps the later stages' defaults in reserve; the defaults add up to 570):
-#   PYTEST_BUDGET=230  LL_BUDGET=45  BENCH_BUDGET=100  FUSED_TEST_BUDGET=60
-#   FUSED_BENCH_BUDGET=90  DECODE_BUDGET=45
+#   PYTEST_BUDGET=200  LL_BUDGET=45  BENCH_BUDGET=85  FUSED_TEST_BUDGET=60
+#   FUSED_BENCH_BUDGET=90  BEAM_BUDGET=45  DECODE_BUDGET=45
 # The tests the GPU stages run: the "cuda" device of test_loss.py and
 # test_loss_kernels.py, the GPU tests of test_loss_cuda.py, and
 # `pytest test/test_fused_cuda_sim.py -k test_gpu` (the simulator's and the CPU's are
@@ -122,7 +123,7 @@ fi
 if $PY -c "import pytest_timeout" 2>/dev/null; then
     PYTEST_ARGS+=(--timeout 240)
 fi
-B_TEST=$(budget "${PYTEST_BUDGET:-230}" 340)
+B_TEST=$(budget "${PYTEST_BUDGET:-200}" 370)
 timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
     test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
     tee "$OUT/pytest_gpu.log"
@@ -132,14 +133,14 @@ rc_test=${PIPESTATUS[0]}
 # builds tiny models with ESPnet's decoder and joint network: if ESPnet's own imports
 # fail on this machine, the log says so and the stage counts as not run.
 echo "=== pytest (label-looping search, GPU vs CPU), $(left) s left ==="
-B_LL=$(budget "${LL_BUDGET:-45}" 295)
+B_LL=$(budget "${LL_BUDGET:-45}" 325)
 timeout "$B_LL" $PY -m pytest -q -rs -p no:cacheprovider \
     test/test_label_looping.py -k test_cuda_matches_cpu 2>&1 |
     tee "$OUT/pytest_label_looping.log"
 rc_ll=${PIPESTATUS[0]}
 
 echo "=== loss benchmark, $(left) s left ==="
-B_BENCH=$(budget "${BENCH_BUDGET:-100}" 195)
+B_BENCH=$(budget "${BENCH_BUDGET:-85}" 240)
 # the script stops starting new configurations 30 s before its budget
 timeout "$B_BENCH" $PY bench/loss_gpu.py --budget-s $((B_BENCH - 30)) \
     --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
@@ -150,18 +151,34 @@ rc_bench=${PIPESTATUS[0]}
 # of the joint + loss, dense vs fused vs NeMo's fused batch, at the issue's two shapes
 # (standard and TDT; memory = torch.cuda.max_memory_allocated above the inputs).
 echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
-B_FT=$(budget "${FUSED_TEST_BUDGET:-60}" 135)
+B_FT=$(budget "${FUSED_TEST_BUDGET:-60}" 180)
 timeout "$B_FT" $PY -m pytest -q -rs -p no:cacheprovider -k test_gpu \
     test/test_fused_cuda_sim.py 2>&1 | tee "$OUT/pytest_fused.log"
 rc_fused_test=${PIPESTATUS[0]}
 
 echo "=== fused joint + loss benchmark, $(left) s left ==="
-B_FB=$(budget "${FUSED_BENCH_BUDGET:-90}" 45)
+B_FB=$(budget "${FUSED_BENCH_BUDGET:-90}" 90)
 timeout "$B_FB" $PY bench/joint_loss.py --device cuda --threads 1 --runs 3 \
     --lattices standard,tdt --no-series --shape 8,300,60,320,1024 \
     --shape 8,300,60,320,5000 --budget-s $((B_FB - 30)) \
     --out "$OUT/joint_loss.jsonl" 2>&1 | tee "$OUT/joint_loss.log"
 rc_fused_bench=${PIPESTATUS[0]}
+
+# The batched beam searches on the GPU: their GPU == CPU tests (both pruning rules;
+# the test module builds tiny models with ESPnet's decoder and joint network: if
+# ESPnet's own imports fail on this machine, the log says so), then the search
+# benchmark on random networks of the recipe's sizes: batched greedy, the batched beam
+# of both rules and the one-utterance beam, side by side, ratios printed
+# (bench/decode_beam.py; $OUT/decode_beam.jsonl).
+echo "=== batched beam search (GPU vs CPU tests, benchmark), $(left) s left ==="
+B_BEAM=$(budget "${BEAM_BUDGET:-45}" 50)
+timeout "$B_BEAM" $PY -m pytest -q -rs -p no:cacheprovider test/test_batched_beam.py \
+    -k test_cuda_matches_cpu 2>&1 | tee "$OUT/pytest_batched_beam.log"
+rc_beam_test=${PIPESTATUS[0]}
+B_BEAM=$(budget $((B_BEAM - 15)) 50)
+DECODE_BUDGET_S=$((B_BEAM - 5)) OUT=$OUT timeout "$B_BEAM" $PY bench/decode_beam.py \
+    --device cuda --utts 64 --rounds 2 2>&1 | tee "$OUT/decode_beam.log"
+rc_beam=${PIPESTATUS[0]}
 
 # Slot for the decoding benchmark (written separately): run when present, with what
 # is left; it gets DECODE_BUDGET_S and OUT in its environment.
@@ -176,6 +193,7 @@ fi
 
 echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench" \
     "fused pytest rc=$rc_fused_test  fused bench rc=$rc_fused_bench" \
+    "batched beam pytest rc=$rc_beam_test  batched beam bench rc=$rc_beam" \
     "decode rc=$rc_decode (124 = ran out of its budget); $(($(date +%s) - T0)) s in all"
 exit $((rc_test != 0 || rc_bench != 0 || rc_fused_test != 0 || rc_fused_bench != 0 ||
-    rc_decode != 0))
+    rc_beam != 0 || rc_decode != 0))

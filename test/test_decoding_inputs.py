@@ -4,7 +4,8 @@ Each case writes its bad wav in the test: NaN and inf samples, an empty file, on
 short for the encoder, a stereo file, a file at another sample rate, a missing and an
 unreadable file, next to good utterances. Checked through the plug-in's entry point
 one utterance at a time and in batches (the same utterances fail, with the same
-reasons, and the good ones get the same hypotheses), with ``mb_beam``, and through
+reasons, and the good ones get the same hypotheses), with ``mb_beam`` (also
+batched), and through
 ESPnet's stock entry point with the start-up hook; the exit status is 1 unless
 ``--allow_failed_utterances true``. Also: half-precision decoding in every plug-in
 search, options that do not apply to a transducer search, a model whose scores are
@@ -135,13 +136,15 @@ def test_bad_inputs_are_reported_and_the_run_goes_on(setup):
     for name, conf, extra in (
         ("b1", "mb_greedy.yaml", ("--batch_size", "1")),
         ("b8", "mb_greedy.yaml", ("--batch_size", "8")),
-        ("beam", "mb_beam.yaml", ()),
+        ("beam", "mb_beam.yaml", ("--batch_size", "1")),
+        ("beam8", "mb_beam.yaml", ("--batch_size", "8")),
     ):
         out = root / f"o_{name}"
         assert cli(exps["mb"], scp, out, conf, *extra) == 1
         runs[name] = check_failures(out)
     # batched and one at a time: the same failures, the same hypotheses
     assert runs["b1"]["token_int"] == runs["b8"]["token_int"]
+    assert runs["beam"]["token_int"] == runs["beam8"]["token_int"]
     assert any(v.strip() for v in runs["b1"]["token_int"].values())
     # the option decides the exit status, not the outputs
     out = root / "o_allowed"
@@ -193,9 +196,12 @@ SEARCHES = [
     ("mb", "mb_greedy.yaml", "8"),
     ("mb", "mb_greedy_loop_labels.yaml", "8"),
     ("mb", "mb_beam.yaml", "1"),
+    ("mb", "mb_beam.yaml", "8"),
+    ("mb", "mb_beam_step.yaml", "8"),
     ("std", "mb_greedy.yaml", "8"),
     ("tdt", "tdt_greedy.yaml", "8"),
     ("tdt", "tdt_beam.yaml", "1"),
+    ("tdt", "tdt_beam.yaml", "8"),
 ]
 
 

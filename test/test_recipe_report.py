@@ -352,6 +352,83 @@ def test_training_section_says_how_many_ddp_processes(tmp_path):
         assert f"at most 3 at a time, {per} (" in text
 
 
+def test_score_times_against_hand_computed_errors(tmp_path):
+    """Word start errors and emission delays over the matching words of a minimum-cost
+    alignment, computed by hand; an inserted and a substituted word are not counted."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "score_times", LOCAL / "score_times.py"
+    )
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    ref = tmp_path / "word_times"
+    ref.write_text(
+        "u1 one 0.10 0.50 two 0.80 1.20 three 1.50 2.00\n" "u2 five 0.20 0.60\n"
+    )
+    ctm = tmp_path / "ctm"
+    ctm.write_text(
+        "u1 1 0.30 0.04 one 0.9\n"  # start error 0.20, delay -0.20
+        "u1 1 0.60 0.04 nine 0.5\n"  # inserted: not counted
+        "u1 1 1.40 0.04 two 0.9\n"  # start error 0.60, delay +0.20
+        "u1 1 2.20 0.04 four 0.9\n"  # substitutes three: not counted
+        "u2 1 0.56 0.04 five 0.8\n"  # start error 0.36, delay -0.04
+    )
+    assert st.main(str(ref), str(ctm), str(tmp_path / "out")) == 0
+    got = json.loads((tmp_path / "out" / "times.json").read_text())
+    assert got["reference_words"] == 4 and got["hypothesis_words"] == 5
+    assert got["matched_words"] == 3
+    assert got["start_error_median"] == pytest.approx(0.36)
+    # linear interpolation: 0.36 + 0.8 * (0.60 - 0.36)
+    assert got["start_error_p90"] == pytest.approx(0.552)
+    assert got["delay_median"] == pytest.approx(-0.04)
+    assert got["delay_mean"] == pytest.approx((-0.2 + 0.2 - 0.04) / 3)
+
+
+def test_batched_beam_section_goals():
+    """Ratios to batched greedy and to the one-at-a-time beam, WER differences and
+    the multi-blank / TDT vs standard lines, from hand-made decoding results."""
+    sys.path.insert(0, str(LOCAL))
+    try:
+        batched = importlib.import_module("report.batched")
+    finally:
+        sys.path.remove(str(LOCAL))
+
+    def entry(wer, secs, search=1.0):
+        return ({"wer": wer}, {"decode_seconds": secs, "search_seconds": search})
+
+    res = {
+        ("standard", "beam", "test"): entry(7.0, 20.0),
+        ("standard", "mb_beam_b32", "test"): entry(7.05, 3.0),
+        ("multiblank", "mb_beam", "test"): entry(6.0, 15.0),
+        ("multiblank", "mb_beam_b32", "test"): entry(6.0, 2.5),
+        ("multiblank", "mb_beam_step_b32", "test"): entry(6.3, 1.5),
+    }
+    jobs = [(m, t) for m, t, _ in res]
+    greedy = [
+        ((m, "mb_greedy", "32", "plugin"), {"wer": 8.0}, {"decode_seconds": 2.0})
+        for m in ("standard", "multiblank")
+    ]
+    text = "\n".join(batched.section(res, jobs, greedy, "test"))
+    assert (
+        "| multiblank | mb_beam_b32 | 6.00% | 6.00% | 2.50 s | 1.25x | 6.00x |" in text
+    )
+    assert "| standard | mb_beam_b32 | 7.05% | 7.00% | 3.00 s | 1.50x | 6.67x |" in text
+    # 1.5x is within the goal, 0.75x too; 10x of the step rule, 6x, 6.67x
+    assert "batched greedy decode time: yes (3 of 3" in text
+    assert "one-at-a-time beam search: yes (3 of 3" in text
+    # the step rule's WER is 0.30 above the multi-blank reference
+    assert (
+        "within 0.1 absolute (the standard model's reference is ESPnet's beam "
+        "search, another algorithm): **no** (2 of 3" in text
+    )
+    assert (
+        "multiblank mb_beam faster than standard mb_beam (batched, frame rule): "
+        "yes (2.50 s vs 3.00 s)" in text
+    )
+
+
 def test_seed_spread_section(tmp_path):
     """WER per model and seed, the mean and max - min per model, and each model's
     difference to the standard model per seed with its mean and range, from

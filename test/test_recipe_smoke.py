@@ -43,9 +43,13 @@ DECODES = [
     ("multiblank", "mb_beam"),
     ("tdt", "tdt_greedy"),
     ("tdt", "tdt_beam"),
+    # the smoke run's batched beam searches (their directories' names)
+    ("tdt", "tdt_beam_b32"),
+    ("multiblank", "mb_beam_step_b32"),
 ]
-# the smoke run's --lm_searches and --dtype_jobs
-LM_SEARCHES = [("tdt", "tdt_beam")]
+# the smoke run's --lm_searches, --lm_extra_jobs and --dtype_jobs (directory names)
+LM_SEARCHES = [("tdt", "tdt_beam_b32")]
+LM_EXTRA = [("tdt", "tdt_beam", 1), ("tdt", "tdt_beam_step_b32", 32)]
 DTYPE_JOBS = [("multiblank", "mb_greedy")]
 #: LM -> (dev set, test sets, the smoke run's candidate weights)
 LMS = {
@@ -201,6 +205,34 @@ def test_decoding_and_scores(smoke_run):
             assert 0 <= score["wer"] and score["num_utterances"] == n
             if m == "standard":
                 assert stats["frames_skipped"] == 0
+            assert stats["batch_size"] == (32 if search.endswith("_b32") else 1)
+            # the plug-in's searches write test_real's word times, scored against
+            # the known boundaries
+            ctm = d / "1best_recog" / "ctm"
+            if s == "test_real" and search.startswith(("mb_", "tdt_")):
+                words = sum(len(line.split()) - 1 for line in hyps)
+                assert len(ctm.read_text().splitlines()) == words
+                times = json.loads((d / "times.json").read_text())
+                assert times["reference_words"] > 0
+            else:
+                assert not ctm.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_test_real_word_boundaries(smoke_run):
+    """test_real keeps the known boundaries of its concatenated words."""
+    work, _ = smoke_run
+    d = work / "data_smoke" / "test_real"
+    texts = dict(line.split(" ", 1) for line in (d / "text").read_text().splitlines())
+    times = (d / "word_times").read_text().splitlines()
+    assert len(times) == len(texts)
+    for line in times:
+        utt, *rest = line.split()
+        words, starts, ends = rest[0::3], rest[1::3], rest[2::3]
+        assert " ".join(words) == texts[utt].strip()
+        bounds = [float(x) for pair in zip(starts, ends) for x in pair]
+        assert bounds == sorted(bounds) and bounds[0] > 0
 
 
 @pytest.mark.slow
@@ -211,6 +243,18 @@ def test_lms_and_fused_decoding(smoke_run):
     (test_known also without)."""
     work, _ = smoke_run
     exp = work / "exp_smoke"
+    for m, search, bs in LM_EXTRA:  # at the chosen weights
+        known = json.loads(
+            (
+                exp / f"asr_{m}" / f"lm_known_weight_{LM_SEARCHES[0][1]}"
+                "_valid.loss.ave.json"
+            ).read_text()
+        )
+        name = f"decode_{search}_lm_known_w{known['chosen']}_valid.loss.ave"
+        d = exp / f"asr_{m}" / name / "test_known"
+        stats = json.loads((d / "decoding_stats.json").read_text())
+        assert stats["batch_size"] == bs
+        assert json.loads((d / "score.json").read_text())["wer"] >= 0
     for lm in LMS:
         d = exp / f"lm_{lm}"
         assert (d / "config.yaml").is_file() and (d / "valid.loss.best.pth").exists()
@@ -284,6 +328,13 @@ def test_report(smoke_run):
         assert len(rows) == 2, lm_md  # one per LM
         assert all("->" in r for r in rows), rows
     assert "- known-list condition" in lm_md and "- `test` with the LM" in lm_md
+    assert "LM fusion at the chosen weights" in lm_md
+    batched = md.split("\n## Batched beam search")[1].split("\n## ")[0]
+    for m, search in (("tdt", "tdt_beam_b32"), ("multiblank", "mb_beam_step_b32")):
+        assert any(r.startswith(f"| {m} | {search} |") for r in batched.splitlines())
+    assert "- batched beam at most 1.5x the batched greedy" in batched
+    times = md.split("\n## Word timestamps")[1].split("\n## ")[0]
+    assert sum(r.startswith("| ") for r in times.splitlines()) >= 6
     half = md.split("\n## Half precision\n")[1].split("\n## ")[0]
     for m, search in DTYPE_JOBS:
         assert sum(r.startswith(f"| {m} | {search} |") for r in half.splitlines()) == 2

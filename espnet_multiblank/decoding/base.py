@@ -183,6 +183,25 @@ class TransducerSearch(ABC):
         lens = enc_lens.tolist()
         return [self.search(enc_out[b, : lens[b]])[0] for b in range(len(lens))]
 
+    def search_batch_nbest(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[List[Hypothesis]]:
+        """Decode B utterances, n-best each (beam searches override; a batched greedy
+        search gives its one hypothesis, the others decode one after the other).
+
+        Args:
+            enc_out: (B, T_max, D_enc) padded encoder output.
+            enc_lens: (B,) encoder lengths T_b.
+
+        Returns:
+            Up to :attr:`nbest` hypotheses of each utterance, best first, in input
+            order.
+        """
+        if self.batched:
+            return [[hyp] for hyp in self.search_batch(enc_out, enc_lens)]
+        lens = enc_lens.tolist()
+        return [self.search(enc_out[b, : lens[b]]) for b in range(len(lens))]
+
 
 class FrameLoopingGreedySearch(TransducerSearch):
     """What the frame-looping greedy searches share (multi-blank and TDT): one
@@ -269,7 +288,10 @@ class FrameLoopingGreedySearch(TransducerSearch):
                 None if lm is None else lm.labels[active],
             )
             is_label = arcs.is_label
-            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label)
+            lm_part = None
+            if lm is not None:  # timing: the labels' acoustic part
+                lm_part = lm.labels[active].gather(1, arcs.symbol.unsqueeze(1))[:, 0]
+            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label, lm_part)
             if bool(is_label.any()):
                 rows = active[is_label]
                 labels = arcs.symbol[is_label]

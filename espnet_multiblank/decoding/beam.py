@@ -53,7 +53,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from espnet_multiblank.decoding.base import TransducerSearch
+from espnet_multiblank.decoding.batched_beam import BatchedBeamSearch, check_beam_sync
+from espnet_multiblank.decoding.beam_step import MultiblankBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
     SymbolTable,
@@ -63,8 +64,13 @@ from espnet_multiblank.decoding.multiblank_table import (
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
 
-class MultiblankBeamSearch(TransducerSearch):
+class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
     """Frame-synchronous multi-blank beam search (see the module docstring).
+
+    :meth:`search` decodes one utterance (the reference implementation, in Python
+    over hypothesis objects); :meth:`search_batch_nbest` decodes B utterances at
+    once with the same rules and results
+    (:mod:`~espnet_multiblank.decoding.batched_beam`).
 
     Args:
         stepper, lattice, max_sym_per_frame, nbest: see
@@ -85,6 +91,11 @@ class MultiblankBeamSearch(TransducerSearch):
             candidates, merging and the final ranking use the fused score (a label's
             weighted LM score added where it is emitted, the end of the sentence
             where a hypothesis reaches T), or None.
+        beam_sync: ``"frame"`` (default): the frame-synchronous rule above, batched
+            by :meth:`search_batch_nbest` with the same results; ``"step"``: every
+            hypothesis takes one arc per step, pruned per step
+            (:mod:`~espnet_multiblank.decoding.step_sync_beam`), one utterance or a
+            batch.
     """
 
     def __init__(
@@ -97,6 +108,7 @@ class MultiblankBeamSearch(TransducerSearch):
         score_norm: bool = False,
         blank_decision: str = "symbol",
         fusion=None,
+        beam_sync: str = "frame",
     ):
         super().__init__(
             stepper,
@@ -105,6 +117,7 @@ class MultiblankBeamSearch(TransducerSearch):
             nbest=nbest,
             fusion=fusion,
         )
+        self.beam_sync = check_beam_sync(beam_sync)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int):
             raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
         if beam_size < 1:
@@ -153,6 +166,9 @@ class MultiblankBeamSearch(TransducerSearch):
         Returns:
             Up to ``nbest`` hypotheses, best first.
         """
+        if self.beam_sync == "step":  # one utterance as a batch of one
+            length = torch.tensor([enc_out.size(0)], device=enc_out.device)
+            return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
         device = enc_out.device
         table = self.table(device)
         B = self.beam_size
@@ -273,6 +289,7 @@ class MultiblankBeamSearch(TransducerSearch):
             big_blank_emissions=parent.big_blank_emissions,
             frames_skipped=parent.frames_skipped,
             lm_state=parent.lm_state,  # a blank leaves the language models as they are
+            timing=parent.timing,
         )
         child.advance(frames)
         self._enqueue(queues, child)
@@ -302,6 +319,10 @@ class MultiblankBeamSearch(TransducerSearch):
         for j, (a, k, score) in enumerate(labels):
             parent = current[a]
             row = torch.tensor([j], device=device)
+            # the arc's acoustic log-probability (for timing): its LM part left out
+            acoustic = score - parent.score
+            if fusion is not None:
+                acoustic -= float(parent.lm_state.labels[0, k])
             children.append(
                 Hypothesis(
                     score=score,
@@ -313,6 +334,7 @@ class MultiblankBeamSearch(TransducerSearch):
                     big_blank_emissions=parent.big_blank_emissions,
                     frames_skipped=parent.frames_skipped,
                     lm_state=None if fusion is None else fusion.select(lm, row),
+                    timing=parent.timing + [(t, 0, acoustic)],
                 )
             )
         return children

@@ -82,6 +82,8 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
             else:
                 hyp.score += float(logp[0, k])
             if frames == 0:
+                lm_k = 0.0 if lm is None else float(lm.labels[0, k])
+                hyp.timing.append((t, 0, float(logp[0, k]) - lm_k))
                 hyp.yseq.append(k)
                 hyp.num_sym_frame += 1
                 label = torch.full((1,), k, dtype=torch.long, device=device)

@@ -1,9 +1,13 @@
 """Search hypotheses: one per utterance or beam entry, and a batch as tensors."""
 
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
 
 import torch
+
+#: one label's timing: (frame where it was emitted, frames its arc covers, the arc's
+#: acoustic log-probability); see :attr:`Hypothesis.timing`
+TokenTiming = Tuple[int, int, float]
 
 
 @dataclass
@@ -30,6 +34,14 @@ class Hypothesis:
             None without an LM. With an LM, ``score`` is the fused score (the
             weighted LM scores of the labels added, and of the end of the sentence
             once the path is complete).
+        timing: One :data:`TokenTiming` per label of ``yseq[1:]``: the frame t at
+            which it was emitted (frames consumed before it: big blanks and TDT
+            durations counted), the frames its arc covers (a TDT label's duration;
+            0 for a label of a standard or multi-blank lattice, which stays at t)
+            and the arc's acoustic log-probability as the search scored it, the
+            language models' part left out (a TDT label: token plus duration term).
+            Beam search: those of the best-scoring alignment merged into the
+            hypothesis.
     """
 
     score: float
@@ -41,6 +53,7 @@ class Hypothesis:
     big_blank_emissions: int = 0
     frames_skipped: int = 0
     lm_state: Any = None
+    timing: List[TokenTiming] = field(default_factory=list)
 
     @property
     def labels(self) -> List[int]:
@@ -82,6 +95,7 @@ class BatchedHyps:
         self.big_blank_emissions = zeros()
         self.frames_skipped = zeros()
         self.labels: List[List[int]] = [[] for _ in range(batch)]
+        self.timing: List[List[TokenTiming]] = [[] for _ in range(batch)]
 
     def record(
         self,
@@ -90,6 +104,7 @@ class BatchedHyps:
         frames: torch.Tensor,
         logp: torch.Tensor,
         is_label: torch.Tensor,
+        lm_part: Optional[torch.Tensor] = None,
     ) -> None:
         """Rows ``rows`` emitted ``symbols``, covering ``frames`` frames each.
 
@@ -99,11 +114,16 @@ class BatchedHyps:
             frames: (A,) long, frames each emission covers (0: a label that stays).
             logp: (A,) log-probabilities of the emissions.
             is_label: (A,) bool, which emissions are labels.
+            lm_part: (A,) the language models' part of ``logp`` (None: no LM), left
+                out of the labels' :attr:`Hypothesis.timing`.
         """
         self.score[rows] += logp.double()
         if bool(is_label.any()):
-            for r, k in zip(rows[is_label].tolist(), symbols[is_label].tolist()):
+            acoustic = logp if lm_part is None else logp - lm_part
+            emitted = (rows, symbols, self.frame[rows], frames, acoustic.double())
+            for r, k, t, e, lp in zip(*(x[is_label].tolist() for x in emitted)):
                 self.labels[r].append(k)
+                self.timing[r].append((t, e, lp))
         self.frame[rows] += frames
         moved = frames > 0
         self.num_sym[rows] = torch.where(
@@ -130,4 +150,5 @@ class BatchedHyps:
             big_blank_emissions=int(self.big_blank_emissions[b]),
             frames_skipped=int(self.frames_skipped[b]),
             lm_state=lm_state,
+            timing=self.timing[b],
         )

@@ -316,6 +316,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
         labels = torch.full(
             (B, self.initial_capacity), -1, dtype=torch.long, device=device
         )
+        # Hypothesis.timing of each label column: frame, frames covered, acoustic
+        timing = labels.new_zeros(B, self.initial_capacity, 3, dtype=torch.float64)
         iteration = 0
 
         def take(window: Window) -> torch.Tensor:
@@ -352,10 +354,19 @@ class LabelLoopingGreedySearch(TransducerSearch):
             emit = (frame < lens) & ~searching
             if iteration == labels.size(1):
                 labels = torch.cat([labels, torch.full_like(labels, -1)], dim=1)
+                timing = torch.cat([timing, torch.zeros_like(timing)], dim=1)
             labels[:, iteration] = torch.where(emit, arcs.symbol, no_label)
-            iteration += 1
             score.add_(torch.where(emit, arcs.score, 0.0))
             moved = torch.where(emit, arcs.frames, 0)  # TDT: a label's duration
+            acoustic = arcs.score
+            if lm_labels is not None:
+                acoustic = (
+                    acoustic - lm_labels.gather(1, arcs.symbol.unsqueeze(1))[:, 0]
+                )
+            timing[:, iteration, 0] = frame
+            timing[:, iteration, 1] = moved
+            timing[:, iteration, 2] = acoustic
+            iteration += 1
             frame.add_(moved)
             moves.add_(moved > 0)
             num_sym = torch.where(moved > 0, 0, num_sym + emit.long())
@@ -371,6 +382,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             score.add_(lm.end.double())
 
         out_labels = labels[:, :iteration].tolist()
+        out_timing = timing[:, :iteration].tolist()
         # every arc that moved covered one frame more than it skipped
         skipped = frame - moves
         values = [t.tolist() for t in (score, frame, num_sym, big, skipped)]
@@ -378,6 +390,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
             Hypothesis(
                 score=values[0][b],
                 yseq=[blank] + [k for k in out_labels[b] if k >= 0],
+                timing=[
+                    (int(t), int(e), lp)
+                    for k, (t, e, lp) in zip(out_labels[b], out_timing[b])
+                    if k >= 0
+                ],
                 dec_state=stepper.select_state(state, torch.tensor([b], device=device)),
                 dec_proj=dec_proj[b],
                 frame=values[1][b],

@@ -27,6 +27,7 @@ from typing import List, Optional
 import torch
 
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
+from espnet_multiblank.decoding.beam_step import TDTBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.row_step import TDTRowStep
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
@@ -35,14 +36,15 @@ from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 TDT_BEAM_DECISION = "symbol"
 
 
-class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
+class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
     """Frame-synchronous TDT beam search (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, with a
     :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D);
     ``blank_decision`` (default ``"symbol"``: a beam that prunes nothing returns the
     exact probability of every label sequence) and ``end_rule`` as for
-    :class:`~espnet_multiblank.decoding.TDTGreedySearch`.
+    :class:`~espnet_multiblank.decoding.TDTGreedySearch`; ``beam_sync`` as for
+    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
         blank_decision: str = TDT_BEAM_DECISION,
         end_rule: str = "exact",
         fusion=None,
+        beam_sync: str = "frame",
     ):
         super().__init__(
             stepper,
@@ -66,6 +69,7 @@ class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
             score_norm=score_norm,
             blank_decision=blank_decision,
             fusion=fusion,
+            beam_sync=beam_sync,
         )
         self._set_end_rule(end_rule)
 
@@ -130,6 +134,7 @@ class TDTBeamSearch(TDTRowStep, MultiblankBeamSearch):
             if frames == 0:
                 staying.append(child)
             else:
+                child.timing[-1] = (t, frames, child.timing[-1][2])
                 child.advance(frames, is_label=True)
                 self._enqueue(queues, child)
         return staying

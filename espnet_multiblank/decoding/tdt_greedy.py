@@ -166,11 +166,13 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             if blank_tok is None or label_score > blank_tok + b_val:
                 hyp.score += label_score
                 hyp.yseq.append(label_k)
+                frames = min(durations[l_j], T - t)
+                lm_k = 0.0 if lm is None else float(lm.labels[0, label_k])
+                hyp.timing.append((t, frames, label_score - lm_k))
                 label = torch.full((1,), label_k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
                 if lm is not None:
                     lm = self.fusion.step(label, lm)
-                frames = min(durations[l_j], T - t)
                 if frames == 0:
                     hyp.num_sym_frame += 1
                 else:

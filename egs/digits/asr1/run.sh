@@ -34,13 +34,17 @@
 #      "known" on the account list
 #  10  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
 #      as the multi-blank model's); multi-blank mb_greedy + mb_beam; TDT tdt_greedy +
-#      tdt_beam; then the throughput runs, and every plug-in search on test in
-#      float16 and bfloat16 (--dtype_jobs; not timed)
-#  11  LM fusion, every beam search (--lm_searches): the weight of each LM chosen on its
-#      dev set (dev for "train", dev_known for "known"; --lm_weights,
+#      tdt_beam, one utterance at a time; the batched beam searches (both rules, batch
+#      32); the plug-in's searches write test_real's word times (1best_recog/ctm);
+#      then the throughput runs, and every plug-in search on test in float16 and
+#      bfloat16 (--dtype_jobs; not timed)
+#  11  LM fusion, the batched beam searches (--lm_searches): the weight of each LM
+#      chosen on its dev set (dev for "train", dev_known for "known"; --lm_weights,
 #      --lm_known_weights), then test, test_real with the "train" LM and test_known
-#      without and with the "known" LM (--lm_decode_jobs at a time)
-#  12  score WER / CER
+#      without and with the "known" LM; at the chosen weights one one-at-a-time beam
+#      run per model and the step-pruned beams (--lm_extra_jobs); --lm_decode_jobs
+#      decodings at a time
+#  12  score WER / CER; word-time errors of test_real against its known boundaries
 #  13  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
 #      WER-vs-search-time plots
 set -euo pipefail
@@ -74,10 +78,19 @@ train_args=""               # extra arguments for asr_train (both models)
 lm_config=$recipe/conf/train_lm.yaml             # LM "train": training transcripts
 lm_known_config=$recipe/conf/train_lm_known.yaml # LM "known": the account list
 lm_args=""                  # extra arguments for lm_train (both LMs)
-lm_searches="standard:beam multiblank:mb_beam tdt:tdt_beam"  # decoded with the LMs
+# model:search[:batch] decoded with the LMs (the weight grids), batch 1 if not given
+lm_searches="standard:mb_beam:32 multiblank:mb_beam:32 tdt:tdt_beam:32"
+# decoded at the weights lm_searches chose for the same model: test_known with the known
+# LM (and, batched, without it) and, batched, test with the train LM
+lm_extra_jobs="standard:mb_beam:1 multiblank:mb_beam:1 tdt:tdt_beam:1
+  standard:mb_beam_step:32 multiblank:mb_beam_step:32 tdt:tdt_beam_step:32"
 lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev (0, no LM, too)
 lm_known_weights="0.2 0.4 0.8 1.6"  # candidates for LM "known", on dev_known (and 0)
 lm_decode_jobs=2            # LM decodings at a time (not timed: they may share CPUs)
+decode_jobs=""              # stage 10's model:search[:batch] (default below)
+# the batched beam searches decoded in stage 10 (with the one-at-a-time ones)
+batched_jobs="standard:mb_beam:32 standard:mb_beam_step:32 multiblank:mb_beam:32
+  multiblank:mb_beam_step:32 tdt:tdt_beam:32 tdt:tdt_beam_step:32"
 # model:search decoded on the first test set in half precision too (--dtype), to
 # compare with float32
 dtype_jobs="standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam tdt:tdt_greedy
@@ -92,6 +105,7 @@ usage() {
   echo "         --decode_conf_dir D --num_accounts N --num_known_dev N --num_known_test N"
   echo "         --lm_args '...' --lm_searches 'model:search ...' --lm_weights 'W ...'"
   echo "         --lm_known_weights 'W ...' --lm_decode_jobs N --dtype_jobs 'model:search ...'"
+  echo "         --decode_jobs 'model:search[:batch] ...' --lm_extra_jobs 'model:search:batch ...'"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -99,7 +113,8 @@ while [ $# -gt 0 ]; do
     --stage|--stop_stage|--dir|--python|--nj|--num_train|--num_dev|--num_test|--num_real|\
     --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs|\
     --train_procs|--num_accounts|--num_known_dev|--num_known_test|--lm_args|\
-    --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs)
+    --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs|\
+    --decode_jobs|--lm_extra_jobs)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -138,8 +153,11 @@ if $smoke; then
   lm_weights="0.2"; lm_known_weights="0.4 0.8"
   # one beam search with the LMs, one search in half precision (each decoding is a
   # process start: the smoke run stays short; the tests cover the other searches)
-  lm_searches="tdt:tdt_beam"
+  lm_searches="tdt:tdt_beam:32"
+  lm_extra_jobs="tdt:tdt_beam:1 tdt:tdt_beam_step:32"
   dtype_jobs="multiblank:mb_greedy"
+  # of the batched beams, one of each rule
+  batched_jobs="tdt:tdt_beam:32 multiblank:mb_beam_step:32"
 fi
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -310,6 +328,10 @@ stage_data() {
     rm -rf "$data/$s"
     if [ -f "$wavdir/$s/manifest.tsv" ]; then
       "$python" "$recipe/local/data_prep.py" "$wavdir/$s/manifest.tsv" "$data/$s"
+    fi
+    # the known word boundaries of test_real (local/make_real_digits.py)
+    if [ -f "$wavdir/$s/word_times" ]; then
+      cp "$wavdir/$s/word_times" "$data/$s/word_times"
     fi
   done
   for s in train dev test dev_known test_known; do
@@ -482,8 +504,10 @@ stage_lms() {
 # model:search pairs; the speed comparison is greedy (standard) vs mb_greedy (multi-blank).
 # standard:mb_greedy runs the plug-in's greedy code on the standard model (no big blanks):
 # the same implementation on both models, which isolates the gain of the big blanks.
-decode_jobs="standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam
-  tdt:tdt_greedy tdt:tdt_beam"
+# model:search[:batch] (batch 1 if not given): one utterance at a time, then the
+# batched beam searches of both rules (beam_sync frame and step)
+decode_jobs=${decode_jobs:-"standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy
+  multiblank:mb_beam tdt:tdt_greedy tdt:tdt_beam $batched_jobs"}
 # Throughput on the first test set, end to end (features, encoder, search, I/O; model
 # loading excluded): model:search:batch:entry, entry "stock" = ESPnet's own
 # `python -m espnet2.bin.asr_inference` (the start-up hook makes it decode the plug-in's
@@ -494,7 +518,21 @@ throughput_jobs="standard:greedy:1:stock standard:mb_greedy:32:plugin
 throughput_dir() {  # throughput_dir MODEL SEARCH BATCH ENTRY
   echo "$exp/asr_$1/throughput_${4}_${2}_b${3}_${inference_model%.pth}"
 }
-decode_dir() {  # decode_dir MODEL SEARCH [LM WEIGHT]: the parent of the per-set dirs
+# a job "model:search[:batch]": NAME SEARCH BS (1 if not given) and TAG, the search's
+# name in directory names (SEARCH, or SEARCH_bBS when batched)
+parse_job() {  # parse_job JOB: sets name search bs tag
+  IFS=: read -r name search bs <<< "$1"
+  bs=${bs:-1}
+  tag=$search
+  [ "$bs" = 1 ] || tag=${search}_b$bs
+}
+ctm_args() {  # ctm_args SEARCH SET: --write_ctm for the plug-in's searches on test_real
+  case $1 in
+    mb_*|tdt_*) [ "$2" = test_real ] && echo "--write_ctm true" ;;
+  esac
+  return 0
+}
+decode_dir() {  # decode_dir MODEL TAG [LM WEIGHT]: the parent of the per-set dirs
   if [ $# -eq 3 ]; then  # decode_dir MODEL SEARCH DTYPE
     echo "$exp/asr_$1/decode_${2}_${3}_${inference_model%.pth}"
   elif [ $# -ge 4 ]; then
@@ -530,8 +568,12 @@ decode() {
   [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
   mv "$out.tmp" "$out"
 }
-score() {  # score SET DECODE_DIR
+score() {  # score SET DECODE_DIR (and its word times against known boundaries)
   "$python" "$recipe/local/score.py" "$data/$1/text" "$2/1best_recog/text" "$2"
+  if [ -f "$2/1best_recog/ctm" ] && [ -f "$data/$1/word_times" ]; then
+    "$python" "$recipe/local/score_times.py" "$data/$1/word_times" \
+      "$2/1best_recog/ctm" "$2"
+  fi
 }
 # a small job pool: pool_run N CMD... runs CMD in the background, at most N at a time;
 # pool_finish waits for all of them and fails if any failed
@@ -558,16 +600,17 @@ pool_finish() {
 
 # ------------------------------------------------------------ stage 10: decode
 stage_decode() {
-  local job name search s out bs entry
+  local job name search s out bs entry tag
   for job in $decode_jobs; do
-    name=${job%%:*}
-    search=${job#*:}
+    parse_job "$job"
     for s in $test_sets; do
       [ -f "$data/$s/wav.scp" ] || { log "no $s data: skipped"; continue; }
-      log "decoding $s with $name / $search"
-      # batch_size 1 for every search, one process, $decode_threads torch threads:
-      # the decoding times are comparable between searches
-      decode "$(decode_dir "$name" "$search")/$s" plugin "$name" "$search" "$s" 1
+      log "decoding $s with $name / $search, batch $bs"
+      # one process, $decode_threads torch threads: the decoding times are
+      # comparable between searches (batch 1, or the batched searches' batch)
+      # shellcheck disable=SC2046
+      decode "$(decode_dir "$name" "$tag")/$s" plugin "$name" "$search" "$s" "$bs" \
+        $(ctm_args "$search" "$s")
     done
   done
   s=${test_sets%% *}
@@ -594,69 +637,95 @@ stage_decode() {
 lm_dev() { case $1 in train) echo dev ;; known) echo dev_known ;; esac; }
 lm_tests() { case $1 in train) echo "$test_sets" ;; known) echo test_known ;; esac; }
 lm_candidates() { case $1 in train) echo "$lm_weights" ;; known) echo "$lm_known_weights" ;; esac; }
-lm_weight_file() {  # lm_weight_file MODEL SEARCH LM: the weight chosen on dev
+lm_weight_file() {  # lm_weight_file MODEL TAG LM: the weight chosen on dev
   echo "$exp/asr_$1/lm_${3}_weight_${2}_${inference_model%.pth}.json"
 }
-lm_decode() {  # lm_decode MODEL SEARCH LM WEIGHT SET: decode and score SET
-  local out
-  out=$(decode_dir "$1" "$2" "$3" "$4")/$5
-  decode "$out" plugin "$1" "$2" "$5" 1 --lm_train_config "$exp/lm_$3/config.yaml" \
-    --lm_file "$exp/lm_$3/valid.loss.best.pth" --lm_weight "$4"
-  score "$5" "$out" > /dev/null
+lm_decode() {  # lm_decode MODEL SEARCH BS LM WEIGHT SET: decode and score SET
+  local out tag=$2
+  [ "$3" = 1 ] || tag=${2}_b$3
+  out=$(decode_dir "$1" "$tag" "$4" "$5")/$6
+  decode "$out" plugin "$1" "$2" "$6" "$3" --lm_train_config "$exp/lm_$4/config.yaml" \
+    --lm_file "$exp/lm_$4/valid.loss.best.pth" --lm_weight "$5"
+  score "$6" "$out" > /dev/null
 }
-plain_decode() {  # plain_decode MODEL SEARCH SET: without an LM, decode and score
-  local out
-  out=$(decode_dir "$1" "$2")/$3
-  decode "$out" plugin "$1" "$2" "$3" 1
-  score "$3" "$out" > /dev/null
+plain_decode() {  # plain_decode MODEL SEARCH BS SET: without an LM, decode and score
+  local out tag=$2
+  [ "$3" = 1 ] || tag=${2}_b$3
+  out=$(decode_dir "$1" "$tag")/$4
+  decode "$out" plugin "$1" "$2" "$4" "$3"
+  score "$4" "$out" > /dev/null
+}
+chosen_weight() {  # chosen_weight MODEL LM: the weight lm_searches chose for MODEL
+  local job name search bs tag
+  for job in $lm_searches; do
+    parse_job "$job"
+    if [ "$name" = "$1" ]; then
+      "$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"])' \
+        "$(lm_weight_file "$name" "$tag" "$2")"
+      return 0
+    fi
+  done
+  die "no --lm_searches entry for model $1 (needed by --lm_extra_jobs)"
 }
 stage_lm_decode() {
-  local lm job name search dev s w weights
+  local lm job name search bs tag dev s w weights
   for lm in train known; do
     dev=$(lm_dev $lm)
     log "LM $lm: weights $(lm_candidates $lm) on $dev, searches $lm_searches"
     for job in $lm_searches; do
-      name=${job%%:*}
-      search=${job#*:}
-      pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$dev"
+      parse_job "$job"
+      pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$bs" "$dev"
       for w in $(lm_candidates $lm); do
-        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" $lm "$w" "$dev"
+        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" "$dev"
       done
     done
     pool_finish || die "LM decoding on $dev failed"
     for job in $lm_searches; do
-      name=${job%%:*}
-      search=${job#*:}
+      parse_job "$job"
       weights=()
       for w in $(lm_candidates $lm); do
-        weights+=("$w=$(decode_dir "$name" "$search" $lm "$w")/$dev/score.json")
+        weights+=("$w=$(decode_dir "$name" "$tag" $lm "$w")/$dev/score.json")
       done
       "$python" "$recipe/local/choose_lm_weight.py" \
-        --no_lm "$(decode_dir "$name" "$search")/$dev/score.json" \
-        "$(lm_weight_file "$name" "$search" $lm)" "${weights[@]}"
-      w=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["chosen"])' \
-        "$(lm_weight_file "$name" "$search" $lm)")
+        --no_lm "$(decode_dir "$name" "$tag")/$dev/score.json" \
+        "$(lm_weight_file "$name" "$tag" $lm)" "${weights[@]}"
+      w=$(chosen_weight "$name" $lm)
       for s in $(lm_tests $lm); do
         [ -f "$data/$s/wav.scp" ] || continue
-        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" $lm "$w" "$s"
+        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" "$s"
         if [ $lm = known ]; then
-          pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$s"
+          pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$bs" "$s"
         fi
       done
     done
     pool_finish || die "LM decoding of $(lm_tests $lm) failed"
+    # at the chosen weights: the one-at-a-time reference (test_known only) and the
+    # other batched searches (test_known with and without the known LM, test with
+    # the train LM)
+    for job in $lm_extra_jobs; do
+      parse_job "$job"
+      w=$(chosen_weight "$name" $lm)
+      if [ $lm = known ]; then
+        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" test_known
+        [ "$bs" = 1 ] || pool_run "$lm_decode_jobs" plain_decode "$name" "$search" \
+          "$bs" test_known
+      elif [ "$bs" != 1 ]; then
+        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" \
+          "${test_sets%% *}"
+      fi
+    done
+    pool_finish || die "LM decoding of --lm_extra_jobs failed"
   done
 }
 
 # ------------------------------------------------------------ stage 12: score
 stage_score() {
-  local job name search s bs entry lm w
+  local job name search s bs entry lm w tag
   for job in $decode_jobs; do
-    name=${job%%:*}
-    search=${job#*:}
+    parse_job "$job"
     for s in $test_sets; do
-      [ -d "$(decode_dir "$name" "$search")/$s" ] || continue
-      score "$s" "$(decode_dir "$name" "$search")/$s"
+      [ -d "$(decode_dir "$name" "$tag")/$s" ] || continue
+      score "$s" "$(decode_dir "$name" "$tag")/$s"
     done
   done
   s=${test_sets%% *}
@@ -673,14 +742,13 @@ stage_score() {
       score "$s" "$(decode_dir "$name" "$search" "$w")/$s"
     done
   done
-  for job in $lm_searches; do  # the LM decodings (scored in stage 11 already: again)
-    name=${job%%:*}
-    search=${job#*:}
+  for job in $lm_searches $lm_extra_jobs; do  # the LM decodings (scored in stage 11
+    parse_job "$job"                           # already: again)
     for lm in train known; do
       for w in $(lm_candidates $lm); do
         for s in $(lm_dev $lm) $(lm_tests $lm); do
-          [ -d "$(decode_dir "$name" "$search" $lm "$w")/$s" ] || continue
-          score "$s" "$(decode_dir "$name" "$search" $lm "$w")/$s"
+          [ -d "$(decode_dir "$name" "$tag" $lm "$w")/$s" ] || continue
+          score "$s" "$(decode_dir "$name" "$tag" $lm "$w")/$s"
         done
       done
     done
@@ -692,6 +760,7 @@ stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
     --throughput_jobs "$throughput_jobs" --lm_searches "$lm_searches" \
+    --lm_extra_jobs "$lm_extra_jobs" \
     --dtype_jobs "$dtype_jobs" --dtypes "$dtypes" \
     --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
   if ! $smoke; then

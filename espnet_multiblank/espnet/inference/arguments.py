@@ -5,7 +5,9 @@ entry points: ``python -m espnet_multiblank.bin.asr_inference`` and ESPnet's sto
 
 * ``--dtype`` also takes ``bfloat16``;
 * ``--allow_failed_utterances`` (default false): exit status 0 even when some
-  utterances could not be decoded (:func:`~.loop.exit_status`).
+  utterances could not be decoded (:func:`~.loop.exit_status`);
+* ``--write_ctm`` (default false): also write ``<output_dir>/1best_recog/ctm``, the
+  1-best's words with their start, duration and confidence (:mod:`.timestamps`).
 """
 
 #: ``--dtype`` values (ESPnet's parser: float16, float32, float64)
@@ -25,4 +27,11 @@ def add_plugin_arguments(parser) -> None:
         default=False,
         help="exit with status 0 even when some utterances could not be decoded "
         "(they are listed in <output_dir>/failed_utterances either way)",
+    )
+    parser.add_argument(
+        "--write_ctm",
+        type=str2bool,
+        default=False,
+        help="also write <output_dir>/1best_recog/ctm: '<key> 1 <start> <duration> "
+        "<word> <confidence>' lines of the 1-best's words (the plug-in's searches)",
     )

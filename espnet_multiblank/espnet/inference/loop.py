@@ -12,11 +12,12 @@ unreadable, empty, too short, non-finite, another sample rate, several channels;
 error of the search, and a non-finite score). The caller decides the exit status from
 ``decoding_stats.json``'s ``num_failed`` (:func:`exit_status`).
 
-With ``--batch_size N > 1`` and a batched search (``mb_greedy``, ``tdt_greedy``)
-utterances are decoded N at a time (``decode_batch``), grouped by length (32 N
-utterances are read and sorted at a time) and written in input order, with the
-hypotheses of ``--batch_size 1``; a batch that fails is decoded again one utterance
-at a time, so that a bad utterance fails alone, as it does at batch 1.
+With ``--batch_size N > 1`` and a batched search (``mb_greedy``, ``tdt_greedy``,
+``mb_beam``, ``tdt_beam``) utterances are decoded N at a time (``decode_batch``),
+grouped by length (32 N utterances are read and sorted at a time) and written in
+input order, with the hypotheses of ``--batch_size 1``; a batch that fails is
+decoded again one utterance at a time, so that a bad utterance fails alone, as it
+does at batch 1.
 """
 
 import inspect
@@ -57,6 +58,7 @@ def inference(
     entry_point: Optional[str] = None,
     speech2text_class: Any = None,
     allow_failed_utterances: bool = False,
+    write_ctm: bool = False,
     **speech2text_kwargs: Any,
 ) -> Dict[str, Any]:
     """Decode a data set; the arguments of ``espnet2.bin.asr_inference.inference``.
@@ -64,6 +66,8 @@ def inference(
     Args:
         allow_failed_utterances: Read by the caller (:func:`exit_status`), here only
             so that a parsed command line can be passed as it is.
+        write_ctm: Also write ``<output_dir>/1best_recog/ctm`` (the 1-best's words
+            with their times and confidences, :mod:`.timestamps`).
         entry_point: Written to ``decoding_stats.json`` (ESPnet's stock module).
         speech2text_class: The ``Speech2Text`` class (default
             :class:`~espnet_multiblank.espnet.inference.speech2text.MultiblankSpeech2Text`).
@@ -89,7 +93,8 @@ def inference(
     if batch_size > 1 and not batched:
         logger.warning(
             "batch_size=%d: the chosen search decodes one utterance at a time "
-            "(batched decoding: search_type mb_greedy or tdt_greedy)",
+            "(batched decoding: search_type mb_greedy, mb_beam, tdt_greedy or "
+            "tdt_beam)",
             batch_size,
         )
     utterances = read_utterances(
@@ -98,13 +103,73 @@ def inference(
         ASRTask.build_preprocess_fn(speech2text.asr_train_args, False),
     )
     run = DecodingRun(speech2text, input_checks(speech2text), batch_size, batched)
+    ctm = CtmWriter(speech2text, output_dir) if write_ctm else None
     start = time.perf_counter()
-    with DatadirWriter(output_dir) as writer:
-        for key, results in run.decode(utterances):
-            write_results(writer, key, results, speech2text.nbest)
+    try:
+        with DatadirWriter(output_dir) as writer:
+            for key, results in run.decode(utterances):
+                write_results(writer, key, results, speech2text.nbest)
+                if ctm is not None:
+                    ctm.write(key, results[0])
+    finally:
+        if ctm is not None:
+            ctm.close()
     stats = run.stats(time.perf_counter() - start, device, entry_point)
     write_outputs(output_dir, stats, run.failed)
     return stats
+
+
+class CtmWriter:
+    """``<output_dir>/1best_recog/ctm``: the words of each 1-best with their start,
+    duration and confidence (:mod:`.timestamps`), in input order.
+
+    Raises:
+        ValueError: the search gives no label timing (ESPnet's own searches), or the
+            encoder frame shift cannot be measured.
+    """
+
+    def __init__(self, speech2text: Any, output_dir: str):
+        from pathlib import Path
+
+        from espnet_multiblank.decoding import TransducerSearch
+        from espnet_multiblank.espnet.inference.inputs import model_sample_rate
+        from espnet_multiblank.espnet.inference.timestamps import (
+            encoder_frame_shift,
+        )
+
+        search = speech2text.beam_search_transducer
+        if not isinstance(search, TransducerSearch):
+            raise ValueError(
+                f"--write_ctm: word times come from the plug-in's searches; "
+                f"{type(search).__name__} gives none (use search_type mb_greedy, "
+                "mb_beam, tdt_greedy or tdt_beam)"
+            )
+        args = speech2text.asr_train_args
+        self.token_type = getattr(args, "token_type", None)
+        self.frame_shift = encoder_frame_shift(
+            speech2text.asr_model,
+            model_sample_rate(args),
+            speech2text.device,
+            speech2text.input_dtype,
+        )
+        path = Path(output_dir) / "1best_recog" / "ctm"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "w", encoding="utf-8")
+
+    def write(self, key: str, result: Tuple) -> None:
+        """The lines of one utterance's 1-best ``(text, token, token_int, hyp)``."""
+        from espnet_multiblank.espnet.inference.timestamps import (
+            ctm_lines,
+            word_times,
+        )
+
+        _, token, _, hyp = result
+        words = word_times(token, hyp.timing, self.token_type, self.frame_shift)
+        for line in ctm_lines(key, words):
+            self.file.write(line + "\n")
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _refuse_unsupported(word_lm_train_config, ngpu: int, kwargs: Dict) -> None:

@@ -5,7 +5,8 @@
 =============  =========================================================================
 ``mb_greedy``  :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (batched
                over utterances by the plug-in's inference).
-``mb_beam``    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, ``beam_size``.
+``mb_beam``    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, ``beam_size``
+               (batched over utterances; ``beam_sync``: ``frame`` or ``step``).
 ``greedy``     ESPnet's greedy search (``BeamSearchTransducer`` with beam 1).
 ``default``    ESPnet's default beam search (beam 1: ESPnet's greedy search).
 ``tsd`` ...    ESPnet's other searches (``tsd``, ``alsd``, ``nsc``, ``maes``).
@@ -13,7 +14,8 @@
                algorithm on the lattice's blank indices).
 ``tdt_greedy`` :class:`~espnet_multiblank.decoding.TDTGreedySearch` (TDT models,
                batched like ``mb_greedy``).
-``tdt_beam``   :class:`~espnet_multiblank.decoding.TDTBeamSearch`, ``beam_size``.
+``tdt_beam``   :class:`~espnet_multiblank.decoding.TDTBeamSearch`, ``beam_size``
+               (batched like ``mb_beam``).
 =============  =========================================================================
 
 On a multi-blank model ESPnet's searches would emit the big blanks as labels, so
@@ -63,10 +65,22 @@ TDT_SEARCH_TYPES = ("tdt_greedy", "tdt_beam")
 PLUGIN_SEARCH_TYPES = MULTIBLANK_SEARCH_TYPES + TDT_SEARCH_TYPES
 ESPNET_SEARCH_TYPES = ("greedy", "default", "tsd", "alsd", "nsc", "maes", "mbg")
 #: transducer_conf keys understood by the plug-in's searches
-MULTIBLANK_KEYS = ("max_sym_per_frame", "score_norm", "loop_labels", "blank_decision")
+MULTIBLANK_KEYS = (
+    "max_sym_per_frame",
+    "score_norm",
+    "loop_labels",
+    "blank_decision",
+    "beam_sync",
+)
 TDT_KEYS = MULTIBLANK_KEYS
 #: transducer_conf keys that ESPnet's searches do not know
-PLUGIN_ONLY_KEYS = ("max_sym_per_frame", "beam_size", "blank_decision", "loop_labels")
+PLUGIN_ONLY_KEYS = (
+    "max_sym_per_frame",
+    "beam_size",
+    "blank_decision",
+    "loop_labels",
+    "beam_sync",
+)
 #: the greedy search types that ``loop_labels: true`` turns into label-looping
 GREEDY_SEARCH_TYPES = ("mb_greedy", "tdt_greedy")
 
@@ -227,7 +241,8 @@ def build_transducer_search(
             refused with ESPnet's beam searches (which cannot use one).
         **conf: Other ``transducer_conf`` keys: ``max_sym_per_frame`` and
             ``score_norm`` for the plug-in's searches, ``blank_decision`` for the
-            multi-blank ones, ``loop_labels`` (bool) for the greedy ones; ESPnet's
+            multi-blank ones, ``loop_labels`` (bool) for the greedy ones,
+            ``beam_sync`` (``"frame"`` or ``"step"``) for the beam ones; ESPnet's
             keys (``score_norm``, ``score_norm_during``, ``max_sym_exp``,
             ``u_max``, ...) for ESPnet's.
 
@@ -336,9 +351,14 @@ def _plugin_search(
         model.decoder, model.joint_network, joint_size_of(model, lattice)
     )
     max_sym = conf.get("max_sym_per_frame", 10)
-    # blank_decision: each search has its own default
-    extra = {k: conf[k] for k in ("blank_decision",) if k in conf}
+    # blank_decision, beam_sync: each search has its own default
+    extra = {k: conf[k] for k in ("blank_decision", "beam_sync") if k in conf}
     if resolved in GREEDY_SEARCH_TYPES:
+        if "beam_sync" in conf:
+            raise ValueError(
+                f"transducer_conf.beam_sync chooses how a beam search prunes; "
+                f"{resolved} is a greedy search (use mb_beam or tdt_beam)"
+            )
         if loop_labels:
             greedy = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
         else:

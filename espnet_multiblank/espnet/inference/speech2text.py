@@ -25,7 +25,7 @@ import functools
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -66,11 +66,13 @@ logger = logging.getLogger(__name__)
 class DecodedHypothesis(ESPnetTransducerHypothesis):
     """ESPnet's transducer ``Hypothesis`` (what ESPnet's ``Speech2Text`` and tools
     accept: ``score``, ``yseq`` with the start symbol first, ``dec_state``) plus the
-    plug-in's counts: ``frame``, ``big_blank_emissions``, ``frames_skipped``."""
+    plug-in's counts: ``frame``, ``big_blank_emissions``, ``frames_skipped``, and
+    the labels' ``timing`` (:attr:`espnet_multiblank.decoding.Hypothesis.timing`)."""
 
     frame: int = 0
     big_blank_emissions: int = 0
     frames_skipped: int = 0
+    timing: List[Tuple[int, int, float]] = field(default_factory=list)
 
 
 def to_espnet_hypothesis(hyp: Any) -> ESPnetTransducerHypothesis:
@@ -87,6 +89,7 @@ def to_espnet_hypothesis(hyp: Any) -> ESPnetTransducerHypothesis:
         frame=hyp.frame,
         big_blank_emissions=hyp.big_blank_emissions,
         frames_skipped=hyp.frames_skipped,
+        timing=list(getattr(hyp, "timing", ())),
     )
 
 
@@ -583,13 +586,15 @@ class PluginSearchMixin:
     def decode_batch(
         self, speech: torch.Tensor, speech_lengths: torch.Tensor
     ) -> List[List[Tuple]]:
-        """Batched encoder and greedy search; the same hypotheses as one at a time.
+        """Batched encoder and search; the same hypotheses as one at a time.
 
         The encoder runs on the padded batch when the model is batch-exact
         (:meth:`batch_exactness`: ESPnet's conformer and transformer, with the
         padding-invariant layers of
         :mod:`~espnet_multiblank.espnet.batch_exact.exact_encoding`), otherwise on each
-        utterance alone. The search's rows are independent.
+        utterance alone. The search decodes the batch's utterances independently
+        (:meth:`~espnet_multiblank.decoding.TransducerSearch.search_batch_nbest`:
+        batched greedy and beam searches).
 
         Args:
             speech: (B, L) or (B, L, F) padded input.
@@ -636,12 +641,13 @@ class PluginSearchMixin:
             enc = torch.nn.utils.rnn.pad_sequence(encs, batch_first=True)
         start = time.perf_counter()
         with single_thread_on_cpu(enc.device):
-            hyps = self.beam_search_transducer.search_batch(enc, enc_lens)
+            nbests = self.beam_search_transducer.search_batch_nbest(enc, enc_lens)
         self.stats.search_seconds += time.perf_counter() - start
         out = []
-        for hyp, frames in zip(hyps, enc_lens.tolist()):
-            results = self.hyps_to_results([hyp])
-            self.stats.add(frames, results[0][3])
+        for nbest, frames in zip(nbests, enc_lens.tolist()):
+            results = self.hyps_to_results(nbest)
+            if results:  # none: the decoding loop reports the utterance
+                self.stats.add(frames, results[0][3])
             out.append(results)
         return out
 

@@ -23,7 +23,7 @@ as soon as it has executed:
   point does; everything else runs ESPnet's loop (which batches attention / CTC
   models from ESPnet 202611 on, and refuses ``--batch_size > 1`` in 202511);
 * ``get_parser`` gets the plug-in's additions (``--dtype bfloat16``,
-  ``--allow_failed_utterances``), and help texts that argparse cannot format (ESPnet
+  ``--allow_failed_utterances``, ``--write_ctm``), and help texts that argparse cannot format (ESPnet
   202611's ``--ctc_window_margin`` help says "3.19% CER", so its own ``--help``
   raises ``ValueError: unsupported format character``) get their stray ``%`` escaped.
 """
@@ -48,6 +48,11 @@ def _wrap_inference(inference, namespace: dict):
         if args or not plugin_decodes(
             kwargs.get("asr_train_config"), kwargs.get("transducer_conf")
         ):
+            if kwargs.pop("write_ctm", False):
+                raise ValueError(
+                    "--write_ctm: word times come from the plug-in's searches; this "
+                    "model and decode config run ESPnet's"
+                )
             return inference(*args, **kwargs)
         from espnet_multiblank.espnet.inference.loop import (
             exit_status,

@@ -11,7 +11,11 @@ Sources (unpacked with `apt-get download` + `dpkg -x` by run.sh, never installed
 Each recording is trimmed of leading/trailing silence (sox), then digit strings of 1-7
 words are concatenated with random 50-300 ms pauses and 0.1-0.4 s padding.
 
-Output: <out_dir>/wav/<utt>.wav and <out_dir>/manifest.tsv (utt, spk, path, text).
+Output: <out_dir>/wav/<utt>.wav, <out_dir>/manifest.tsv (utt, spk, path, text) and
+<out_dir>/word_times: the known boundaries of every word, one utterance per line,
+``<utt> <word> <start> <end> [<word> <start> <end> ...]`` in seconds (the trimmed
+recording's first and last sample; the scoring of word timestamps,
+``local/score_times.py``, reads it).
 """
 
 import argparse
@@ -101,7 +105,7 @@ def main():
         "real-asterisk-allison": asterisk_words(a.root),
         "real-saytime-male": saytime_words(a.root),
     }
-    rows = []
+    rows, times = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for spk, words in speakers.items():
             if len(words) < 10:
@@ -114,17 +118,23 @@ def main():
             for i in range(a.num_per_speaker):
                 seq = [rng.choice(vocab) for _ in range(rng.randint(1, 7))]
                 parts = [np.zeros(int(rng.uniform(0.1, 0.4) * FS), np.float32)]
+                bounds = []  # (word, first sample, end sample) in the utterance
                 for k, w in enumerate(seq):
                     if k:
                         parts.append(
                             np.zeros(int(rng.uniform(0.05, 0.3) * FS), np.float32)
                         )
+                    start = sum(len(x) for x in parts)
                     parts.append(audio[w])
+                    bounds.append((w, start, start + len(audio[w])))
                 parts.append(np.zeros(int(rng.uniform(0.1, 0.4) * FS), np.float32))
                 utt = f"{spk}_real{i:06d}"
                 path = os.path.join(wav_dir, utt + ".wav")
                 sf.write(path, np.concatenate(parts), FS, subtype="PCM_16")
                 rows.append((utt, spk, path, " ".join(seq)))
+                times[utt] = " ".join(
+                    f"{w} {b / FS:.4f} {e / FS:.4f}" for w, b, e in bounds
+                )
             print(
                 f"[real] {spk}: {a.num_per_speaker} utterances from {len(vocab)} words"
             )
@@ -135,6 +145,9 @@ def main():
     with open(os.path.join(a.out_dir, "manifest.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(r) + "\n")
+    with open(os.path.join(a.out_dir, "word_times"), "w") as f:
+        for utt in sorted(times):
+            f.write(f"{utt} {times[utt]}\n")
     return 0
 
 

@@ -19,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (  # noqa: E402
+    batched,
     comparison,
     data,
     decoding,
@@ -28,8 +29,20 @@ from report import (  # noqa: E402
     speed_plot,
     stages,
     throughput,
+    timestamps,
     training,
 )
+
+
+def parse_jobs(spec):
+    """``model:search[:batch] ...`` -> [(model, tag)]: the search's name in directory
+    names, ``search`` at batch 1, else ``search_b<batch>`` (as run.sh names them)."""
+    out = []
+    for job in spec.split():
+        m, search, *bs = job.split(":")
+        tag = search if not bs or bs[0] == "1" else f"{search}_b{bs[0]}"
+        out.append((m, tag))
+    return out
 
 
 def header(smoke):
@@ -54,13 +67,20 @@ def main():
     p.add_argument("--data", required=True)
     p.add_argument("--wavdir", required=True)
     p.add_argument("--inference_model", default="valid.loss.ave")
-    p.add_argument("--decode_jobs", required=True, help="'model:search ...'")
+    p.add_argument("--decode_jobs", required=True, help="'model:search[:batch] ...'")
     p.add_argument("--test_sets", required=True)
     p.add_argument(
         "--throughput_jobs", default="", help="'model:search:batch:entry ...'"
     )
     p.add_argument(
-        "--lm_searches", default="", help="'model:search ...' decoded with the LMs"
+        "--lm_searches",
+        default="",
+        help="'model:search[:batch] ...' decoded with the LMs (the weight grids)",
+    )
+    p.add_argument(
+        "--lm_extra_jobs",
+        default="",
+        help="'model:search:batch ...' decoded at the weights the grids chose",
     )
     p.add_argument(
         "--dtype_jobs", default="", help="'model:search ...' decoded in half precision"
@@ -71,7 +91,7 @@ def main():
     a = p.parse_args()
 
     test_sets = a.test_sets.split()
-    jobs = [j.split(":") for j in a.decode_jobs.split()]
+    jobs = parse_jobs(a.decode_jobs)
     models = []
     for m, _ in jobs:
         if m not in models:
@@ -89,19 +109,24 @@ def main():
         f"`{test_sets[0]}`, every model and search).",
         "",
     ]
+    tjobs = [tuple(j.split(":")) for j in a.throughput_jobs.split()]
+    trows = throughput.load(a.exp, tjobs, a.inference_model, test_sets[0])
+    lines += batched.section(res, jobs, trows, test_sets[0])
+    lines += timestamps.section(a.exp, jobs, a.inference_model, "test_real")
     lines += repeats.section(a.exp, a.data, jobs, test_sets[0], a.inference_model)
     lines += comparison.section(res, test_sets[0])
     lines += comparison.tdt_section(res, test_sets[0])
-    lm_searches = [tuple(j.split(":")) for j in a.lm_searches.split()]
+    lm_searches = parse_jobs(a.lm_searches)
     lines += lm.section(a.exp, a.data, lm_searches, a.inference_model, test_sets)
+    lines += lm.extra_section(
+        a.exp, lm_searches, parse_jobs(a.lm_extra_jobs), a.inference_model, test_sets
+    )
     dtype_jobs = [tuple(j.split(":")) for j in a.dtype_jobs.split()]
     lines += precision.section(
         a.exp, dtype_jobs, a.dtypes.split(), a.inference_model, test_sets[0]
     )
-    if a.throughput_jobs.split():
-        tjobs = [tuple(j.split(":")) for j in a.throughput_jobs.split()]
-        rows = throughput.load(a.exp, tjobs, a.inference_model, test_sets[0])
-        lines += throughput.section(rows, test_sets[0], res)
+    if tjobs:
+        lines += throughput.section(trows, test_sets[0], res, jobs)
     lines += stages.section(a.exp)
     # written by local/compare_procs.sh (a separate, optional run)
     procs_md = os.path.join(a.exp, "procs_comparison.md")

@@ -117,11 +117,12 @@ def section(exp, data, lm_searches, inference_model, test_sets):
     L = ["## Language models (shallow fusion)", ""]
     L.append(
         "Two word LMs (ESPnet's `espnet2.bin.lm_train`, `lm: seq_rnn`; "
-        "`conf/train_lm.yaml`, `conf/train_lm_known.yaml`), fused into every beam "
-        "search: a label's score is its acoustic log-probability plus weight x its "
-        "LM log-probability, blanks and durations leave the LM untouched, a complete "
-        "hypothesis adds weight x log P(</s>) (ESPnet's own `beam` search on the "
-        "standard model fuses the LM its own way, without the end-of-sentence term). "
+        "`conf/train_lm.yaml`, `conf/train_lm_known.yaml`), fused into the batched "
+        "beam search of every model (`_b32`: 32 utterances at a time, the "
+        "frame-synchronous rule, the hypotheses of one at a time): a label's score "
+        "is its acoustic log-probability plus weight x its LM log-probability, blanks "
+        "and durations leave the LM untouched, a complete hypothesis adds weight x "
+        "log P(</s>). "
         "The weight of each LM is chosen per model on its dev set (lowest WER of the "
         "candidates and of weight 0, i.e. no LM; ties to the smaller weight, so an LM "
         "that does not lower the dev WER is not used) and then used on the test sets; "
@@ -179,5 +180,61 @@ def section(exp, data, lm_searches, inference_model, test_sets):
         "known list of account numbers (`local/make_accounts.py`; held-out voices), "
         "the text the `known` LM was trained on: there the LM has something to learn."
     )
+    L.append("")
+    return L
+
+
+def _decode_seconds(path):
+    st = load_json(os.path.join(path, "decoding_stats.json"))
+    return None if st is None else st.get("decode_seconds")
+
+
+def extra_section(exp, lm_searches, extra_jobs, inference_model, test_sets):
+    """Markdown lines of the LM decodings at the weights the grids chose: the
+    one-at-a-time reference of each model and the other batched searches ([] when
+    there are none)."""
+    if not extra_jobs or not os.path.isdir(os.path.join(exp, "lm_train")):
+        return []
+    grid = {}
+    for m, tag in lm_searches:
+        grid.setdefault(m, tag)
+    first = test_sets[0]
+    L = [
+        "### LM fusion at the chosen weights: one at a time, and pruned per step",
+        "",
+        "The weights chosen by the batched beam search of each model above, used "
+        "by its one-at-a-time search (batch 1, the reference: `test_known` only) "
+        "and by the step-pruned batched search (`*_step`). Decode times of "
+        "`test_known` with the LM.",
+        "",
+        "| model | search | WER `test_known`, known LM | grid search's | decode "
+        f"time | grid search's | WER `{first}`, train LM | grid search's |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, tag in extra_jobs:
+        g = grid.get(m)
+        if g is None:
+            continue
+        row = f"| {m} | {tag} |"
+        for lm, s in (("known", "test_known"), ("train", first)):
+            choice = load_json(
+                os.path.join(
+                    exp, f"asr_{m}", f"lm_{lm}_weight_{g}_{inference_model}.json"
+                )
+            )
+            if choice is None:
+                row += " - | - |" + (" - | - |" if lm == "known" else "")
+                continue
+            w = choice["chosen"]
+            mine = os.path.join(decode_dir(exp, m, tag, inference_model, lm, w), s)
+            theirs = os.path.join(decode_dir(exp, m, g, inference_model, lm, w), s)
+            got = wer_of(mine)
+            row += f" {fmt_pct(got)}{'' if got is None else f' (w {w})'} |"
+            row += f" {fmt_pct(wer_of(theirs))} |"
+            if lm == "known":
+                a, b = _decode_seconds(mine), _decode_seconds(theirs)
+                row += f" {'-' if a is None else f'{a:.1f} s'} |"
+                row += f" {'-' if b is None else f'{b:.1f} s'} |"
+        L.append(row)
     L.append("")
     return L

@@ -132,7 +132,9 @@ def plot(res, jobs, test_set, out_png):
         + ("; log scale)" if log else ")")
     )
     ax.set_ylabel(f"WER on {test_set} (%)")
-    ax.set_title("Digits (8 kHz): WER against search time, batch 1, one thread")
+    ax.set_title(
+        "Digits (8 kHz): WER against search time, one thread, batch 1 (_bN: N)"
+    )
     ax.grid(alpha=0.3)
     ax.margins(x=0.15, y=0.15)  # room for the search names next to the markers
     if log:

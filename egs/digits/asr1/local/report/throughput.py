@@ -2,6 +2,7 @@
 batched plug-in decoding against ESPnet's stock batch-1 decoding."""
 
 import os
+import re
 
 from report.common import load_json
 
@@ -43,7 +44,13 @@ def _entry_name(entry):
     }.get(entry, entry)
 
 
-def section(rows, test_set, decode_res=None):
+def batched_tag(tag):
+    """(search, batch) of a decoding's tag ``search_b<batch>``, or None."""
+    m = re.fullmatch(r"(.+)_b(\d+)", tag)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def section(rows, test_set, decode_res=None, jobs=()):
     """Markdown lines of the section.
 
     Args:
@@ -51,8 +58,16 @@ def section(rows, test_set, decode_res=None):
         decode_res: the Decoding section's results {(model, search, set): (score,
             stats)}, to compare each batched row's WER with the same search at
             batch 1.
+        jobs: the Decoding section's (model, tag): its batched decodings (tag
+            ``search_b<batch>``) are rows too.
     """
     L = [f"## Throughput (end to end, `{test_set}`)", ""]
+    rows = list(rows)
+    for m, tag in jobs:
+        sb = batched_tag(tag)
+        if sb is not None and decode_res and (m, tag, test_set) in decode_res:
+            sc, st = decode_res[m, tag, test_set]
+            rows.append(((m, sb[0], sb[1], "plugin"), sc, st))
     done = [(j, sc, st) for j, sc, st in rows if sc and st and st["decode_seconds"]]
     if not done:
         return L + ["- not available (throughput decodings missing)", ""]

@@ -23,6 +23,7 @@ PREFIX = "espnet_multiblank.espnet"
 
 #: group (sub-package, or module at the root) -> rank
 RANKS = {
+    "compat": 0,
     "errors": 0,
     "frontends": 1,
     "batch_exact": 2,
@@ -97,11 +98,58 @@ def test_every_module_belongs_to_a_ranked_group():
     root = sorted(
         n for n in os.listdir(PACKAGE) if n.endswith(".py") and n != "__init__.py"
     )
-    assert root == ["_hook.py", "autoregister.py", "errors.py"], root
+    assert root == ["_hook.py", "autoregister.py", "compat.py", "errors.py"], root
 
 
 def test_imports_go_down_only():
     assert _violations(list(_modules())) == []
+
+
+def _legacy_espnet_imports(module: str, path: str):
+    """Names of ESPnet 1's code (``espnet.*`` up to 202511, ``espnet2.legacy.*``
+    from 202611) that ``module`` imports directly."""
+    for name in _imported(module, path):
+        parts = name.split(".")
+        if parts[0] == "espnet" or parts[:2] == ["espnet2", "legacy"]:
+            yield name
+
+
+def _python_files():
+    """(dotted name, path) of every module of the package, its tests, benchmarks
+    and recipe scripts."""
+    for top in ("espnet_multiblank", "test", "bench", "egs"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    rel = os.path.relpath(path, ROOT)[: -len(".py")]
+                    yield rel.replace(os.sep, "."), path
+
+
+def test_only_compat_imports_espnet_legacy_code():
+    """ESPnet 202611 moved espnet.nets / espnet.utils to espnet2.legacy: every use
+    goes through espnet_multiblank.espnet.compat, which finds either layout."""
+    found = {
+        module: sorted(set(_legacy_espnet_imports(module, path)))
+        for module, path in _python_files()
+        if module != f"{PREFIX}.compat"
+    }
+    assert {m: names for m, names in found.items() if names} == {}
+
+
+def test_a_legacy_import_is_caught(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(
+        "from espnet.nets.pytorch_backend.nets_utils import make_pad_mask\n"
+        "def f():\n"
+        "    import espnet2.legacy.utils.cli_utils\n"
+        "    from espnet2 import __version__\n"
+    )
+    assert sorted(set(_legacy_espnet_imports("bad", str(path)))) == [
+        "espnet.nets.pytorch_backend.nets_utils",
+        "espnet.nets.pytorch_backend.nets_utils.make_pad_mask",
+        "espnet2.legacy.utils.cli_utils",
+    ]
 
 
 def test_an_upward_import_is_caught(tmp_path):

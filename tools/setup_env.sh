@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# Create (or update) .venv at the repository root with a torch / torchaudio / ESPnet
-# combination that works together, then install espnet-multiblank in editable mode.
+# Create (or update) a virtual environment at the repository root with a torch /
+# torchaudio / ESPnet combination that works together, then install espnet-multiblank
+# in editable mode.
+#
+#   bash tools/setup_env.sh                        # ESPnet 202511 in .venv
+#   ESPNET_VERSION=202611 bash tools/setup_env.sh  # ESPnet 202611 in .venv-espnet202611
+#   (VENV=DIR chooses another folder; PYTHON=python3.11 another Python)
 #
 # Why not `pip install espnet`: ESPnet 202511 pins setuptools<74 while torch 2.14 needs
 # setuptools>=77, so pip either swaps torch for another build or backtracks to an old
-# ESPnet (see "Installation" in README.md). We therefore install
-# a pinned torch/torchaudio pair, ESPnet's own requirements without that pin, and ESPnet
-# itself with --no-deps; then we check that the result imports.
+# ESPnet; ESPnet 202611 requires Python >= 3.12 (so pip on 3.11 picks 202511) and its
+# espnet-model-zoo requirement pulls in another ESPnet (see "Installation" in
+# README.md). We therefore install a pinned torch/torchaudio pair, the chosen ESPnet's
+# own requirements (requirements/espnet.txt or espnet202611.txt) and ESPnet itself
+# with --no-deps (202611's pure-Python wheel with --ignore-requires-python on Python
+# 3.11, where its code runs); then we check that the result imports.
 #
 # Idempotent: a stamp holding the hash of the requirement files skips the installs when
-# nothing changed. Usage: bash tools/setup_env.sh   (PYTHON=python3.11 to choose Python)
+# nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-VENV="$ROOT/.venv"
+# shellcheck source=tools/venv_path.sh
+source tools/venv_path.sh
 PY=${PYTHON:-python3}
 STAMP="$VENV/.espnet-multiblank-setup"
-HASH=$(cat requirements/*.txt pyproject.toml setup.py tools/setup_env.sh | sha256sum | cut -c1-16)
+if [ "$ESPNET_VERSION" = 202511 ]; then
+  ESPNET_REQS=requirements/espnet.txt
+else
+  ESPNET_REQS=requirements/espnet$ESPNET_VERSION.txt
+fi
+HASH=$( (echo "$ESPNET_VERSION"; cat requirements/*.txt pyproject.toml setup.py \
+  tools/setup_env.sh tools/venv_path.sh) | sha256sum | cut -c1-16)
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV with $($PY --version 2>&1)"
@@ -30,12 +45,22 @@ pip_quiet() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file no
 
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$HASH" ]; then
   rm -f "$STAMP"
-  echo "[setup] installing torch/torchaudio (pinned), ESPnet's requirements, ESPnet 202511"
-  pip_quiet install -q "setuptools>=77" wheel
+  echo "[setup] installing torch/torchaudio (pinned), ESPnet's requirements, ESPnet" \
+    "$ESPNET_VERSION into $VENV"
+  pip_quiet install -q "setuptools>=77,<82" wheel
   pip_quiet install -q -r requirements/torch.txt
-  pip_quiet install -q -r requirements/espnet.txt -r requirements/test.txt \
-    -r requirements/lint.txt -c requirements/torch.txt "setuptools>=77"
-  pip_quiet install -q --no-deps "espnet==202511"
+  pip_quiet install -q -r "$ESPNET_REQS" -r requirements/test.txt \
+    -r requirements/lint.txt -c requirements/torch.txt "setuptools>=77,<82"
+  if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+    pip_quiet install -q --no-deps "espnet==$ESPNET_VERSION"
+  else
+    # ESPnet >= 202609 says Python >= 3.12; its pure-Python wheel runs on 3.11
+    WHEELS="$VENV/espnet-wheel"
+    pip_quiet download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      -d "$WHEELS" "espnet==$ESPNET_VERSION"
+    pip_quiet install -q --no-deps --ignore-requires-python \
+      "$WHEELS/espnet-$ESPNET_VERSION-py3-none-any.whl"
+  fi
   pip_quiet install -q --no-deps -e .
   echo "$HASH" > "$STAMP"
 else
@@ -49,6 +74,7 @@ fi
 # Verify the environment: the pinned versions and ESPnet's ASR task import.
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
+import os
 import sys
 
 want = {}
@@ -65,6 +91,15 @@ import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (no nltk noise
 import numba
 import espnet2.tasks.asr  # noqa: F401
 import torch
+
+from espnet_multiblank.espnet.compat import check_espnet
+
+if md.version("espnet") != os.environ["ESPNET_VERSION"]:
+    sys.exit(
+        f"[setup] espnet is {md.version('espnet')}, expected "
+        f"{os.environ['ESPNET_VERSION']}: the environment was altered"
+    )
+check_espnet()
 print(
     f"[setup] ok: python {sys.version.split()[0]}, torch {torch.__version__}, "
     f"torchaudio {md.version('torchaudio')}, espnet {md.version('espnet')}, "

@@ -70,9 +70,8 @@ def get_parser():
 
 
 def main(cmd=None):
-    from espnet.utils.cli_utils import get_commandline_args
-
     import espnet_multiblank
+    from espnet_multiblank.espnet.compat import get_commandline_args
 
     espnet_multiblank.register()
     print(get_commandline_args(), file=sys.stderr)

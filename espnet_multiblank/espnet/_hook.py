@@ -58,6 +58,16 @@ def register_now():
         )
 
 
+def quiet_espnet_import() -> None:
+    """Import g2p_en with nltk's downloads off before ESPnet would import it (see
+    :mod:`~espnet_multiblank.espnet.registration.quiet`): a stock ESPnet entry point
+    on a machine without network then prints no nltk_data errors either."""
+    try:
+        from espnet_multiblank.espnet.registration import quiet  # noqa: F401
+    except Exception as e:  # never break ESPnet
+        _warn("importing g2p_en without nltk downloads", e)
+
+
 def wrap_inference_now(namespace: dict) -> None:
     """Wrap ``Speech2Text`` (and ``inference``) in an executed
     ``espnet2.bin.asr_inference`` namespace; a failure becomes a warning."""
@@ -81,6 +91,7 @@ def run_as_main(namespace: dict, fullname: str) -> None:
     module under both names), wraps it, restores ``__name__`` and calls ``main()``.
     """
     code = _PENDING_MAIN.pop(fullname)
+    quiet_espnet_import()
     name = namespace["__name__"]
     # the module object runs under its own name too (typeguard's @typechecked reads
     # the source of sys.modules[function.__module__]); later imports of that name get
@@ -120,6 +131,7 @@ class _WrappingLoader:
 
     def exec_module(self, module):
         _forget(self._fullname)
+        quiet_espnet_import()
         self._loader.exec_module(module)
         if self._fullname == INFERENCE_TARGET:
             wrap_inference_now(module.__dict__)

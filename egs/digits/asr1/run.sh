@@ -53,7 +53,7 @@ stage=1
 stop_stage=13
 smoke=false
 dir=$recipe                 # working directory: data/, wav/, exp/ go there
-python=$repo/.venv/bin/python
+python=$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")
 nj=2                        # parallel TTS processes
 num_train=8000              # synthetic utterances
 num_dev=300
@@ -216,7 +216,8 @@ stage_tools() {
     fi
   done
   if [ ! -x "$python" ]; then
-    [ "$python" = "$repo/.venv/bin/python" ] || die "python $python not found"
+    [ "$python" = "$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")" ] \
+      || die "python $python not found"
     log "no virtual environment yet: bash tools/setup_env.sh"
     bash "$repo/tools/setup_env.sh"
   fi

@@ -39,36 +39,6 @@ from espnet2.layers.global_mvn import GlobalMVN
 from espnet2.layers.log_mel import LogMel
 from espnet2.layers.stft import Stft
 from espnet2.layers.utterance_mvn import UtteranceMVN
-from espnet.nets.pytorch_backend.conformer.convolution import ConvolutionModule
-from espnet.nets.pytorch_backend.conformer.encoder_layer import (
-    EncoderLayer as ConformerEncoderLayer,
-)
-from espnet.nets.pytorch_backend.conformer.swish import Swish
-from espnet.nets.pytorch_backend.frontends.frontend import Frontend
-from espnet.nets.pytorch_backend.transformer.attention import (
-    MultiHeadedAttention,
-    RelPositionMultiHeadedAttention,
-)
-from espnet.nets.pytorch_backend.transformer.embedding import (
-    PositionalEncoding,
-    RelPositionalEncoding,
-    ScaledPositionalEncoding,
-)
-from espnet.nets.pytorch_backend.transformer.encoder_layer import (
-    EncoderLayer as TransformerEncoderLayer,
-)
-from espnet.nets.pytorch_backend.transformer.layer_norm import LayerNorm
-from espnet.nets.pytorch_backend.transformer.positionwise_feed_forward import (
-    PositionwiseFeedForward,
-)
-from espnet.nets.pytorch_backend.transformer.repeat import MultiSequential
-from espnet.nets.pytorch_backend.transformer.subsampling import (
-    Conv2dSubsampling,
-    Conv2dSubsampling1,
-    Conv2dSubsampling2,
-    Conv2dSubsampling6,
-    Conv2dSubsampling8,
-)
 
 from espnet_multiblank.espnet.batch_exact.exact_layers import (
     ExactStft,
@@ -76,6 +46,26 @@ from espnet_multiblank.espnet.batch_exact.exact_layers import (
     MaskedConformerEncoderLayer,
     MaskedConvolutionModule,
     subsampling_mask_hook,
+)
+from espnet_multiblank.espnet.compat import (
+    ConformerEncoderLayer,
+    Conv2dSubsampling,
+    Conv2dSubsampling1,
+    Conv2dSubsampling2,
+    Conv2dSubsampling6,
+    Conv2dSubsampling8,
+    ConvolutionModule,
+    Frontend,
+    LayerNorm,
+    MultiHeadedAttention,
+    MultiSequential,
+    PositionalEncoding,
+    PositionwiseFeedForward,
+    RelPositionalEncoding,
+    RelPositionMultiHeadedAttention,
+    ScaledPositionalEncoding,
+    Swish,
+    TransformerEncoderLayer,
 )
 from espnet_multiblank.espnet.frontends.grad_scaled import (
     GradScaledFrontend,
@@ -264,8 +254,13 @@ def _encoder_module(
                 _encoder_module(child, f"{path}.{name}", actions)
         return
     if kind in _SUBSAMPLING:
-        _check_conv2d_stack(module.conv, path + ".conv")
-        _encoder_module(module.out, path + ".out", actions)
+        # ESPnet 202511: conv, out = Sequential(Linear, positional encoding);
+        # 202611: conv, out = Linear, pos_enc: every child but conv is checked
+        for name, child in module.named_children():
+            if name == "conv":
+                _check_conv2d_stack(child, f"{path}.conv")
+            else:
+                _encoder_module(child, f"{path}.{name}", actions)
         if getattr(module, _HOOK_HANDLE, None) is None:
 
             def hook(module=module):

@@ -6,14 +6,14 @@ utterance values that differ from those it gets alone, in these places:
 * :class:`espnet2.layers.stft.Stft` with ``center=True`` pads the *batch* by
   reflection, so the last frames of a shorter utterance see the zeros after it instead
   of its own reflected samples;
-* :class:`~espnet.nets.pytorch_backend.transformer.subsampling.Conv2dSubsampling` (and
+* ESPnet's ``Conv2dSubsampling`` (``nets.pytorch_backend.transformer.subsampling``; and
   its 1/2/6/8 variants) derives the output mask by slicing the input mask, which for a
   padded utterance keeps one frame more than the convolutions compute from its own
   samples; that frame is made of padding and is then attended to;
 * :class:`espnet2.layers.utterance_mvn.UtteranceMVN` with ``norm_vars`` counts the
-  padded frames (minus the mean) in the variance;
-* the conformer's :class:`~espnet.nets.pytorch_backend.conformer.convolution.
-  ConvolutionModule` convolves over time without a mask, so the depthwise convolution
+  padded frames (minus the mean) in the variance (ESPnet 202511; 202611 zeroes them);
+* the conformer's ``ConvolutionModule`` (``nets.pytorch_backend.conformer.convolution``)
+  convolves over time without a mask, so the depthwise convolution
   reads the padded frames (the GLU of the bias, not zeros) into the last valid frames,
   and in training its batch norm takes statistics over padded frames too.
 
@@ -28,9 +28,12 @@ from typing import Optional, Tuple
 import torch
 from espnet2.layers.stft import Stft
 from espnet2.layers.utterance_mvn import UtteranceMVN
-from espnet.nets.pytorch_backend.conformer.convolution import ConvolutionModule
-from espnet.nets.pytorch_backend.conformer.encoder_layer import EncoderLayer
-from espnet.nets.pytorch_backend.nets_utils import make_pad_mask
+
+from espnet_multiblank.espnet.compat import (
+    ConformerEncoderLayer,
+    ConvolutionModule,
+    make_pad_mask,
+)
 
 
 def reflect_pad_each(
@@ -181,9 +184,18 @@ class MaskedConvolutionModule(ConvolutionModule):
     #: (B, 1, T) bool, True on valid frames, or None (no mask).
     frame_mask: Optional[torch.Tensor] = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Args: x (B, T, C) float. Returns (B, T, C)."""
+    def forward(
+        self, x: torch.Tensor, mask_pad: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Args: x (B, T, C) float; mask_pad (B, 1, T) bool or None: the mask that
+        ESPnet 202611's conformer block passes to its convolution module (ESPnet
+        202511's passes none; :attr:`frame_mask` then holds it). A ``mask_pad``
+        whose shape does not match ``x`` (a cached streaming step) is ignored, as
+        ESPnet does. Returns (B, T, C)."""
         mask = self.frame_mask
+        if mask is None and mask_pad is not None:
+            if mask_pad.shape == (x.size(0), 1, x.size(1)):
+                mask = mask_pad.bool()
         if mask is not None and mask.shape != (x.size(0), 1, x.size(1)):
             raise ValueError(
                 f"frame_mask must have shape (batch, 1, time) = "
@@ -200,12 +212,14 @@ class MaskedConvolutionModule(ConvolutionModule):
         return x.transpose(1, 2)
 
 
-class MaskedConformerEncoderLayer(EncoderLayer):
+class MaskedConformerEncoderLayer(ConformerEncoderLayer):
     """The conformer block, passing its frame mask to its convolution module.
 
-    ESPnet's block calls ``conv_module(x)`` without the mask it holds; this one sets
-    ``conv_module.frame_mask`` (a :class:`MaskedConvolutionModule`) for the duration
-    of the call. In streaming mode (``cache`` given) the module runs unmasked, as in
+    ESPnet 202511's block calls ``conv_module(x)`` without the mask it holds
+    (202611's passes it as ``mask_pad``, but its batch norm still takes training
+    statistics over padded frames); this one sets ``conv_module.frame_mask`` (a
+    :class:`MaskedConvolutionModule`) for the duration of the call, in either
+    version. In streaming mode (``cache`` given) the module runs unmasked, as in
     ESPnet.
     """
 

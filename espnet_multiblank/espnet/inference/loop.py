@@ -222,9 +222,7 @@ class DecodingRun:
             return None
 
     def _decode_one(self, key: str, speech: torch.Tensor) -> Optional[List]:
-        from espnet.nets.pytorch_backend.transformer.subsampling import (
-            TooShortUttError,
-        )
+        from espnet_multiblank.espnet.compat import TooShortUttError
 
         try:
             results = self.speech2text(speech)

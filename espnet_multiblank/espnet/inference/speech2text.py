@@ -26,14 +26,14 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from espnet2.asr.transducer.beam_search_transducer import (
     Hypothesis as ESPnetTransducerHypothesis,
 )
 from espnet2.torch_utils.device_funcs import to_device
-from espnet.nets.pytorch_backend.transformer.subsampling import TooShortUttError
 
 from espnet_multiblank.decoding import (
     Hypothesis,
@@ -44,6 +44,7 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     BatchExactness,
     make_batch_exact,
 )
+from espnet_multiblank.espnet.compat import TooShortUttError
 from espnet_multiblank.espnet.inference.inputs import (
     min_encoder_samples,
     model_sample_rate,
@@ -318,6 +319,11 @@ class PluginSearchMixin:
                 "(ESPnet would ignore it); decode with the plug-in's searches, e.g. "
                 "transducer_conf: {search_type: mb_beam}"
             )
+        if replace:
+            # ESPnet 202611's Speech2Text takes batch_size and refuses a transducer
+            # at > 1 (202511's has no such argument): the plug-in batches itself
+            # (decode_batch, batch_decode, a list given to __call__)
+            kwargs.pop("batch_size", None)
         conf = dict(transducer_conf or {})
         search_beam = int(conf.pop("beam_size", beam_size))
         search_type = conf.pop("search_type", "default")
@@ -422,13 +428,16 @@ class PluginSearchMixin:
 
     def __call__(self, speech):
         """ESPnet's ``Speech2Text.__call__`` (one utterance), with the waveform left
-        in float32 when the frontend runs in float32.
+        in float32 when the frontend runs in float32. A list of utterances (what
+        ESPnet 202611's ``__call__`` also takes) is decoded by :meth:`batch_decode`.
 
         Raises:
             ValueError: a waveform too short for the model's frontend and encoder
                 (ESPnet's own code would fail deep inside the STFT or the
                 subsampling, naming nothing).
         """
+        if isinstance(speech, (list, tuple)) and self.plugin_search:
+            return self.batch_decode(speech)
         self._check_length(speech)
         if not getattr(self, "float32_frontend", False):
             return super().__call__(speech)
@@ -523,6 +532,52 @@ class PluginSearchMixin:
                     result.reason,
                 )
         return result
+
+    @torch.no_grad()
+    def batch_decode(
+        self,
+        speech: Union[torch.Tensor, np.ndarray, Sequence[Any]],
+        speech_lengths: Optional[Any] = None,
+    ) -> List[List[Tuple]]:
+        """ESPnet 202611's ``Speech2Text.batch_decode`` (same arguments, same
+        results) with the plug-in's searches: the n-best list of each utterance, in
+        the given order, as one at a time gives it; batched (:meth:`decode_batch`)
+        when the search decodes several utterances at once.
+
+        Args:
+            speech: a list of unpadded waveforms ``(L_b,)``, or padded ``(B, L)``
+                with ``speech_lengths``.
+            speech_lengths: ``(B,)`` valid samples of a padded ``speech``.
+
+        Returns:
+            For each utterance, ``[(text, token, token_int, hyp)]``.
+        """
+        if not self.plugin_search:
+            return super().batch_decode(speech, speech_lengths)
+        if isinstance(speech, (list, tuple)):
+            waves = [torch.as_tensor(w).reshape(-1) for w in speech]
+        else:
+            speech = torch.as_tensor(speech)
+            if speech_lengths is None:
+                raise ValueError(
+                    "speech_lengths is required with a padded speech array (B, L)"
+                )
+            lengths = torch.as_tensor(np.asarray(speech_lengths)).tolist()
+            waves = [speech[b, : int(n)] for b, n in enumerate(lengths)]
+        for wave in waves:
+            self._check_length(wave)
+        if not self.supports_batch or len(waves) < 2:
+            return [self(wave) for wave in waves]
+        lengths = torch.tensor([w.numel() for w in waves], dtype=torch.long)
+        order = torch.argsort(lengths, descending=True).tolist()
+        padded = torch.nn.utils.rnn.pad_sequence(
+            [waves[i].float() for i in order], batch_first=True
+        )
+        decoded = self.decode_batch(padded, lengths[order])
+        results: List[Any] = [None] * len(waves)
+        for position, i in enumerate(order):
+            results[i] = decoded[position]
+        return results
 
     @torch.no_grad()
     def decode_batch(

@@ -13,14 +13,15 @@ as soon as it has executed:
   ``max_sym_per_frame``), with the plug-in's searches, chosen by ``transducer_conf``
   exactly as in the plug-in's own entry point; other models decode exactly as ESPnet
   does (Python users of ``Speech2Text`` get the same);
-* ``inference`` refuses ``batch_size > 1`` (ESPnet's own loop decodes one utterance
-  at a time) with an error naming the plug-in's entry point, which batches; for the
-  models and configs above it runs the plug-in's decoding loop
+* ``inference``, for the models and configs above, runs the plug-in's decoding loop
   (:func:`espnet_multiblank.espnet.inference.loop.inference`, with ``"entry_point":
-  "espnet2.bin.asr_inference"`` in ``decoding_stats.json``), so that an utterance
-  that cannot be decoded is reported by its key and the run goes on, and ends the
-  process with exit status 1 when one failed (``--allow_failed_utterances true``:
-  0), as the plug-in's entry point does; everything else runs ESPnet's loop;
+  "espnet2.bin.asr_inference"`` in ``decoding_stats.json``): ``--batch_size N``
+  decodes N utterances at a time with the same hypotheses as one at a time
+  (ESPnet's own loop refuses transducers there), an utterance that cannot be decoded
+  is reported by its key and the run goes on, and the process ends with exit status
+  1 when one failed (``--allow_failed_utterances true``: 0), as the plug-in's entry
+  point does; everything else runs ESPnet's loop (which batches attention / CTC
+  models from ESPnet 202611 on, and refuses ``--batch_size > 1`` in 202511);
 * ``get_parser`` gets the plug-in's additions (``--dtype bfloat16``,
   ``--allow_failed_utterances``).
 """
@@ -33,20 +34,12 @@ from espnet_multiblank.espnet.inference.speech2text import (
     plugin_speech2text,
 )
 
-ENTRY_POINT = "python -m espnet_multiblank.bin.asr_inference"
 STOCK_NAME = "espnet2.bin.asr_inference"
 
 
 def _wrap_inference(inference, namespace: dict):
     @functools.wraps(inference)
     def wrapped(*args, **kwargs):
-        batch_size = kwargs.get("batch_size", 1)
-        if isinstance(batch_size, int) and batch_size > 1:
-            raise NotImplementedError(
-                f"espnet2.bin.asr_inference decodes one utterance at a time "
-                f"(--batch_size must be 1, got {batch_size}); for batched decoding "
-                f"of transducer models use {ENTRY_POINT} (same arguments)"
-            )
         allow_failed = kwargs.pop("allow_failed_utterances", False)
         if args or not plugin_decodes(
             kwargs.get("asr_train_config"), kwargs.get("transducer_conf")

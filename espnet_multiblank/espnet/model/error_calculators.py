@@ -8,13 +8,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from espnet2.asr.decoder.abs_decoder import AbsDecoder
 from espnet2.asr.transducer.error_calculator import ErrorCalculatorTransducer
-from espnet.nets.e2e_asr_common import ErrorCalculator
 
 from espnet_multiblank.decoding import (
     JointStepper,
     MultiblankGreedySearch,
     TDTGreedySearch,
 )
+from espnet_multiblank.espnet.compat import ErrorCalculator
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 

@@ -199,37 +199,12 @@ def check_model_conf(
     Raises:
         ConfigError: naming the offending ``model_conf.<key>`` and what it expects.
     """
-    big = _durations(
-        "transducer_multi_blank_durations",
-        transducer_multi_blank_durations,
-        check_big_blank_durations,
-        "a list of distinct integers >= 2 (e.g. [2, 4, 8]; [] for a standard "
-        "transducer)",
-    )
-    tdt = _durations(
-        "transducer_tdt_durations",
-        transducer_tdt_durations,
-        lambda value, name: check_tdt_durations(value, name) if value else (),
-        "a list of distinct integers >= 0 with at least one >= 1 (e.g. "
-        "[0, 1, 2, 3, 4]; [] for no TDT)",
-    )
-    if tdt and big:
-        try:  # the lattice module owns the rule (any valid blank index will do here)
-            lattice_from_config(
-                len(big),
-                big,
-                tdt,
-                key("transducer_multi_blank_durations"),
-                key("transducer_tdt_durations"),
-            )
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
     allow_unreachable = _flag(
         "transducer_allow_unreachable_lengths", transducer_allow_unreachable_lengths
     )
-    if tdt and not allow_unreachable:
-        _check_reachable(tdt)
-    omega = _checked("transducer_tdt_omega", check_probability, transducer_tdt_omega)
+    big, tdt = _check_lattice(
+        transducer_multi_blank_durations, transducer_tdt_durations, allow_unreachable
+    )
     sigma = _checked(
         "transducer_multi_blank_sigma", check_nonneg_float, transducer_multi_blank_sigma
     )
@@ -241,32 +216,72 @@ def check_model_conf(
             f"{key('transducer_tdt_durations')}); this model's sigma is "
             f"{key('transducer_multi_blank_sigma')}"
         )
-    fastemit = _checked(
-        "transducer_fastemit_lambda", check_nonneg_float, transducer_fastemit_lambda
-    )
-    clamp = _checked("transducer_clamp", check_nonneg_float, transducer_clamp)
     _check_model_reduction(transducer_reduction)
-    try:
-        if transducer_loss_backend not in BACKENDS:
-            raise ValueError
-    except (TypeError, ValueError):  # an unhashable value is not a backend either
-        raise ConfigError(
-            f"{key('transducer_loss_backend')} must be one of {list(BACKENDS)}, got "
-            f"{transducer_loss_backend!r}"
-        ) from None
+    _check_loss_backend(transducer_loss_backend)
     return TransducerConf(
         big_blank_durations=big,
         tdt_durations=tdt,
         sigma=sigma,
-        tdt_omega=omega,
-        fastemit_lambda=fastemit,
-        clamp=clamp,
+        tdt_omega=_checked(
+            "transducer_tdt_omega", check_probability, transducer_tdt_omega
+        ),
+        fastemit_lambda=_checked(
+            "transducer_fastemit_lambda", check_nonneg_float, transducer_fastemit_lambda
+        ),
+        clamp=_checked("transducer_clamp", check_nonneg_float, transducer_clamp),
         reduction=transducer_reduction,
         loss_backend=transducer_loss_backend,
         allow_unreachable_lengths=allow_unreachable,
         batch_exact_encoding=_flag("batch_exact_encoding", batch_exact_encoding),
         fused_joint=_flag("transducer_fused_joint", transducer_fused_joint),
     )
+
+
+def _check_lattice(
+    multi_blank_durations: Any, tdt_durations: Any, allow_unreachable: bool
+) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """The big-blank and TDT durations: each list valid, the two compatible (the
+    lattice module owns that rule), and every encoder length reachable by a TDT
+    unless ``allow_unreachable``. Returns ``(big_blank_durations, tdt_durations)``."""
+    big = _durations(
+        "transducer_multi_blank_durations",
+        multi_blank_durations,
+        check_big_blank_durations,
+        "a list of distinct integers >= 2 (e.g. [2, 4, 8]; [] for a standard "
+        "transducer)",
+    )
+    tdt = _durations(
+        "transducer_tdt_durations",
+        tdt_durations,
+        lambda value, name: check_tdt_durations(value, name) if value else (),
+        "a list of distinct integers >= 0 with at least one >= 1 (e.g. "
+        "[0, 1, 2, 3, 4]; [] for no TDT)",
+    )
+    if tdt and big:
+        try:  # any valid blank index will do here
+            lattice_from_config(
+                len(big),
+                big,
+                tdt,
+                key("transducer_multi_blank_durations"),
+                key("transducer_tdt_durations"),
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if tdt and not allow_unreachable:
+        _check_reachable(tdt)
+    return big, tdt
+
+
+def _check_loss_backend(backend: Any) -> None:
+    try:
+        if backend not in BACKENDS:
+            raise ValueError
+    except (TypeError, ValueError):  # an unhashable value is not a backend either
+        raise ConfigError(
+            f"{key('transducer_loss_backend')} must be one of {list(BACKENDS)}, got "
+            f"{backend!r}"
+        ) from None
 
 
 def _check_model_reduction(reduction: Any) -> None:

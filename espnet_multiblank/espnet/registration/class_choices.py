@@ -73,12 +73,17 @@ def register() -> None:
     Also keeps NaN epochs out of ESPnet's best-model selection in this process
     (:mod:`~espnet_multiblank.espnet.registration.best_model_guard`). Idempotent and
     thread-safe; cheap after the first call. Raises RuntimeError when another class
-    already owns one of the names.
+    already owns one of the names, ImportError (naming the supported versions) when
+    the installed ESPnet is not one the plug-in can work with
+    (:func:`~espnet_multiblank.espnet.compat.check_espnet`; an untested version
+    gets a warning).
     """
     import importlib
 
+    from espnet_multiblank.espnet.compat import check_espnet
     from espnet_multiblank.espnet.registration import quiet  # noqa: F401  (first)
 
+    check_espnet()
     asr = importlib.import_module("espnet2.tasks.asr")
     from espnet_multiblank.espnet.registration import best_model_guard
 

@@ -100,8 +100,9 @@ class MultiblankASRTask(ASRTask):
         if not nprocs:
             return super().main(args=args)
         # what ESPnet's main does before it starts workers
-        from espnet import __version__
-        from espnet.utils.cli_utils import get_commandline_args
+        from espnet2 import __version__
+
+        from espnet_multiblank.espnet.compat import get_commandline_args
 
         print(get_commandline_args(), file=sys.stderr)
         args.version = __version__

@@ -27,7 +27,7 @@ procs="1 2"
 seeds="0"
 model=multiblank
 search=mb_greedy
-python=$repo/.venv/bin/python
+python=$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")
 inference_model=valid.loss.ave.pth
 out_md=""
 while [ $# -gt 0 ]; do

@@ -38,7 +38,7 @@ FS = 8000
 def trim(src, fmt_args, tmpdir):
     dst = os.path.join(tmpdir, "t.wav")
     subprocess.run(
-        ["sox", "-V1", *fmt_args, src, "-r", "8000", "-c", "1", "-b", "16", dst]
+        ["sox", "-V1", "-R", *fmt_args, src, "-r", "8000", "-c", "1", "-b", "16", dst]
         + ["silence", "1", "0.01", "1%", "reverse", "silence", "1", "0.01", "1%"]
         + ["reverse"],
         check=True,

@@ -166,7 +166,7 @@ def sox_effects(job):
 
 
 def to_8k(src, dst, job):
-    cmd = ["sox", "-V1", src, "-r", "8000", "-c", "1", "-b", "16", dst]
+    cmd = ["sox", "-V1", "-R", src, "-r", "8000", "-c", "1", "-b", "16", dst]
     cmd += sox_effects(job)
     subprocess.run(cmd, check=True)
 

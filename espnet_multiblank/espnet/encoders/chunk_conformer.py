@@ -37,22 +37,17 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 from espnet2.asr.encoder.conformer_encoder import ConformerEncoder
-from espnet.nets.pytorch_backend.nets_utils import make_pad_mask
-from espnet.nets.pytorch_backend.transformer.subsampling import (
-    Conv2dSubsampling,
-    Conv2dSubsampling1,
-    Conv2dSubsampling2,
-    Conv2dSubsampling6,
-    Conv2dSubsampling8,
-    TooShortUttError,
-    check_short_utt,
-)
 from typeguard import typechecked
 
 from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     declare_padding_invariant,
 )
 from espnet_multiblank.espnet.batch_exact.exact_layers import conv_output_lengths
+from espnet_multiblank.espnet.compat import (
+    TooShortUttError,
+    check_short_utt,
+    make_pad_mask,
+)
 from espnet_multiblank.espnet.encoders.chunk_layers import (
     CausalConvolutionModule,
     ChunkConformerEncoderLayer,
@@ -63,14 +58,6 @@ from espnet_multiblank.espnet.errors import ConfigError
 
 #: the ``encoder`` choice name
 NAME = "chunk_conformer"
-
-_SUBSAMPLING = (
-    Conv2dSubsampling,
-    Conv2dSubsampling1,
-    Conv2dSubsampling2,
-    Conv2dSubsampling6,
-    Conv2dSubsampling8,
-)
 
 
 def _refuse(key: str, value, expected: str) -> None:

@@ -27,10 +27,10 @@ import math
 from typing import NamedTuple, Optional, Tuple
 
 import torch
-from espnet.nets.pytorch_backend.conformer.convolution import ConvolutionModule
-from espnet.nets.pytorch_backend.conformer.encoder_layer import EncoderLayer
 
 from espnet_multiblank.espnet.batch_exact.exact_layers import masked_batch_norm
+from espnet_multiblank.espnet.compat import ConformerEncoderLayer as EncoderLayer
+from espnet_multiblank.espnet.compat import ConvolutionModule
 
 
 class LayerCache(NamedTuple):

@@ -37,6 +37,7 @@ def _stats_file(root: Path, dim: int) -> Path:
 
 def config(root: Path, kind: str) -> dict:
     return dict(
+        token_type="char",
         model="multiblank_espnet",
         model_conf=dict(
             KINDS[kind], ctc_weight=0.3, report_cer=False, report_wer=False

@@ -76,6 +76,7 @@ def inference(
     from espnet2.torch_utils.set_all_random_seed import set_all_random_seed
 
     _refuse_unsupported(word_lm_train_config, ngpu, speech2text_kwargs)
+    streaming = streaming_options(speech2text_kwargs)
     logging.basicConfig(
         level=log_level,
         format="%(asctime)s (%(module)s:%(lineno)d) %(levelname)s: %(message)s",
@@ -86,7 +87,7 @@ def inference(
         speech2text_class, speech2text_kwargs, device, model_tag
     )
     batched = batch_size > 1 and speech2text.supports_batch
-    if batch_size > 1 and not batched:
+    if batch_size > 1 and not batched and streaming is None:
         logger.warning(
             "batch_size=%d: the chosen search decodes one utterance at a time "
             "(batched decoding: search_type mb_greedy or tdt_greedy)",
@@ -97,14 +98,45 @@ def inference(
         key_file,
         ASRTask.build_preprocess_fn(speech2text.asr_train_args, False),
     )
-    run = DecodingRun(speech2text, input_checks(speech2text), batch_size, batched)
+    if streaming is not None:
+        from espnet_multiblank.espnet.inference.stream_loop import (
+            StreamingRun,
+            write_stream_result,
+        )
+
+        run = StreamingRun(speech2text, batch_size, **streaming)
+        write = write_stream_result
+    else:
+        run = DecodingRun(speech2text, input_checks(speech2text), batch_size, batched)
+        write = write_results
     start = time.perf_counter()
     with DatadirWriter(output_dir) as writer:
         for key, results in run.decode(utterances):
-            write_results(writer, key, results, speech2text.nbest)
+            write(writer, key, results, speech2text.nbest)
     stats = run.stats(time.perf_counter() - start, device, entry_point)
     write_outputs(output_dir, stats, run.failed)
     return stats
+
+
+def streaming_options(kwargs: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The streaming options, removed from ``kwargs`` (the ``Speech2Text``
+    arguments); None unless ``--streaming true`` asks to stream a transducer (other
+    models keep ESPnet's ``--streaming``)."""
+    from espnet_multiblank.espnet.inference.arguments import STREAMING_OPTIONS
+    from espnet_multiblank.espnet.inference.speech2text import config_is_transducer
+
+    options = {k: kwargs.pop(k) for k in STREAMING_OPTIONS if k in kwargs}
+    if not kwargs.get("streaming") or not config_is_transducer(
+        kwargs.get("asr_train_config")
+    ):
+        return None
+    kwargs["streaming"] = False  # handled here: ESPnet's Speech2Text must not see it
+    return {
+        "sim_chunk_length": options.get("sim_chunk_length", 0),
+        "chunk_size": options.get("streaming_chunk_size", 0),
+        "left_chunks": options.get("streaming_left_chunks"),
+        "partial": options.get("streaming_partial", "provisional"),
+    }
 
 
 def _refuse_unsupported(word_lm_train_config, ngpu: int, kwargs: Dict) -> None:

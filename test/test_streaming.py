@@ -78,6 +78,28 @@ def test_frontend_frames_across_pieces_are_the_whole_waveforms(s2t):
         torch.testing.assert_close(got, feats, atol=1e-4, rtol=1e-5)
 
 
+def test_a_long_stream_keeps_a_few_frames_of_samples(s2t):
+    """The features of a long stream equal the whole waveform's, and the samples
+    no frame to come reads are dropped."""
+    model = s2t("multiblank").asr_model
+    speech = waveform(60013, 5)
+    with torch.no_grad():
+        feats, lens = model._extract_feats(
+            torch.from_numpy(speech)[None], torch.tensor([len(speech)])
+        )
+        feats, _ = model.normalize(feats, lens)
+    stream = FeatureStream(model, torch.float32, torch.device("cpu"))
+    got, done, largest = [], 0, 0
+    for first in range(0, len(speech), 1500):
+        stream.add(torch.from_numpy(speech[first : first + 1500]), first + 1500 > 60013)
+        ready = stream.available()
+        got.append(stream.compute(done, ready))
+        done = ready
+        largest = max(largest, stream._samples.numel())
+    torch.testing.assert_close(torch.cat(got, 1), feats, atol=1e-4, rtol=1e-5)
+    assert largest <= 16384
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 16])
 def test_encoder_chunks_equal_the_chunk_masked_forward_and_ignore_pieces(s2t, chunk):
     model = s2t("tdt").asr_model

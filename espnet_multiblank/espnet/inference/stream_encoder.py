@@ -97,20 +97,32 @@ class FeatureStream:
         self.pad = self.n_fft // 2 if stft.center else 0
         self.dtype = dtype
         self.device = device
+        # the samples from sample ``_base`` on (those no frame to come reads are
+        # dropped: a stream of any length keeps a few frames' worth)
         self._samples = torch.zeros(0, dtype=torch.float32)
+        self._base = 0
         self.received = 0
         self.final = False
 
     def add(self, piece: torch.Tensor, final: bool = False) -> None:
         """Append (n,) float samples; ``final``: the waveform ends after them."""
         n = piece.numel()
-        if self.received + n > self._samples.numel():
-            grown = torch.zeros(max(2 * self._samples.numel(), self.received + n, 4096))
-            grown[: self.received] = self._samples[: self.received]
+        stored = self.received - self._base
+        if stored + n > self._samples.numel():
+            grown = torch.zeros(max(2 * self._samples.numel(), stored + n, 4096))
+            grown[:stored] = self._samples[:stored]
             self._samples = grown
-        self._samples[self.received : self.received + n] = piece.reshape(-1).float()
+        self._samples[stored : stored + n] = piece.reshape(-1).float()
         self.received += n
         self.final = self.final or final
+
+    def _forget_before(self, sample: int) -> None:
+        """Drop the samples before ``sample`` (when that frees half the buffer)."""
+        drop = min(sample, self.received) - self._base
+        if drop > self._samples.numel() // 2:
+            stored = self.received - self._base - drop
+            self._samples[:stored] = self._samples[drop : drop + stored].clone()
+            self._base += drop
 
     def total_frames(self) -> int:
         """F of the whole waveform (once it has ended): ESPnet's STFT frame count."""
@@ -134,7 +146,7 @@ class FeatureStream:
         last = self.received - 1
         pos = pos.abs()  # before the first sample: -k -> k
         pos = torch.where(pos > last, 2 * last - pos, pos)  # after the last one
-        return self._samples[pos.clamp(0, max(last, 0))]
+        return self._samples[pos.clamp(0, max(last, 0)) - self._base]
 
     @torch.no_grad()
     def compute(self, first: int, stop: int) -> torch.Tensor:
@@ -152,6 +164,9 @@ class FeatureStream:
             feats, lens = self.model.normalize(feats, lens)
         if self.model.preencoder is not None:
             feats, lens = self.model.preencoder(feats, lens)
+        # the next frame reads from stop * hop - pad on; the end reflection of the
+        # last frame reaches one sample further back: a window's margin
+        self._forget_before(stop * self.hop - self.pad - self.n_fft)
         return feats
 
 

@@ -61,8 +61,10 @@ from espnet_multiblank.espnet.inference.stream_encoder import (
 
 def streaming_search(search: Any, model: Any):
     """The search a stream runs for the offline ``search`` of a ``Speech2Text``:
-    the label-looping version of a greedy search (the same hypotheses), a beam
-    search as it is.
+    the label-looping version of a frame-looping greedy search (the same
+    hypotheses; with a window of one frame, which decides each frame as soon as it
+    may: a window of W frames waits for W - 1 more), a label-looping or beam search
+    as it is.
 
     Raises:
         ValueError: ESPnet's own beam searches (use ``mb_beam``).
@@ -77,6 +79,7 @@ def streaming_search(search: Any, model: Any):
             search.lattice,
             max_sym_per_frame=search.max_sym_per_frame,
             blank_decision=search.blank_decision,
+            window=1,
             fusion=search.fusion,
         )
         if tdt:
@@ -89,7 +92,7 @@ def streaming_search(search: Any, model: Any):
             model.decoder, model.joint_network, joint_size_of(model, lattice)
         )
         return MultiblankLabelLoopingSearch(
-            stepper, lattice, max_sym_per_frame=1, blank_decision="symbol"
+            stepper, lattice, max_sym_per_frame=1, blank_decision="symbol", window=1
         )
     raise ValueError(
         f"streaming: {type(search).__name__} with beam {search.beam_size} cannot "
@@ -129,8 +132,11 @@ class _Stream:
     rate: Optional[int]
     beam: Optional[StreamingBeamSearch] = None
     samples: int = 0
-    # (audio seconds received, partial labels, decided label count) after each piece
+    # (audio seconds received, partial labels, decided label count) when they changed
     history: List[Tuple[float, List[int], int]] = field(default_factory=list)
+    # encoder frames arrived since the last partial hypothesis, and that hypothesis
+    fresh: bool = False
+    partial: Optional[Tuple[List[int], int]] = None
 
 
 def _emission_times(history, final: List[int]) -> Tuple[List[float], List[float]]:
@@ -298,7 +304,8 @@ class StreamingDecoder:
         with single_thread_on_cpu(self.device):
             self._advance(fed)
             provisional = None
-            if self.provisional and not self.beam and not all(fed.values()):
+            changed = [k for k, f in fed.items() if not f and self.streams[k].fresh]
+            if self.provisional and not self.beam and changed:
                 provisional = self.greedy.provisional()  # every row at once
             for key, final in fed.items():
                 out[key] = self._result(self.streams[key], final, provisional)
@@ -338,6 +345,7 @@ class StreamingDecoder:
             enc = [self.search.stepper.project_enc(c[0]) for c in chunks]
         self.stats["encoder_seconds"] += time.perf_counter() - start
         frames = torch.cat(enc) if enc else None
+        stream.fresh = stream.fresh or frames is not None
         if self.recorded is not None and frames is not None:
             old = self.recorded.get(stream.key)
             self.recorded[stream.key] = (
@@ -378,8 +386,12 @@ class StreamingDecoder:
             return StreamResult(
                 stream.key, s2t.hyps_to_results(nbest), True, None, emitted, committed
             )
-        labels, decided = self._partial(stream, provisional)
-        stream.history.append((seconds, labels, decided))
+        if stream.fresh or stream.partial is None:  # else: nothing has changed
+            stream.partial = self._partial(stream, provisional)
+            stream.fresh = False
+        labels, decided = stream.partial
+        if not stream.history or stream.history[-1][1:] != (labels, decided):
+            stream.history.append((seconds, labels, decided))
         hyp = Hypothesis(score=math.nan, yseq=[self.search.blank_id] + labels)
         return StreamResult(stream.key, s2t.hyps_to_results([hyp]), False)
 

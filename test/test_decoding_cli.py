@@ -1,21 +1,35 @@
 """End-to-end: ``espnet_multiblank.bin.asr_inference`` on tiny random models.
 
-The in-process tests use ESPnet's own ``model: espnet`` (standard, and multi-blank via
-``model_conf.transducer_multi_blank_durations``), so they do not need the plug-in's
-registration; the subprocess test runs the real CLI (``register()`` first) with
-``model: multiblank_espnet`` and is skipped while that code is absent.
+The greedy and beam searches of every lattice (multi-blank, TDT) through the entry
+point: batched and single decoding, the hypotheses of the reference greedy rule
+(``helpers/search_oracles.py``) on the model's own encoder output, ESPnet's greedy
+type mapped on the lattice's search. Then the multi-blank model's layout, ESPnet's
+standard model, and Speech2Text called from Python.
+
+The random models (``helpers/espnet_experiments.py``) are written by ESPnet's own
+``ASRTask --dry_run``: the multi-blank one and the standard one with ESPnet's own
+``model: espnet`` (``model_conf.transducer_multi_blank_durations``), the TDT with
+``model: multiblank_espnet``; the subprocess test runs the real CLI with ``model:
+multiblank_espnet``.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import search_oracles
 import torch
+from espnet_experiments import (  # noqa: F401  (BLANK_BIAS: test_decoding_stock)
+    BLANK_BIAS,
+    DECODE_TDT_DURS,
+    make_experiment,
+    make_tdt_experiment,
+)
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
@@ -32,63 +46,6 @@ STATS_KEYS = {
 }
 TOKENS = ["<blank>", "<unk>", "a", "b", "c", "<space>", "<sos/eos>"]
 LENGTHS = [8000, 12000, 4000]  # samples at 16 kHz
-BLANK_BIAS = 1.0  # added to the blank logits of the random joint network
-
-
-def _train_args(model="espnet", durations=None):
-    model_conf = "{}"
-    if durations:
-        model_conf = "{transducer_multi_blank_durations: %s}" % list(durations)
-    return [
-        "--model",
-        model,
-        "--token_type",
-        "char",
-        "--decoder",
-        "transducer",
-        "--decoder_conf",
-        "{hidden_size: 16}",
-        "--joint_net_conf",
-        "{joint_space_size: 16}",
-        "--encoder",
-        "rnn",
-        "--encoder_conf",
-        "{num_layers: 1, hidden_size: 16, output_size: 16, subsample: [1, 2]}",
-        "--frontend_conf",
-        "{n_fft: 256, hop_length: 128, n_mels: 8}",
-        "--model_conf",
-        model_conf,
-    ]
-
-
-def make_experiment(
-    root: Path, durations=None, model="espnet", blank_bias=BLANK_BIAS
-) -> Path:
-    """config.yaml (ASRTask --dry_run) + model.pth with ``blank_bias`` added to the
-    joint network's blank logits."""
-    from espnet2.tasks.asr import ASRTask
-
-    exp = root / "exp"
-    (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
-    ASRTask.main(
-        cmd=[
-            "--dry_run",
-            "true",
-            "--output_dir",
-            str(exp),
-            "--token_list",
-            str(root / "tokens.txt"),
-        ]
-        + _train_args(model, durations)
-    )
-    torch.manual_seed(0)
-    asr_model, _ = ASRTask.build_model_from_file(exp / "config.yaml", None, "cpu")
-    n_blanks = len(durations or ())
-    with torch.no_grad():  # a few labels, mostly blanks: short hypotheses
-        bias = asr_model.joint_network.lin_out.bias
-        bias[asr_model.blank_id - n_blanks : asr_model.blank_id + 1] += blank_bias
-    torch.save(asr_model.state_dict(), exp / "model.pth")
-    return exp
 
 
 def make_data(root: Path) -> Path:
@@ -177,11 +134,155 @@ def workdir(tmp_path_factory):
     return root, make_data(root)
 
 
+#: per lattice: its random model (the blank and durations written out by hand), its
+#: decoding configs, the searches they run and the greedy config's rule
+LATTICES = {
+    "multiblank": SimpleNamespace(
+        # emits labels and big blanks
+        make=lambda root: make_experiment(
+            root, durations=(2, 4), blank_bias=0.5, scale=10.0
+        ),
+        blank=2,
+        big_blank_durations=(2, 4),
+        tdt_durations=(),
+        greedy="mb_greedy.yaml",
+        beam="mb_beam.yaml",
+        greedy_search="MultiblankGreedySearch",
+        beam_search="MultiblankBeamSearch",
+        greedy_rule=dict(max_sym=1, decision="total"),
+    ),
+    "tdt": SimpleNamespace(
+        make=make_tdt_experiment,
+        blank=0,
+        big_blank_durations=(),
+        tdt_durations=tuple(DECODE_TDT_DURS),
+        greedy="tdt_greedy.yaml",
+        beam="tdt_beam.yaml",
+        greedy_search="TDTGreedySearch",
+        beam_search="TDTBeamSearch",
+        greedy_rule=dict(max_sym=10, decision="total"),
+    ),
+}
+lattices = pytest.mark.parametrize("lattice", list(LATTICES))
+
+
 @pytest.fixture(scope="module")
-def mb_exp(workdir):
-    root = workdir[0] / "mb"
-    root.mkdir()
-    return make_experiment(root, durations=(2, 4))
+def experiments(workdir):
+    """``experiments(lattice)``: the lattice's experiment, built once for the module
+    (on first use)."""
+    built = {}
+
+    def get(lattice):
+        if lattice not in built:
+            root = workdir[0] / lattice
+            root.mkdir()
+            built[lattice] = LATTICES[lattice].make(root)
+        return built[lattice]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def mb_exp(experiments):
+    return experiments("multiblank")
+
+
+def reference_hypotheses(exp: Path, scp: Path, lattice: str, max_sym, decision):
+    """{utt: (labels, score, frames skipped, long blanks)} of the reference greedy
+    rule (the networks called directly) on the model's own encoder output."""
+    import soundfile
+    from espnet2.tasks.asr import ASRTask
+
+    case = LATTICES[lattice]
+    model, _ = ASRTask.build_model_from_file(
+        exp / "config.yaml", exp / "model.pth", "cpu"
+    )
+    model.eval()
+    nets = SimpleNamespace(
+        decoder=model.decoder,
+        joint_network=model.joint_network,
+        blank_id=case.blank,
+        big_blank_durations=case.big_blank_durations,
+        tdt_durations=case.tdt_durations,
+    )
+    out = {}
+    for line in scp.read_text().splitlines():
+        utt, path = line.split()
+        wav, _ = soundfile.read(path, dtype="float32")
+        speech = torch.from_numpy(wav)[None]
+        with torch.no_grad():
+            enc, _ = model.encode(speech, torch.tensor([speech.size(1)]))
+        if lattice == "tdt":
+            out[utt] = search_oracles.tdt_reference_greedy(
+                nets, enc[0], max_sym, decision
+            )
+        else:
+            out[utt] = search_oracles.mb_greedy_path(nets, enc[0], decision, max_sym)
+    return out
+
+
+@lattices
+def test_cli_greedy_batched_single_and_reference(workdir, experiments, lattice):
+    """The lattice's greedy config batched (its batch_size 8) and one utterance at a
+    time: the labels of the reference greedy rule, the same scores up to float32
+    rounding (the encoder sees one utterance at a time in both runs: a padded
+    encoder pass moved them by ~1e-5 relative), the frames skipped and long blanks
+    of the reference; ESPnet's greedy type runs the lattice's greedy search with its
+    defaults (10 labels per frame)."""
+    from test_decoding_stock import read_outputs
+
+    root, scp = workdir
+    case = LATTICES[lattice]
+    exp = experiments(lattice)
+    runs = {}
+    for name, conf, extra in (
+        ("batched", case.greedy, ()),
+        ("single", case.greedy, ("--batch_size", "1")),
+        ("espnet", "greedy.yaml", ()),
+    ):
+        out = root / f"o_{lattice}_greedy_{name}"
+        stats = run_inference(exp, scp, out, conf, *extra)
+        runs[name] = read_outputs(out), stats
+    (batched, sb), (single, ss), (espnet, se) = (
+        runs["batched"],
+        runs["single"],
+        runs["espnet"],
+    )
+    assert (sb["batch_size"], ss["batch_size"]) == (8, 1)
+    assert sb["search"] == ss["search"] == se["search"] == case.greedy_search
+    assert batched["token_int"] == single["token_int"]
+    single_scores = {k: float(v) for k, v in single["score"].items()}
+    assert len(set(single_scores.values())) == len(LENGTHS)
+    for utt, score in single_scores.items():
+        assert float(batched["score"][utt]) == pytest.approx(score, rel=1e-7)
+
+    want = reference_hypotheses(exp, scp, lattice, **case.greedy_rule)
+    labels = {u: [int(x) for x in v.split()] for u, v in single["token_int"].items()}
+    assert labels == {u: w[0] for u, w in want.items()}
+    assert any(labels.values())  # the case emits labels
+    for utt, score in single_scores.items():
+        assert score == pytest.approx(want[utt][1], rel=1e-5, abs=1e-4)
+    skipped = sum(w[2] for w in want.values())
+    long_blanks = sum(w[3] for w in want.values())
+    assert ss["frames_skipped"] == sb["frames_skipped"] == skipped > 0
+    assert ss["frames_skipped_by_big_blanks"] == skipped
+    assert ss["big_blank_emissions"] == sb["big_blank_emissions"] == long_blanks > 0
+    assert ss["total_frames"] == sb["total_frames"] > skipped
+
+    want = reference_hypotheses(exp, scp, lattice, max_sym=10, decision="total")
+    labels = {u: [int(x) for x in v.split()] for u, v in espnet["token_int"].items()}
+    assert labels == {u: w[0] for u, w in want.items()}
+
+
+@lattices
+def test_cli_beam(workdir, experiments, lattice):
+    root, scp = workdir
+    case = LATTICES[lattice]
+    stats = run_inference(
+        experiments(lattice), scp, root / f"o_{lattice}_beam", case.beam
+    )
+    assert stats["search"] == case.beam_search
+    assert stats["big_blank_emissions"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -224,34 +325,6 @@ def test_espnet_multiblank_config_layout(mb_exp):
     assert model.decoder.blank_id == 2  # ...fixed before any search runs
 
 
-def test_cli_mb_greedy_batched_and_single(workdir, mb_exp):
-    root, scp = workdir
-    batched = run_inference(mb_exp, scp, root / "o_mbg_b2", "mb_greedy.yaml")
-    assert batched["batch_size"] == 8 and batched["search"] == "MultiblankGreedySearch"
-    single = run_inference(
-        mb_exp, scp, root / "o_mbg_b1", "mb_greedy.yaml", "--batch_size", "1"
-    )
-    assert single["batch_size"] == 1
-    assert single["total_frames"] == batched["total_frames"]
-    assert single["big_blank_emissions"] > 0
-    # the encoder sees one utterance at a time in both runs: the same labels and the
-    # same scores up to float32 rounding in the batched joint (a padded encoder pass
-    # moved them by ~1e-5 relative here), each on its own utterance
-    results = {}
-    for name in ("score", "token_int"):
-        for run in ("o_mbg_b2", "o_mbg_b1"):
-            lines = (root / run / "1best_recog" / name).read_text().splitlines()
-            pairs = (line.partition(" ") for line in lines)
-            results[run, name] = {key: value for key, _, value in pairs}
-    assert results["o_mbg_b2", "token_int"] == results["o_mbg_b1", "token_int"]
-    single_scores = {k: float(v) for k, v in results["o_mbg_b1", "score"].items()}
-    assert len(set(single_scores.values())) == len(LENGTHS)
-    for key, score in single_scores.items():
-        assert float(results["o_mbg_b2", "score"][key]) == pytest.approx(
-            score, rel=1e-7
-        )
-
-
 def test_speech2text_results_layout(mb_exp):
     """Token ids -> ESPnet's (text, token, token_int, hyp) with the char tokenizer."""
     from espnet2.asr.transducer.beam_search_transducer import Hypothesis as ESPnetHyp
@@ -274,19 +347,6 @@ def test_speech2text_results_layout(mb_exp):
     assert (out.score, out.yseq, out.big_blank_emissions) == (-1.0, hyp.yseq, 3)
 
 
-def test_cli_mb_beam(workdir, mb_exp):
-    root, scp = workdir
-    stats = run_inference(mb_exp, scp, root / "o_mbbeam", "mb_beam.yaml")
-    assert stats["search"] == "MultiblankBeamSearch"
-    assert stats["big_blank_emissions"] > 0
-
-
-def test_cli_standard_searches_map_on_multiblank_model(workdir, mb_exp):
-    root, scp = workdir
-    stats = run_inference(mb_exp, scp, root / "o_greedy_mb", "greedy.yaml")
-    assert stats["search"] == "MultiblankGreedySearch"
-
-
 def test_cli_standard_model(workdir, std_exp):
     root, scp = workdir
     for conf in ("greedy.yaml", "beam.yaml"):
@@ -298,11 +358,6 @@ def test_cli_standard_model(workdir, std_exp):
     assert stats["search"] == "MultiblankGreedySearch"
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("espnet_multiblank.espnet.registration") is None,
-    reason="espnet_multiblank.espnet.registration (model: multiblank_espnet) has "
-    "not landed yet",
-)
 def test_cli_subprocess_multiblank_espnet(workdir):
     """``python -m espnet_multiblank.bin.asr_inference``, model: multiblank_espnet."""
     import espnet_multiblank

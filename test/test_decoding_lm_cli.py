@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from espnet_experiments import dry_run_experiment, make_tdt_experiment
 from test_decoding_cli import REPO, make_data, run_inference  # noqa: I100
 from test_decoding_stock import (
     decode_args,
@@ -22,7 +23,6 @@ from test_decoding_stock import (
     read_outputs,
     stock_env,
 )
-from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
 
@@ -56,30 +56,23 @@ def make_lm(root: Path) -> Path:
     ASR token list, with an output bias that favours ``b``."""
     from espnet2.tasks.lm import LMTask
 
-    exp = root / "lm"
-    (root / "lm_tokens.txt").write_text("\n".join(TOKENS) + "\n")
-    LMTask.main(
-        cmd=[
-            "--dry_run",
-            "true",
-            "--output_dir",
-            str(exp),
-            "--token_list",
-            str(root / "lm_tokens.txt"),
+    def favour_b(model):
+        model.lm.decoder.bias[TOKENS.index("b")] += 2.0
+
+    return dry_run_experiment(
+        root / "lm",
+        [
             "--token_type",
             "char",
             "--lm",
             "seq_rnn",
             "--lm_conf",
             "{unit: 16, nlayers: 1}",
-        ]
+        ],
+        favour_b,
+        task=LMTask,
+        tokens=TOKENS,
     )
-    torch.manual_seed(0)
-    model, _ = LMTask.build_model_from_file(exp / "config.yaml", None, "cpu")
-    with torch.no_grad():
-        model.lm.decoder.bias[TOKENS.index("b")] += 2.0
-    torch.save(model.state_dict(), exp / "model.pth")
-    return exp
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,22 @@
-"""Multi-blank greedy (batched and single) and beam search on tiny random models."""
+"""Greedy (batched and single) and beam searches of every lattice (standard,
+multi-blank, TDT) on tiny random models, then the multi-blank lattice's own rules.
+
+The test bodies that hold for every lattice take a ``lattice`` record
+(``helpers/search_cases.py``): its tiny model, its searches and its references,
+written one hypothesis at a time with the networks called directly
+(``helpers/search_oracles.py``, the rules of docs/decoding.md). The TDT's own rules
+(durations, labels that move, the end rules) are in test_tdt_search.py.
+"""
 
 import math
 from types import SimpleNamespace
 
 import pytest
+import search_cases as sc
 import torch
+from search_cases import enc_batch  # noqa: F401  (also used by test_decoding_lm)
+from search_oracles import brute_force_sequences  # noqa: F401  (test_decoding_lm)
+from search_oracles import mb_reference_greedy as reference_greedy  # noqa: F401
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
 
@@ -13,22 +25,22 @@ from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from espnet2.asr_transducer.joint_network import JointNetwork
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
-)
+from espnet_multiblank.decoding import JointStepper, MultiblankGreedySearch
 from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
     lattice_from_model,
     resolve_search_type,
 )
-from espnet_multiblank.lattice import MultiblankLattice
 
-V = 10
-D_ENC = 8
-DURS = (2, 4, 8)
-BLANK = 3  # <blank8>, <blank4>, <blank2>, <blank>, labels 4..9
+V = sc.MB_V
+D_ENC = sc.D_ENC
+DURS = sc.MB_DURS
+BLANK = sc.MB_BLANK  # <blank8>, <blank4>, <blank2>, <blank>, labels 4..9
+#: the multi-blank model maker (also used by test_decoding_lm)
+make_model = sc.make_mb_model
+#: TDT duration sets: with 0 and 1, without 0, without 1, unsorted, the recipe's
+TDT_SETS = [sc.TDT_DURS, (1, 2, 4), (0, 2, 3), (3, 0, 1, 2), tuple(range(9))]
+pytestmark = pytest.mark.timeout(600)  # a search that never ends fails, not hangs
 
 
 @pytest.fixture(autouse=True)
@@ -39,44 +51,31 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def make_model(seed=0, blank_id=BLANK, durations=DURS, blank_bias=2.0, vocab=V):
-    """Random TransducerDecoder + JointNetwork; decoder built like ESPnet (pad 0)."""
-    torch.manual_seed(seed)
-    decoder = TransducerDecoder(vocab, hidden_size=12, embed_pad=0).eval()
-    joint = JointNetwork(vocab, D_ENC, 12, joint_space_size=12).eval()
-    with torch.no_grad():  # blanks likely enough that hypotheses stay short
-        joint.lin_out.bias[blank_id - len(durations) : blank_id + 1] += blank_bias
-        joint.lin_out.weight.mul_(3.0)
-    return SimpleNamespace(
-        decoder=decoder,
-        joint_network=joint,
-        blank_id=blank_id,
-        big_blank_durations=tuple(durations),
-        big_blank_ids=tuple(blank_id - 1 - i for i in range(len(durations))),
-        token_list=[f"t{i}" for i in range(vocab)],
-    )
+class CountingStepper(JointStepper):
+    """JointStepper that records the rows of every joint-network evaluation."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.rows = []
+
+    def joint(self, enc_proj, dec_proj):
+        self.rows.append(enc_proj.size(0))
+        return super().joint(enc_proj, dec_proj)
 
 
-def core_beam(model, **kwargs):
-    """The core beam search on a ``make_model`` model (no ESPnet glue)."""
-    return MultiblankBeamSearch(
-        JointStepper(model.decoder, model.joint_network),
-        MultiblankLattice.create(model.blank_id, model.big_blank_durations),
-        **kwargs,
-    )
+# ------------------------------------------------------- every lattice: greedy search
 
 
-def enc_batch(seed, lens):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(len(lens), max(lens), D_ENC, generator=g), torch.tensor(lens)
-
-
-@pytest.mark.parametrize("durations", [DURS, ()])
+@pytest.mark.parametrize(
+    "lattice",
+    sc.params(sc.standard(), sc.multiblank())
+    + sc.params(*(sc.tdt(d, blank=1) for d in TDT_SETS)),
+)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_batched_greedy_equals_one_at_a_time(durations, seed):
-    blank_id = BLANK if durations else 0
-    model = make_model(seed, blank_id=blank_id, durations=durations)
-    search = build_transducer_search(model, search_type="mb_greedy")
+def test_batched_greedy_equals_one_at_a_time(lattice, seed):
+    model = lattice.model(seed)
+    search = lattice.greedy(model, max_sym_per_frame=3)
+    assert type(search) is lattice.greedy_class
     lens = [23, 1, 17, 9, 0, 30]
     enc, enc_lens = enc_batch(seed, lens)
     batch = search.search_batch(enc, enc_lens)
@@ -92,115 +91,341 @@ def test_batched_greedy_equals_one_at_a_time(durations, seed):
         assert search(enc[b, :T])[0].yseq == one.yseq
 
 
-@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
-def test_greedy_uses_big_blanks_and_labels(blank_decision):
-    """The fixture model really exercises labels, big blanks and standard blanks."""
-    model = make_model(0, blank_bias=0.5)
-    search = build_transducer_search(
-        model, search_type="mb_greedy", blank_decision=blank_decision
-    )
-    enc, lens = enc_batch(0, [40] * 4)
+@pytest.mark.parametrize("lattice", sc.params(sc.multiblank(blank_bias=0.5), sc.tdt()))
+@pytest.mark.parametrize("decision", ["total", "symbol"])
+def test_the_fixture_exercises_every_kind_of_arc(lattice, decision):
+    """The fixture model really exercises labels, long (big) blanks and standard
+    blanks, and, in a TDT, labels that move."""
+    model = lattice.model(0)
+    search = lattice.greedy(model, blank_decision=decision)
+    enc, lens = enc_batch(0, [40] * 6)
     hyps = search.search_batch(enc, lens)
-    assert sum(len(h.yseq) - 1 for h in hyps) > 0
+    assert sum(len(h.labels) for h in hyps) > 10
     assert sum(h.big_blank_emissions for h in hyps) > 0
-    for h in hyps:
-        assert all(k > BLANK for k in h.yseq[1:])  # never a blank in the output
-
-
-def reference_greedy(model, enc, blank_decision, max_sym, lm=None):
-    """Greedy search of docs/decoding.md written again for one utterance, with the
-    decoder and joint network called directly. Returns (labels, score, big blanks).
-
-    ``lm(labels) -> ({label: weighted LM score of it next}, weighted end score)``:
-    shallow fusion, every label's log-probability plus its LM score, the end score
-    added once at the end."""
-    blank, durations = model.blank_id, model.big_blank_durations
-    dec, joint = model.decoder, model.joint_network
-    frames = {blank: 1}
-    frames.update({blank - 1 - i: d for i, d in enumerate(durations)})
-    T, V = enc.size(0), dec.odim
-
-    def pred(k, state):
-        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
-
-    out, state = pred(blank, dec.init_state(1))
-    t, n, labels, score, big = 0, 0, [], 0.0, 0
-    with torch.no_grad():
-        while t < T:
-            logp = torch.log_softmax(joint(enc[t], out), -1).double().tolist()
-            if lm is not None:
-                bonus, _ = lm(labels)
-                logp = [v + bonus.get(k, 0.0) for k, v in enumerate(logp)]
-            blanks = [k for k, f in frames.items() if t + f <= T]
-            allowed = blanks + (
-                [k for k in range(V) if k not in frames] * (n < max_sym)
-            )
-            k = max(allowed, key=lambda k: logp[k])
-            step = logp[k]
-            if blank_decision == "total":
-                total = math.log(sum(math.exp(logp[b]) for b in blanks))
-                if k not in frames and logp[k] <= total:
-                    k = max(blanks, key=lambda b: logp[b])
-                if k in frames:
-                    step = total
-            score += step
-            if k in frames:
-                t, n, big = t + frames[k], 0, big + (frames[k] > 1)
-            else:
-                labels.append(k)
-                n += 1
-                out, state = pred(k, state)
-    if lm is not None:
-        score += lm(labels)[1]
-    return labels, score, big
-
-
-@pytest.mark.parametrize("blank_bias", [0.0, 1.0])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_greedy_blank_decisions_against_reference(seed, blank_bias):
-    """Both blank decisions, one utterance and batched, against the reference; on
-    these models the two decisions give different results."""
-    model = make_model(seed, blank_bias=blank_bias)
-    lens = [19, 33, 7]
-    enc, enc_lens = enc_batch(seed + 60, lens)
-    outputs = {}
-    for decision in ("total", "symbol"):
-        search = build_transducer_search(
-            model, search_type="mb_greedy", max_sym_per_frame=3, blank_decision=decision
+    if lattice.is_tdt:  # frames skipped by labels too
+        assert sum(h.frames_skipped for h in hyps) > sum(
+            h.big_blank_emissions for h in hyps
         )
-        batch = search.search_batch(enc, enc_lens)
-        for b, T in enumerate(lens):
-            labels, score, big = reference_greedy(model, enc[b, :T], decision, 3)
-            for h in (search.search_one(enc[b, :T]), batch[b]):
-                assert h.labels == labels
-                assert h.big_blank_emissions == big
-                assert h.score == pytest.approx(score, rel=1e-5, abs=1e-5)
-            outputs[decision, b] = labels
-    assert any(outputs["total", b] != outputs["symbol", b] for b in range(len(lens)))
+    for h in hyps:  # never a blank in the output
+        assert h.yseq[0] == lattice.blank
+        assert not set(h.labels) & set(lattice.lattice.blank_ids)
 
 
-@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
-@pytest.mark.parametrize("durations", [DURS, (3,), ()])
+@pytest.mark.parametrize("lattice", sc.params(sc.multiblank(blank_bias=0.5), sc.tdt()))
+def test_the_decisions_differ_on_the_fixture(lattice):
+    """The two blank decisions give different hypotheses here: the test below can
+    tell them apart (on a standard lattice, with one blank, they are the same)."""
+    model = lattice.model(0)
+    enc, lens = enc_batch(0, [40] * 4)
+    hyps = {
+        d: [
+            h.yseq
+            for h in lattice.greedy(model, blank_decision=d).search_batch(enc, lens)
+        ]
+        for d in ("total", "symbol")
+    }
+    assert hyps["total"] != hyps["symbol"]
+
+
+def _greedy_reference_params():
+    """(lattice, seed): the TDT duration sets with the blank at 0, 1 or 2."""
+    out = [(sc.standard(blank_bias=1.0), s) for s in (0, 1)]
+    for bias in (0.0, 1.0):
+        out += [(sc.multiblank(blank_bias=bias), s) for s in (0, 1, 2)]
+    for i, durations in enumerate(TDT_SETS):
+        out += [(sc.tdt(durations, blank=i % 3), s) for s in (0, 1)]
+    return [pytest.param(*p, id=f"{p[0].id}-seed{p[1]}") for p in out]
+
+
+@pytest.mark.parametrize("lattice, seed", _greedy_reference_params())
+@pytest.mark.parametrize("decision", ["total", "symbol"])
+def test_greedy_follows_the_documented_rule(lattice, seed, decision):
+    """Both blank decisions, one utterance and batched, against the reference."""
+    model = lattice.model(seed)
+    search = lattice.greedy(model, max_sym_per_frame=2, blank_decision=decision)
+    lens = [21, 33, 7, 2, 1]
+    enc, enc_lens = enc_batch(seed + 60, lens)
+    batch = search.search_batch(enc, enc_lens)
+    for b, T in enumerate(lens):
+        labels, score, skipped, long_blanks = lattice.reference_greedy(
+            model, enc[b, :T], max_sym=2, decision=decision
+        )
+        for got in (search.search_one(enc[b, :T]), batch[b]):
+            assert got.yseq == [lattice.blank] + labels
+            assert got.score == pytest.approx(score, rel=1e-5, abs=1e-4)
+            assert (got.frames_skipped, got.big_blank_emissions) == (
+                skipped,
+                long_blanks,
+            )
+            assert got.frame == T
+
+
+# --------------------------------------------------------- every lattice: beam search
+
+
+@pytest.mark.parametrize(
+    "lattice",
+    sc.params(
+        sc.standard(blank=1, blank_bias=0.5),
+        sc.multiblank(blank_bias=0.5),
+        sc.multiblank((3,), blank_bias=0.5),
+    )
+    + sc.params(*(sc.tdt(d) for d in (sc.TDT_DURS, (1, 2, 4), (0, 2, 3)))),
+)
+@pytest.mark.parametrize("decision", ["total", "symbol"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_size_one_equals_greedy(durations, seed, blank_decision):
-    blank_id = 3 if durations else 1
-    model = make_model(seed, blank_id=blank_id, durations=durations, blank_bias=0.5)
-    greedy = build_transducer_search(
-        model, search_type="mb_greedy", blank_decision=blank_decision
-    )
-    beam1 = build_transducer_search(
-        model, search_type="mb_beam", beam_size=1, blank_decision=blank_decision
-    )
-    assert isinstance(beam1, MultiblankBeamSearch)
-    enc, lens = enc_batch(seed + 10, [31, 5, 18])
+def test_beam_size_one_equals_greedy(lattice, seed, decision):
+    model = lattice.model(seed)
+    greedy = lattice.greedy(model, max_sym_per_frame=2, blank_decision=decision)
+    beam1 = lattice.beam(model, 1, max_sym_per_frame=2, blank_decision=decision)
+    assert type(beam1) is lattice.beam_class
+    enc, lens = enc_batch(seed + 10, [31, 5, 18, 1])
     for b, T in enumerate(lens.tolist()):
         g = greedy.search_one(enc[b, :T])
         (h,) = beam1(enc[b, :T])
         assert h.yseq == g.yseq
-        assert h.big_blank_emissions == g.big_blank_emissions
-        assert h.frames_skipped == g.frames_skipped
+        assert (h.big_blank_emissions, h.frames_skipped) == (
+            g.big_blank_emissions,
+            g.frames_skipped,
+        )
+        assert h.frame == T
         assert math.isclose(h.score, g.score, rel_tol=1e-6, abs_tol=1e-5)
+
+
+def _beam_vs_greedy_params():
+    """(lattice, seed, decision): the TDT with its beam search's default decision
+    ("symbol": path log-probabilities on both sides)."""
+    out = []
+    for lattice in (
+        sc.multiblank(blank_bias=2.0),
+        sc.multiblank(blank_bias=0.5),  # greedy emits labels
+    ):
+        out += [(lattice, s, d) for s in range(4) for d in ("total", "symbol")]
+    out += [(sc.tdt(blank_bias=0.0), s, "symbol") for s in range(3)]
+    return [pytest.param(*p, id=f"{p[0].id}-seed{p[1]}-{p[2]}") for p in out]
+
+
+@pytest.mark.parametrize("lattice, seed, decision", _beam_vs_greedy_params())
+def test_beam_score_not_below_greedy(lattice, seed, decision):
+    """Same blank decision (the scores mean the same then)."""
+    model = lattice.model(seed)
+    greedy = lattice.greedy(model, blank_decision=decision)
+    enc, lens = enc_batch(100 + seed, [25, 12])
+    for beam_size in (2, 4, 8):
+        beam = lattice.beam(model, beam_size, blank_decision=decision)
+        for b, T in enumerate(lens.tolist()):
+            g = greedy.search_one(enc[b, :T])
+            (h,) = beam(enc[b, :T])
+            assert h.frame == T
+            assert h.score >= g.score - 1e-6
+
+
+def _exhaustive_params():
+    """(lattice, seed, max_sym, T): T small enough to enumerate every path."""
+    mb = sc.multiblank((2,), blank=1, vocab=4, blank_bias=0.0)
+    out = [(mb, seed, 1, 5) for seed in range(3)]
+    out += [(mb, seed, 2, 3) for seed in range(3)]
+    for durations in [(0, 1, 2), (1, 3), (0, 2)]:
+        lattice = sc.tdt(durations, vocab=3, blank_bias=0.0)
+        out += [(lattice, seed, 1, 4) for seed in range(2)]
+    return [
+        pytest.param(*p, id=f"{p[0].id}-seed{p[1]}-max_sym{p[2]}-T{p[3]}") for p in out
+    ]
+
+
+@pytest.mark.parametrize("lattice, seed, max_sym, T", _exhaustive_params())
+def test_wide_beam_equals_exhaustive_search(lattice, seed, max_sym, T):
+    """A beam that prunes nothing returns every label sequence with its exact total
+    probability (all alignments merged), best first; narrower beams never
+    over-estimate it."""
+    model = lattice.model(seed)
+    enc, _ = enc_batch(seed, [T])
+    exact = lattice.exhaustive(model, enc[0], max_sym)
+    wide = lattice.beam(
+        model,
+        100000,
+        nbest=100000,
+        max_sym_per_frame=max_sym,
+        blank_decision="symbol",
+    )
+    hyps = wide(enc[0])
+    got = {tuple(h.labels): h.score for h in hyps}
+    assert set(got) == set(exact)
+    for y, score in exact.items():
+        assert got[y] == pytest.approx(score, rel=1e-5, abs=1e-5)
+    assert tuple(hyps[0].labels) == max(exact, key=exact.get)
+    for beam_size in (1, 2, 4):
+        narrow = lattice.beam(
+            model,
+            beam_size,
+            nbest=8,
+            max_sym_per_frame=max_sym,
+            blank_decision="symbol",
+        )
+        for h in narrow(enc[0]):
+            assert h.score <= exact[tuple(h.labels)] + 1e-5
+
+
+def _small_beam_params():
+    """(lattice, beam_size, seed): labels and blanks compete (wide n-best lists)."""
+    out = []
+    for lattice in (
+        sc.multiblank((2, 4), blank=2, vocab=6, blank_bias=0.5),
+        sc.multiblank((3,), blank=2, vocab=6, blank_bias=0.5),
+        sc.standard(vocab=6, blank_bias=0.5),
+    ):
+        out += [(lattice, b, s) for b in (1, 2, 3, 4) for s in (0, 1, 2)]
+    for durations in (sc.TDT_DURS, (1, 2), (0, 3)):
+        lattice = sc.tdt(durations, vocab=5, blank_bias=-0.5)
+        out += [(lattice, b, s) for b in (2, 3, 4) for s in (0, 1)]
+    return [pytest.param(*p, id=f"{p[0].id}-beam{p[1]}-seed{p[2]}") for p in out]
+
+
+@pytest.mark.parametrize("lattice, beam_size, seed", _small_beam_params())
+@pytest.mark.parametrize("decision", ["total", "symbol"])
+def test_small_beams_follow_the_documented_rule(lattice, beam_size, seed, decision):
+    """Exact n-best (labels, scores, long blanks, frames skipped) and the number of
+    hypotheses expanded at every step, against an independent implementation of the
+    documented rule (per-frame top-B cut, B best candidates per expansion, labels
+    that stay below the B-th best hypothesis queued at t + 1 dropped, merging by
+    log-add)."""
+    model = lattice.model(seed)
+    enc, _ = enc_batch(seed + 40, [11])
+    want, want_expansions = lattice.reference_beam(
+        model, enc[0], beam_size, max_sym=2, decision=decision
+    )
+    stepper = CountingStepper(
+        model.decoder, model.joint_network, lattice.joint_size(model)
+    )
+    search = lattice.core_beam(
+        model,
+        stepper,
+        beam_size=beam_size,
+        nbest=1000,
+        max_sym_per_frame=2,
+        blank_decision=decision,
+    )
+    got = search(enc[0])
+    assert stepper.rows == want_expansions
+    want.sort(key=lambda w: -w[1])
+    assert len(want) > 1 or beam_size == 1
+    assert [tuple(h.labels) for h in got] == [w[0] for w in want]
+    for h, (_, score, big, skip) in zip(got, want):
+        assert h.score == pytest.approx(score, rel=1e-6, abs=1e-6)
+        assert (h.big_blank_emissions, h.frames_skipped) == (big, skip)
+
+
+@pytest.mark.parametrize(
+    "lattice", sc.params(sc.multiblank(blank_bias=0.0), sc.tdt(blank_bias=1.0))
+)
+@pytest.mark.parametrize("how", ["core", "transducer_conf"])
+def test_score_norm_ranks_by_score_per_symbol(lattice, how):
+    """score_norm: the final n-best is ordered by score / len(yseq) (in the search and
+    when set through transducer_conf); the hypotheses themselves do not change, and
+    nbest cuts the normalised list."""
+    differ = 0
+    for seed in range(6):
+        model = lattice.model(seed)
+        enc, _ = enc_batch(9 + seed, [14])
+        plain = lattice.core_beam(model, beam_size=4, nbest=100)(enc[0])
+        if how == "core":
+            normed = lattice.core_beam(model, beam_size=4, nbest=100, score_norm=True)
+        else:
+            normed = lattice.beam(model, 4, nbest=100, score_norm=True)
+        want = sorted(plain, key=lambda h: h.score / len(h.yseq), reverse=True)
+        got = normed(enc[0])
+        assert [(h.yseq, h.score) for h in got] == [(h.yseq, h.score) for h in want]
+        differ += [h.yseq for h in want] != [h.yseq for h in plain]
+        normed.nbest = 2
+        assert [h.yseq for h in normed(enc[0])] == [h.yseq for h in want[:2]]
+    assert differ  # the cases tell the two rankings apart
+
+
+@pytest.mark.parametrize("lattice", sc.params(sc.multiblank(), sc.tdt()))
+def test_nbest_sorted_and_distinct(lattice):
+    model = lattice.model(1)
+    enc, _ = enc_batch(1, [20])
+    for nbest in (4, 100):
+        hyps = lattice.beam(model, 6, nbest=nbest)(enc[0])
+        assert 1 <= len(hyps) <= nbest
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.yseq) for h in hyps}) == len(hyps)
+
+
+# -------------------------------------------------------- every lattice: the factory
+
+
+def _factory_types(lattice):
+    """(search type, beam size, the search it builds) on a multi-blank or TDT model:
+    ESPnet's types and the other lattice's are mapped on the lattice's own."""
+    greedy, beam = lattice.greedy_class, lattice.beam_class
+    return [
+        (lattice.greedy_type, 1, greedy),
+        ("greedy", 1, greedy),
+        ("greedy", 2, greedy),
+        ("mbg", 1, greedy),
+        ("mb_greedy", 4, greedy),
+        ("default", 1, greedy),
+        (lattice.beam_type, 4, beam),
+        ("default", 4, beam),
+        ("mb_beam", 2, beam),
+    ]
+
+
+@pytest.mark.parametrize("lattice", sc.params(sc.multiblank(), sc.tdt(blank=2)))
+def test_factory_builds_the_lattice_searches(lattice):
+    """ESPnet builds the decoder with blank_id = embed_pad = 0 (<blank8> of the
+    multi-blank model, a label of this TDT): every search type maps on the lattice's
+    search, with the decoder's blank fixed before it runs; ESPnet's searches that do
+    not know the lattice, keys the search does not take and an LM without its token
+    list are refused."""
+    model = lattice.model(0)
+    assert model.decoder.blank_id == 0  # ESPnet's defect, before any search is built
+    assert lattice_from_model(model) == lattice.lattice
+    for st, beam_size, cls in _factory_types(lattice):
+        search = build_transducer_search(model, search_type=st, beam_size=beam_size)
+        assert type(search) is cls, (st, beam_size)
+        assert search.blank_id == lattice.blank == model.decoder.blank_id
+        assert set(search.lattice.blank_ids) == lattice.blank_ids
+        assert search.stepper.vocab_size == lattice.joint_size(model)
+    # every hypothesis starts with the blank and holds no blank
+    enc, lens = enc_batch(0, [12, 6])
+    for h in lattice.greedy(model).search_batch(enc, lens):
+        assert h.yseq[0] == lattice.blank and not set(h.labels) & lattice.blank_ids
+    refused = "tdt_greedy or tdt_beam" if lattice.is_tdt else "big blanks"
+    for st in ("tsd", "alsd", "nsc", "maes"):
+        with pytest.raises(ValueError, match=refused):
+            build_transducer_search(model, search_type=st, beam_size=2)
+    with pytest.raises(ValueError, match="u_max"):
+        lattice.beam(model, 2, u_max=5)
+    # LM fusion maps tokens by their text: an LM without its token list is refused
+    with pytest.raises(ValueError, match="lm_train_config"):
+        lattice.greedy(model, lm=object())
+    search = lattice.beam(model, 3, max_sym_per_frame=2, nbest=2)
+    assert (search.beam_size, search.max_sym_per_frame, search.nbest) == (3, 2, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("lattice", sc.params(sc.multiblank(), sc.tdt()))
+def test_cuda_matches_cpu(lattice):
+    model = lattice.model(1)
+    enc, lens = enc_batch(7, [20, 9, 14])
+    want_g = lattice.greedy(model).search_batch(enc, lens)
+    beam = lattice.beam(model, 4)
+    want_b = [beam(enc[b, :T])[0] for b, T in enumerate(lens.tolist())]
+    model.decoder.cuda()
+    model.joint_network.cuda()
+    greedy = lattice.greedy(model)
+    got_g = greedy.search_batch(enc.cuda(), lens.cuda())
+    beam = lattice.beam(model, 4)
+    for b, T in enumerate(lens.tolist()):
+        assert got_g[b].yseq == want_g[b].yseq
+        assert greedy.search_one(enc[b, :T].cuda()).yseq == want_g[b].yseq
+        assert beam(enc[b, :T].cuda())[0].yseq == want_b[b].yseq
+
+
+# ---------------------------------------------------- the multi-blank lattice's rules
 
 
 def test_max_symbols_per_frame_guard():
@@ -291,40 +516,17 @@ def test_big_blank_never_overshoots():
         assert h.frame == T
 
 
-@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
-@pytest.mark.parametrize("blank_bias", [2.0, 0.5])
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("beam_size", [2, 4, 8])
-def test_beam_score_not_below_greedy(seed, beam_size, blank_bias, blank_decision):
-    """Same blank decision (the scores mean the same then)."""
-    model = make_model(seed, blank_bias=blank_bias)  # 0.5: greedy emits labels
-    greedy = build_transducer_search(
-        model, search_type="mb_greedy", blank_decision=blank_decision
-    )
-    beam = build_transducer_search(
-        model,
-        search_type="mb_beam",
-        beam_size=beam_size,
-        blank_decision=blank_decision,
-    )
-    enc, lens = enc_batch(100 + seed, [25, 12])
-    for b, T in enumerate(lens.tolist()):
-        g = greedy.search_one(enc[b, :T])
-        (h,) = beam(enc[b, :T])
-        assert h.frame == T
-        assert h.score >= g.score - 1e-6
-
-
 def test_beam_merges_alignments_exactly():
     """With a beam wide enough to keep everything, the score of the empty label
     sequence is the total probability of all its blank alignments."""
     durations = (2, 3)
-    model = make_model(5, blank_id=2, durations=durations, vocab=4)
+    lattice = sc.multiblank(durations, blank=2, vocab=4)
+    model = lattice.model(5)
     with torch.no_grad():
         model.joint_network.lin_out.weight.zero_()  # context-free probabilities
     T = 6
     enc, _ = enc_batch(0, [T])
-    search = core_beam(model, beam_size=50, nbest=50, blank_decision="symbol")
+    search = lattice.core_beam(model, beam_size=50, nbest=50, blank_decision="symbol")
     hyps = search(enc[0])
     empty = [h for h in hyps if h.yseq == [2]][0]
     logp = torch.log_softmax(model.joint_network.lin_out.bias.detach().double(), -1)
@@ -338,114 +540,6 @@ def test_beam_merges_alignments_exactly():
         ]
         total[t] = torch.logsumexp(torch.stack(terms), 0)
     assert math.isclose(empty.score, float(total[T]), rel_tol=1e-5)
-
-
-def brute_force_sequences(model, enc, max_sym):
-    """log P(y | x) for every label sequence y, by enumerating every path.
-
-    Independent of the searches: ESPnet's decoder and joint network called directly,
-    one path at a time, with the lattice rules of ``docs/lattice.md`` (labels stay,
-    blank +1, big blank i + d_i, no overshoot) and at most ``max_sym`` labels per frame.
-    """
-    blank, durations = model.blank_id, model.big_blank_durations
-    dec, joint = model.decoder, model.joint_network
-    labels = [k for k in range(dec.odim) if k > blank or k < blank - len(durations)]
-    T = enc.size(0)
-    paths = {}
-
-    def step(k, state):
-        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
-
-    def rec(t, y, n_sym, dec_out, state, lp):
-        if t == T:
-            paths.setdefault(y, []).append(lp)
-            return
-        logp = torch.log_softmax(joint(enc[t], dec_out), dim=-1).double()
-        rec(t + 1, y, 0, dec_out, state, lp + logp[blank])
-        for i, d in enumerate(durations):
-            if t + d <= T:
-                rec(t + d, y, 0, dec_out, state, lp + logp[blank - 1 - i])
-        if n_sym < max_sym:
-            for k in labels:
-                out, new_state = step(k, state)
-                rec(t, y + (k,), n_sym + 1, out, new_state, lp + logp[k])
-
-    with torch.no_grad():
-        out, state = step(blank, dec.init_state(1))
-        rec(0, (), 0, out, state, torch.tensor(0.0, dtype=torch.float64))
-    return {y: float(torch.logsumexp(torch.stack(v), 0)) for y, v in paths.items()}
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("max_sym", [1, 2])
-def test_wide_beam_equals_exhaustive_search(seed, max_sym):
-    """A beam that prunes nothing returns every label sequence with its exact total
-    probability (all alignments merged); narrower beams never over-estimate it."""
-    durations = (2,)
-    model = make_model(seed, blank_id=1, durations=durations, vocab=4, blank_bias=0.0)
-    enc, _ = enc_batch(seed, [5 if max_sym == 1 else 3])  # keeps enumeration fast
-    exact = brute_force_sequences(model, enc[0], max_sym)
-    wide = core_beam(
-        model,
-        beam_size=100000,
-        nbest=100000,
-        max_sym_per_frame=max_sym,
-        blank_decision="symbol",
-    )
-    got = {tuple(h.yseq[1:]): h.score for h in wide(enc[0])}
-    assert set(got) == set(exact)
-    for y, score in exact.items():
-        assert got[y] == pytest.approx(score, rel=1e-5, abs=1e-5)
-    best = max(exact, key=exact.get)
-    assert tuple(wide(enc[0])[0].yseq[1:]) == best
-    for beam_size in (1, 2, 4):
-        narrow = build_transducer_search(
-            model,
-            search_type="mb_beam",
-            beam_size=beam_size,
-            nbest=8,
-            max_sym_per_frame=max_sym,
-            blank_decision="symbol",
-        )
-        for h in narrow(enc[0]):
-            assert h.score <= exact[tuple(h.yseq[1:])] + 1e-5
-
-
-def test_nbest_sorted_and_distinct():
-    model = make_model(1)
-    beam = build_transducer_search(model, search_type="mb_beam", beam_size=6, nbest=4)
-    enc, _ = enc_batch(1, [20])
-    hyps = beam(enc[0])
-    assert 1 <= len(hyps) <= 4
-    scores = [h.score for h in hyps]
-    assert scores == sorted(scores, reverse=True)
-    assert len({tuple(h.yseq) for h in hyps}) == len(hyps)
-
-
-# ---------------------------------------------------------------- blank handling
-
-
-def test_wrong_blank_defect_cannot_occur():
-    """ESPnet builds the decoder with blank_id = embed_pad = 0 (<blank8> here)."""
-    model = make_model(0)
-    assert model.decoder.blank_id == 0  # ESPnet's defect, before any search is built
-    for st in ("mb_greedy", "mb_beam", "greedy", "default", "mbg"):
-        search = build_transducer_search(model, search_type=st, beam_size=2)
-        assert isinstance(search, (MultiblankGreedySearch, MultiblankBeamSearch)), st
-        assert search.blank_id == BLANK
-        assert search.lattice.big_blank_ids == (2, 1, 0)
-        assert model.decoder.blank_id == BLANK
-    # every hypothesis starts with the standard blank, never index 0
-    enc, lens = enc_batch(0, [12, 6])
-    for h in build_transducer_search(model, search_type="mb_greedy").search_batch(
-        enc, lens
-    ):
-        assert h.yseq[0] == BLANK and 0 not in h.yseq
-    # ESPnet searches that do not know big blanks are refused on a multi-blank model
-    for st in ("tsd", "alsd", "nsc", "maes"):
-        with pytest.raises(ValueError, match="big blanks"):
-            build_transducer_search(model, search_type=st, beam_size=2)
 
 
 def test_search_type_resolution():
@@ -510,35 +604,6 @@ def test_lattice_from_espnet_multiblank_model_and_validation():
         lattice_from_model(model)
 
 
-def test_unknown_conf_key_and_lm_without_token_list_rejected():
-    model = make_model(0)
-    with pytest.raises(ValueError, match="u_max"):
-        build_transducer_search(model, search_type="mb_beam", beam_size=2, u_max=5)
-    # LM fusion maps tokens by their text: an LM without its token list is refused
-    with pytest.raises(ValueError, match="lm_train_config"):
-        build_transducer_search(model, search_type="mb_greedy", lm=object())
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_matches_cpu():
-    model = make_model(1)
-    enc, lens = enc_batch(7, [20, 9, 14])
-    cpu = {
-        st: build_transducer_search(model, search_type=st, beam_size=4)
-        for st in ("mb_greedy", "mb_beam")
-    }
-    want_g = cpu["mb_greedy"].search_batch(enc, lens)
-    want_b = [cpu["mb_beam"](enc[b, :T])[0] for b, T in enumerate(lens.tolist())]
-    model.decoder.cuda()
-    model.joint_network.cuda()
-    gpu = build_transducer_search(model, search_type="mb_greedy")
-    got_g = gpu.search_batch(enc.cuda(), lens.cuda())
-    beam = build_transducer_search(model, search_type="mb_beam", beam_size=4)
-    for b, T in enumerate(lens.tolist()):
-        assert got_g[b].yseq == want_g[b].yseq
-        assert beam(enc[b, :T].cuda())[0].yseq == want_b[b].yseq
-
-
 @pytest.mark.parametrize("rnn_type", ["lstm", "gru"])
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_fused_cell_step_equals_decoder_rnn_forward(rnn_type, num_layers):
@@ -583,150 +648,3 @@ def test_cell_step_not_used_for_other_decoders_or_training():
     decoder.rnn_forward = lambda *a: calls.append(1) or original(*a)
     stepper.step(torch.tensor([1]), decoder.init_state(1))
     assert calls == [1]
-
-
-# ------------------------------------------------- beam search: the documented rule
-
-
-class CountingStepper(JointStepper):
-    """JointStepper that records the rows of every joint-network evaluation."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.rows = []
-
-    def log_probs(self, enc_proj, dec_proj):
-        self.rows.append(enc_proj.size(0))
-        return super().log_probs(enc_proj, dec_proj)
-
-
-def reference_beam(model, enc, beam, max_sym, blank_decision):
-    """The beam search of docs/decoding.md, written again one hypothesis at a time
-    with the decoder and joint network called directly (no search code).
-
-    Returns:
-        [(labels, score, big_blank_emissions, frames_skipped)] of every complete
-        hypothesis, and the number of hypotheses of every expansion, in order.
-    """
-    blank, durations = model.blank_id, model.big_blank_durations
-    dec, joint = model.decoder, model.joint_network
-    frames = {blank: 1}
-    frames.update({blank - 1 - i: d for i, d in enumerate(durations)})
-    T, V = enc.size(0), dec.odim
-
-    def pred(k, state):
-        out, state = dec.rnn_forward(dec.embed(torch.tensor([[k]])), state)
-        return out[0, 0], state
-
-    def insert(queue, hyp):
-        old = queue.get(hyp["y"])
-        if old is None:
-            queue[hyp["y"]] = hyp
-            return
-        total = float(torch.logaddexp(torch.tensor(old["s"]), torch.tensor(hyp["s"])))
-        if hyp["s"] > old["s"]:
-            queue[hyp["y"]] = hyp
-        queue[hyp["y"]]["s"] = total
-
-    queues = [dict() for _ in range(T + 1)]
-    out, state = pred(blank, dec.init_state(1))
-    queues[0][()] = dict(y=(), s=0.0, out=out, st=state, n=0, big=0, skip=0)
-    expansions = []
-    with torch.no_grad():
-        for t in range(T):
-            current = sorted(queues[t].values(), key=lambda h: -h["s"])[:beam]
-            while current:
-                expansions.append(len(current))
-                cands = []
-                for a, h in enumerate(current):
-                    logp = torch.log_softmax(joint(enc[t], h["out"]), -1).double()
-                    blanks = []
-                    for k in range(V):
-                        f = frames.get(k, 0)
-                        if (f == 0 and h["n"] >= max_sym) or t + f > T:
-                            continue
-                        if f and blank_decision == "total":
-                            blanks.append(k)
-                        else:
-                            cands.append((h["s"] + float(logp[k]), a, k))
-                    if blanks:  # one candidate: the blanks' total, the best blank
-                        total = float(torch.logsumexp(logp[blanks], 0))
-                        best = max(blanks, key=lambda b: float(logp[b]))
-                        cands.append((h["s"] + total, a, best))
-                cands = sorted(cands, key=lambda c: -c[0])[:beam]
-                ahead = sorted((h["s"] for h in queues[t + 1].values()), reverse=True)
-                floor = ahead[beam - 1] if len(ahead) >= beam else float("-inf")
-                nxt = []
-                for s, a, k in cands:
-                    h, f = current[a], frames.get(k, 0)
-                    if f == 0:
-                        if s >= floor:
-                            out, state = pred(k, h["st"])
-                            nxt.append(dict(h, y=h["y"] + (k,), s=s, out=out, st=state))
-                            nxt[-1]["n"] = h["n"] + 1
-                        continue
-                    child = dict(h, s=s, n=0)
-                    child["big"] += f > 1
-                    child["skip"] += f - 1
-                    insert(queues[t + f], child)
-                current = nxt
-    final = [(h["y"], h["s"], h["big"], h["skip"]) for h in queues[T].values()]
-    return final, expansions
-
-
-@pytest.mark.parametrize("blank_decision", ["total", "symbol"])
-@pytest.mark.parametrize("durations", [(2, 4), (3,), ()])
-@pytest.mark.parametrize("beam_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_small_beams_follow_the_documented_rule(
-    durations, beam_size, seed, blank_decision
-):
-    """Exact n-best (labels, scores, big blanks) and the number of hypotheses expanded
-    at every step, against an independent implementation of the documented rule
-    (per-frame top-B cut, B best candidates per expansion, labels below the B-th best
-    hypothesis queued at t + 1 dropped, merging by log-add)."""
-    blank_id = 2 if durations else 0
-    model = make_model(seed, blank_id=blank_id, durations=durations, vocab=6)
-    with torch.no_grad():  # labels and blanks compete: wide n-best lists
-        model.joint_network.lin_out.bias[blank_id - len(durations) :] -= 1.5
-    enc, _ = enc_batch(seed + 40, [11])
-    want, want_expansions = reference_beam(model, enc[0], beam_size, 2, blank_decision)
-    stepper = CountingStepper(model.decoder, model.joint_network)
-    search = MultiblankBeamSearch(
-        stepper,
-        MultiblankLattice.create(blank_id, durations),
-        beam_size=beam_size,
-        nbest=1000,
-        max_sym_per_frame=2,
-        blank_decision=blank_decision,
-    )
-    got = search(enc[0])
-    assert stepper.rows == want_expansions
-    want.sort(key=lambda w: -w[1])
-    assert [tuple(h.labels) for h in got] == [w[0] for w in want]
-    for h, (_, score, big, skip) in zip(got, want):
-        assert h.score == pytest.approx(score, rel=1e-6, abs=1e-6)
-        assert (h.big_blank_emissions, h.frames_skipped) == (big, skip)
-
-
-@pytest.mark.parametrize("how", ["core", "transducer_conf"])
-def test_score_norm_ranks_by_score_per_symbol(how):
-    """score_norm: the final n-best is ordered by score / len(yseq) (in the search and
-    when set through transducer_conf); the hypotheses themselves do not change."""
-    model = make_model(3, blank_bias=0.0)
-    enc, _ = enc_batch(9, [14])
-    plain = core_beam(model, beam_size=4, nbest=100)(enc[0])
-    if how == "core":
-        normed = core_beam(model, beam_size=4, nbest=100, score_norm=True)
-    else:
-        normed = build_transducer_search(
-            model, search_type="mb_beam", beam_size=4, nbest=100, score_norm=True
-        )
-    got = normed(enc[0])
-    want = sorted(plain, key=lambda h: h.score / len(h.yseq), reverse=True)
-    assert [(h.yseq, h.score) for h in got] == [(h.yseq, h.score) for h in want]
-    assert [h.yseq for h in want] != [
-        h.yseq for h in plain
-    ]  # the case tells them apart
-    normed.nbest = 2
-    assert [h.yseq for h in normed(enc[0])] == [h.yseq for h in want[:2]]

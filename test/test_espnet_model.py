@@ -1,19 +1,35 @@
-"""``model: multiblank_espnet`` built through ESPnet's own ASRTask from YAML."""
+"""``model: multiblank_espnet`` built through ESPnet's own ASRTask from YAML, for every
+lattice (standard, multi-blank, TDT), then the multi-blank layout's own checks.
+
+The test bodies that hold for every lattice take its name; its config is
+``espnet_cases.lattice_config`` and what the model must look like
+``espnet_cases.LAYOUTS`` (written out by hand). The TDT's own checks (the duration
+outputs, omega, unreachable lengths, its sigma key) are in test_tdt_model.py.
+"""
 
 import pytest
 import torch
 import yaml
-from espnet_cases import TOKENS, batch, build, tiny_config
+from espnet_cases import (
+    DURS,
+    LAYOUTS,
+    TOKENS,
+    batch,
+    build,
+    lattice_config,
+    tiny_config,
+)
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.decoding import MultiblankGreedySearch
+from espnet_multiblank.decoding import MultiblankGreedySearch, TDTGreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 from espnet_multiblank.espnet.model.error_calculators import (
     MultiblankCTCErrorCalculator,
     MultiblankErrorCalculatorTransducer,
 )
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
 espnet_multiblank.register()
 
@@ -22,86 +38,138 @@ from espnet2.asr_transducer.joint_network import JointNetwork  # noqa: E402
 from espnet2.asr_transducer.utils import get_transducer_task_io  # noqa: E402
 from espnet2.tasks.asr import ASRTask  # noqa: E402
 
-from espnet_multiblank.espnet.training.task import MultiblankASRTask  # noqa: E402
+from espnet_multiblank.espnet.inference.search import (  # noqa: E402
+    build_transducer_search,
+)
+from espnet_multiblank.espnet.training.task import (  # noqa: E402
+    MultiblankASRTask,
+    check_args,
+)
+
+lattices = pytest.mark.parametrize("lattice", ["standard", "multiblank", "tdt"])
 
 
-def test_build_from_yaml_contract(tmp_path):
-    model = build(tmp_path, tiny_config())
+# ------------------------------------------------------------------- every lattice
+
+
+@lattices
+def test_build_from_yaml_contract(tmp_path, lattice):
+    """The token list, blanks, networks and loss of the layout written out by hand;
+    the ESPnet wrong-blank defect (decoder and CTC blank 0) does not occur; the
+    model trains (a finite loss and gradient)."""
+    conf = dict(transducer_tdt_omega=0.25) if lattice == "tdt" else {}
+    model = build(tmp_path, lattice_config(lattice, **conf))
+    want = LAYOUTS[lattice]
     assert isinstance(model, MultiblankESPnetASRModel)
-    assert model.token_list[:4] == ["<blank8>", "<blank4>", "<blank2>", "<blank>"]
-    assert model.blank_id == 3
-    assert model.big_blank_durations == (2, 4, 8)
-    assert model.big_blank_ids == (2, 1, 0)
-    assert model.transducer_multi_blank_durations == [2, 4, 8]
+    assert model.token_list == list(want.token_list)
+    assert model.vocab_size == len(want.token_list) == model.decoder.odim
+    assert model.blank_id == want.blank
+    assert model.big_blank_durations == want.big_blank_durations
+    assert model.big_blank_ids == want.big_blank_ids
+    assert model.transducer_multi_blank_durations == list(want.big_blank_durations)
+    assert model.tdt_durations == want.tdt_durations
+    if lattice == "tdt":
+        assert model.lattice == TDTLattice(want.blank, want.tdt_durations)
+    else:
+        assert model.lattice == MultiblankLattice(want.blank, want.big_blank_durations)
     assert isinstance(model.decoder, TransducerDecoder)
     assert isinstance(model.joint_network, JointNetwork)
-    assert model.decoder.odim == len(model.token_list) == model.vocab_size
+    # the joint network has V (a TDT: V token + D duration) outputs; the rest has V
+    assert model.joint_network.lin_out.out_features == want.joint_outputs
+    assert model.ctc.ctc_lo.out_features == len(want.token_list)
     # the ESPnet wrong-blank defect does not occur
-    assert model.decoder.blank_id == 3
-    assert model.decoder.embed.padding_idx == 3
-    assert torch.all(model.decoder.embed.weight[3] == 0)
-    assert model.ctc.ctc_loss.blank == 3
+    assert model.decoder.blank_id == want.blank
+    assert model.decoder.embed.padding_idx == want.blank
+    assert torch.all(model.decoder.embed.weight[want.blank] == 0)
+    assert model.ctc.ctc_loss.blank == want.blank
     crit = model.criterion_transducer
-    assert isinstance(crit, espnet_multiblank.MultiblankRNNTLoss)
-    assert (crit.blank, tuple(crit.big_blank_durations)) == (3, (2, 4, 8))
+    assert type(crit).__name__ == want.criterion
+    o = crit.opts
+    assert (o.blank, o.sigma) == (want.blank, want.sigma)
+    if lattice == "tdt":
+        assert tuple(o.durations) == want.tdt_durations
+        assert o.omega == 0.25 and model.criterion_transducer_eval.opts.omega == 0.0
+    else:
+        assert isinstance(crit, espnet_multiblank.MultiblankRNNTLoss)
+        assert (crit.blank, tuple(crit.big_blank_durations)) == (
+            want.blank,
+            want.big_blank_durations,
+        )
+        assert model.criterion_transducer_eval is None
     # per-utterance costs, reduced by the model over the utterances with a path
-    assert crit.opts.sigma == 0.05 and crit.opts.reduction == "none"
-    assert model.transducer_conf.reduction == "mean"
-
-
-def test_stock_espnet_has_the_wrong_blank(tmp_path):
-    """What the plug-in fixes: ESPnet's own model keeps decoder.blank_id = 0 and CTC
-    blank 0 (= <blank8>) for the same config."""
-    config = tiny_config()
-    config["model"] = "espnet"
-    for key in ("transducer_loss_backend",):
-        config["model_conf"].pop(key)
-    stock = build(tmp_path, config)
-    assert stock.blank_id == 3
-    assert stock.decoder.blank_id == 0 and stock.ctc.ctc_loss.blank == 0
-
-
-def test_standard_transducer_without_warprnnt(tmp_path):
-    model = build(tmp_path, tiny_config(durations=(), transducer_multi_blank_sigma=0.0))
-    assert model.token_list == TOKENS
-    assert (model.blank_id, model.big_blank_durations, model.big_blank_ids) == (
-        0,
-        (),
-        (),
-    )
-    assert model.decoder.blank_id == 0 and model.ctc.ctc_loss.blank == 0
+    assert o.reduction == "none" and model.transducer_conf.reduction == "mean"
     loss, stats, _ = model(*batch(model.token_list))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(stats["loss_transducer"])
+    grads = [p.grad for p in model.joint_network.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-def test_rebuild_is_idempotent(tmp_path):
-    """The saved config lists the big blanks already: rebuilding keeps the layout."""
-    model = build(tmp_path, tiny_config())
-    config = tiny_config()
-    config["token_list"] = list(model.token_list)
-    (tmp_path / "config2.yaml").write_text(yaml.safe_dump(config))
-    args = ASRTask.get_parser().parse_args(["--config", str(tmp_path / "config2.yaml")])
-    again = ASRTask.build_model(args)
-    assert again.token_list == model.token_list and again.blank_id == 3
+def _plugin_loss(lattice, logits, target, t_len, u_len, options, **kw):
+    """The package's loss of ``lattice`` with the model_conf ``options`` mapped on its
+    arguments (``kw``: e.g. the backend)."""
+    want = LAYOUTS[lattice]
+    common = dict(
+        blank=want.blank,
+        reduction=options.get("transducer_reduction", "mean"),
+        fastemit_lambda=options.get("transducer_fastemit_lambda", 0.0),
+        clamp=options.get("transducer_clamp", 0.0),
+        **kw,
+    )
+    if lattice == "tdt":
+        return espnet_multiblank.tdt_loss(
+            logits,
+            target,
+            t_len,
+            u_len,
+            durations=options.get("transducer_tdt_durations", list(DURS)),
+            sigma=options.get("transducer_tdt_sigma", want.sigma),
+            **common,
+        )
+    return espnet_multiblank.multiblank_rnnt_loss(
+        logits,
+        target,
+        t_len,
+        u_len,
+        big_blank_durations=list(want.big_blank_durations),
+        sigma=want.sigma,
+        **common,
+    )
 
 
 @pytest.mark.parametrize(
-    "options",
+    "lattice, options",
     [
-        dict(),
-        dict(
-            transducer_fastemit_lambda=0.5,
-            transducer_clamp=0.3,
-            transducer_reduction="mean_volume",
+        ("standard", dict()),
+        ("multiblank", dict()),
+        (
+            "multiblank",
+            dict(
+                transducer_fastemit_lambda=0.5,
+                transducer_clamp=0.3,
+                transducer_reduction="mean_volume",
+            ),
         ),
+        ("tdt", dict()),
+        (
+            "tdt",
+            dict(
+                transducer_fastemit_lambda=0.5,
+                transducer_clamp=0.3,
+                transducer_reduction="mean_volume",
+                transducer_tdt_sigma=0.0,
+            ),
+        ),
+        ("tdt", dict(transducer_tdt_durations=[3, 0, 1], transducer_reduction="sum")),
     ],
 )
-def test_model_loss_equals_plugin_loss(tmp_path, options):
-    """The transducer branch is exactly espnet_multiblank's loss on the joint output,
-    in value and gradient."""
+def test_model_loss_equals_plugin_loss(tmp_path, lattice, options):
+    """The transducer branch is exactly espnet_multiblank's loss on the joint network's
+    (B, T, U, V) (a TDT: V + D) logits, in value and gradient; and the float64
+    PyTorch reference's, within float32 rounding."""
     torch.manual_seed(0)
-    model = build(tmp_path, tiny_config(**options))
+    model = build(tmp_path, lattice_config(lattice, **options))
+    durations = options.get("transducer_tdt_durations", DURS)
     g = torch.Generator().manual_seed(1)
     enc = torch.randn(3, 9, 16, generator=g, requires_grad=True)
     enc_lens = torch.tensor([9, 7, 4])
@@ -109,33 +177,62 @@ def test_model_loss_equals_plugin_loss(tmp_path, options):
     loss, _, _ = model._calc_transducer_loss(enc, enc_lens, text)
     (grad,) = torch.autograd.grad(loss, enc)
 
-    enc2 = enc.detach().clone().requires_grad_(True)
     decoder_in, target, t_len, u_len = get_transducer_task_io(
-        text, enc_lens, ignore_id=-1, blank_id=3
+        text, enc_lens, ignore_id=-1, blank_id=LAYOUTS[lattice].blank
     )
     model.decoder.set_device(enc.device)
-    logits = model.joint_network(
-        enc2.unsqueeze(2), model.decoder(decoder_in).unsqueeze(1)
-    )
-    expected = espnet_multiblank.multiblank_rnnt_loss(
-        logits,
-        target,
-        t_len,
-        u_len,
-        blank=3,
-        big_blank_durations=[2, 4, 8],
-        sigma=0.05,
-        reduction=options.get("transducer_reduction", "mean"),
-        fastemit_lambda=options.get("transducer_fastemit_lambda", 0.0),
-        clamp=options.get("transducer_clamp", 0.0),
-    )
-    (grad2,) = torch.autograd.grad(expected, enc2)
-    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(grad, grad2, rtol=1e-5, atol=1e-7)
+    outputs = len(TOKENS) + len(durations)  # a TDT's V + D, with these durations
+    if lattice != "tdt":
+        outputs = LAYOUTS[lattice].joint_outputs
+    # (backend, (rtol, atol) of the loss, of the gradient): the model's own kernel
+    # exactly, the float64 reference within float32 rounding
+    for backend, loss_tol, grad_tol in (
+        ("auto", (1e-6, 1e-6), (1e-5, 1e-7)),
+        ("torch", (1e-5, 1e-5), (1e-4, 1e-6)),
+    ):
+        enc2 = enc.detach().clone().requires_grad_(True)
+        logits = model.joint_network(
+            enc2.unsqueeze(2), model.decoder(decoder_in).unsqueeze(1)
+        )
+        assert logits.shape[-1] == outputs
+        expected = _plugin_loss(
+            lattice, logits, target, t_len, u_len, options, backend=backend
+        )
+        (grad2,) = torch.autograd.grad(expected, enc2)
+        torch.testing.assert_close(loss, expected, rtol=loss_tol[0], atol=loss_tol[1])
+        torch.testing.assert_close(grad, grad2, rtol=grad_tol[0], atol=grad_tol[1])
 
 
-def test_ctc_uses_standard_blank(tmp_path):
-    model = build(tmp_path, tiny_config())
+@lattices
+def test_rebuild_from_saved_config_and_state(tmp_path, lattice):
+    """What ESPnet's trainer saves (the parsed arguments, the token list with the big
+    blanks already in it, and the state dict) rebuilds the same model with
+    ``build_model_from_file``: the same layout (no big blanks added twice, the
+    V + D output layer of a TDT) and the same weights."""
+    want = LAYOUTS[lattice]
+    (tmp_path / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(lattice_config(lattice)))
+    args = ASRTask.get_parser().parse_args(
+        ["--config", str(tmp_path / "config.yaml")]
+        + ["--token_list", str(tmp_path / "tokens.txt")]
+    )
+    model = ASRTask.build_model(args)
+    (tmp_path / "saved.yaml").write_text(yaml.safe_dump(vars(args)))
+    torch.save(model.state_dict(), tmp_path / "model.pth")
+    assert vars(args)["token_list"] == list(want.token_list)
+    again, _ = ASRTask.build_model_from_file(
+        tmp_path / "saved.yaml", tmp_path / "model.pth", "cpu"
+    )
+    assert again.token_list == model.token_list == list(want.token_list)
+    assert again.blank_id == want.blank and again.lattice == model.lattice
+    assert again.joint_network.lin_out.weight.shape == (want.joint_outputs, 16)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[k], v, rtol=0, atol=0)
+
+
+@lattices
+def test_ctc_uses_standard_blank(tmp_path, lattice):
+    model = build(tmp_path, lattice_config(lattice))
     g = torch.Generator().manual_seed(2)
     enc = torch.randn(3, 9, 16, generator=g)
     enc_lens = torch.tensor([9, 7, 4])
@@ -149,7 +246,7 @@ def test_ctc_uses_standard_blank(tmp_path):
             targets,
             enc_lens,
             text_lengths,
-            blank=3,
+            blank=LAYOUTS[lattice].blank,
             reduction="sum",
             zero_infinity=True,
         )
@@ -158,11 +255,12 @@ def test_ctc_uses_standard_blank(tmp_path):
     torch.testing.assert_close(got, want)
 
 
-def test_half_precision_joint_output_is_cast_to_float32(tmp_path):
+@lattices
+def test_half_precision_joint_output_is_cast_to_float32(tmp_path, lattice):
     """Under autocast the joint network may return bf16/fp16; the loss gets float32.
     (CPU LSTMs do not run under bf16 autocast on every CPU, so the joint output is made
     bf16 directly.)"""
-    model = build(tmp_path, tiny_config())
+    model = build(tmp_path, lattice_config(lattice))
     model.joint_network.register_forward_hook(
         lambda mod, inputs, out: out.to(torch.bfloat16)
     )
@@ -173,6 +271,250 @@ def test_half_precision_joint_output_is_cast_to_float32(tmp_path):
     loss, stats, _ = model(*batch(model.token_list))
     assert seen == [torch.float32]
     assert torch.isfinite(stats["loss_transducer"])
+
+
+@lattices
+def test_validation_decodes_with_the_lattice_greedy_search(tmp_path, lattice):
+    """Validation CER/WER come from the plug-in's batched greedy search of the
+    lattice over the joint network's outputs: the same hypotheses as the
+    inference's greedy search (one utterance at a time); every blank is dropped."""
+    want = LAYOUTS[lattice]
+    model = build(tmp_path, lattice_config(lattice, report_cer=True, report_wer=True))
+    calc = model.error_calculator_trans
+    assert isinstance(calc, MultiblankErrorCalculatorTransducer)
+    greedy = TDTGreedySearch if lattice == "tdt" else MultiblankGreedySearch
+    assert type(calc.beam_search) is greedy
+    assert calc.beam_search.stepper.vocab_size == want.joint_outputs
+    assert calc.blank_ids == want.blank_ids
+    model.eval()
+    with torch.no_grad():
+        _, stats, _ = model(*batch(model.token_list))
+        assert stats["cer_transducer"] is not None
+        assert stats["wer_transducer"] is not None
+        g = torch.Generator().manual_seed(4)
+        enc = torch.randn(3, 9, 16, generator=g)
+        lens = torch.tensor([9, 5, 7])
+        search = build_transducer_search(
+            model,
+            search_type="tdt_greedy" if lattice == "tdt" else "mb_greedy",
+            max_sym_per_frame=5,  # the calculator's
+        )
+        assert type(search) is greedy
+        want_hyps = [
+            search.search_one(enc[b, :T]).yseq for b, T in enumerate([9, 5, 7])
+        ]
+        got = [h.yseq for h in calc.beam_search.search_batch(enc, lens)]
+    assert got == want_hyps
+
+
+#: (lattice, model_conf keys, the message[, False: ESPnet's own build_model trips
+#: on it before the model's check]): multi-blank keys on the multi-blank config,
+#: TDT keys on the TDT config
+BAD_CONF = [
+    (
+        "multiblank",
+        dict(transducer_multi_blank_durations=[1, 4]),
+        r"model_conf\.transducer_multi_blank_durations must be a list of distinct",
+    ),
+    (
+        "multiblank",
+        dict(transducer_multi_blank_durations=[2, 2]),
+        r"model_conf\.transducer_multi_blank_durations must",
+    ),
+    (
+        "multiblank",
+        dict(transducer_multi_blank_durations=[2.5]),
+        r"model_conf\.transducer_multi_blank_durations must",
+    ),
+    (
+        "multiblank",
+        dict(transducer_multi_blank_durations=5),
+        r"model_conf\.transducer_multi_blank_dura",
+        False,
+    ),
+    (
+        "multiblank",
+        dict(transducer_clamp=-1.0),
+        r"model_conf\.transducer_clamp must be .*>= 0",
+    ),
+    (
+        "multiblank",
+        dict(transducer_multi_blank_sigma=-0.1),
+        r"model_conf\.transducer_multi_blank_sigma",
+    ),
+    (
+        "multiblank",
+        dict(transducer_fastemit_lambda="x"),
+        r"model_conf\.transducer_fastemit_lambda",
+    ),
+    (
+        "multiblank",
+        dict(transducer_reduction="avg"),
+        r"model_conf\.transducer_reduction must be one of \['sum', 'mean', 'mean_v",
+    ),
+    (
+        "multiblank",
+        dict(transducer_reduction="none"),
+        r"model_conf\.transducer_reduction must",
+    ),
+    (
+        "multiblank",
+        dict(transducer_loss_backend="cuda"),
+        r"model_conf\.transducer_loss_backend",
+    ),
+    (
+        "multiblank",
+        dict(sym_blank="<b>"),
+        r"model_conf\.sym_blank='<b>' is not in token_list",
+        False,
+    ),
+    (
+        "multiblank",
+        dict(transducer_tdt_sigma=0.1),
+        r"model_conf\.transducer_tdt_sigma is",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[0, 1], transducer_multi_blank_durations=[2]),
+        r"model_conf\.transducer_multi_blank_durations and "
+        r"model_conf\.transducer_tdt_durations cannot both be set",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[0]),
+        r"model_conf\.transducer_tdt_durations must contain a value >= 1",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[1, 1]),
+        r"model_conf\.transducer_tdt_durations must be distinct",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[-1, 1]),
+        r"model_conf\.transducer_tdt_durations must contain ints >= 0",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[0, 1.5]),
+        r"model_conf\.transducer_tdt_durations\[1\] must be an int",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=4),
+        r"model_conf\.transducer_tdt_durations must be a list of distinct",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_omega=-0.1),
+        r"model_conf\.transducer_tdt_omega must be a probability in \[0, 1\]",
+    ),
+    ("tdt", dict(transducer_tdt_omega=1.5), r"model_conf\.transducer_tdt_omega must"),
+    ("tdt", dict(transducer_tdt_omega="x"), r"model_conf\.transducer_tdt_omega must"),
+    ("tdt", dict(transducer_tdt_omega=True), r"model_conf\.transducer_tdt_omega must"),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[0, 2, 4]),
+        r"model_conf\.transducer_tdt_durations=\[0, 2, 4\]: no path of this TDT "
+        r"covers exactly T encoder frames for every T that is not a multiple of "
+        r"2 \(T = 1, 3, 5, \.\.\.\).*model_conf\.transducer_allow_unreachable_"
+        r"lengths: true",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[4, 2]),
+        r"transducer_tdt_durations=\[4, 2\]: .* not a multiple of 2",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[0, 3, 5]),
+        r"transducer_tdt_durations=\[0, 3, 5\]: .* for T = 1, 2, 4, 7, .*Add "
+        r"duration 1 \(e\.g\. \[0, 1, 3, 5\]\)",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_durations=[2, 4], transducer_allow_unreachable_lengths=1),
+        r"model_conf\.transducer_allow_unreachable_lengths must be true or false",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_sigma=0.1, transducer_multi_blank_sigma=0.2),
+        r"model_conf\.transducer_tdt_sigma=0\.1 and model_conf\.transducer_multi_"
+        r"blank_sigma=0\.2 disagree",
+    ),
+    (
+        "tdt",
+        dict(transducer_tdt_sigma=-1.0),
+        r"model_conf\.transducer_tdt_sigma must be a finite float >= 0",
+    ),
+    (
+        "tdt",
+        dict(batch_exact_encoding="no"),
+        r"model_conf\.batch_exact_encoding must be",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "lattice, conf, match, stock",
+    [
+        pytest.param(*case[:3], case[3:] != (False,), id=f"{case[0]}-conf{i}")
+        for i, case in enumerate(BAD_CONF)
+    ],
+)
+def test_bad_model_conf_names_the_key(tmp_path, lattice, conf, match, stock):
+    """At start-up through the plug-in's task (before ESPnet edits the token list),
+    by the task's check alone (what the entry point runs before any model is built)
+    and through ESPnet's own ASRTask (the model's constructor), which catches
+    everything but a missing sym_blank or big-blank durations that are not a list:
+    ESPnet's build_model trips on those first."""
+    config = lattice_config(lattice)
+    config["model_conf"].update(conf)
+    with pytest.raises(ConfigError, match=match):
+        build(tmp_path, config, task=MultiblankASRTask)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    args = MultiblankASRTask.get_parser().parse_args(
+        ["--config", str(tmp_path / "bad.yaml")]
+        + ["--token_list", str(tmp_path / "tokens.txt")]
+    )
+    with pytest.raises(ConfigError, match=match):
+        check_args(args)
+    if stock:
+        with pytest.raises(ConfigError, match=match):
+            build(tmp_path, config)
+
+
+def test_default_config_lists_the_plugin_keys():
+    """ESPnet's --print_config shows get_default_kwargs(model class) as model_conf."""
+    from espnet2.utils.get_default_kwargs import get_default_kwargs
+
+    kwargs = get_default_kwargs(MultiblankESPnetASRModel)
+    assert kwargs["transducer_multi_blank_durations"] == []
+    assert kwargs["transducer_multi_blank_sigma"] == 0.05
+    for key in ("transducer_fastemit_lambda", "transducer_clamp"):
+        assert kwargs[key] == 0.0
+    assert kwargs["transducer_reduction"] == "mean"
+    assert kwargs["transducer_loss_backend"] == "auto"
+    assert kwargs["batch_exact_encoding"] is True
+    assert kwargs["transducer_tdt_durations"] == []
+    assert kwargs["transducer_tdt_omega"] == 0.0
+    assert kwargs["transducer_tdt_sigma"] is None
+    assert kwargs["transducer_allow_unreachable_lengths"] is False
+
+
+# ------------------------------------------------------ the multi-blank layout's own
+
+
+def test_stock_espnet_has_the_wrong_blank(tmp_path):
+    """What the plug-in fixes: ESPnet's own model keeps decoder.blank_id = 0 and CTC
+    blank 0 (= <blank8>) for the same config."""
+    config = tiny_config()
+    config["model"] = "espnet"
+    for key in ("transducer_loss_backend",):
+        config["model_conf"].pop(key)
+    stock = build(tmp_path, config)
+    assert stock.blank_id == 3
+    assert stock.decoder.blank_id == 0 and stock.ctc.ctc_loss.blank == 0
 
 
 class _ScriptedJoint(torch.nn.Module):
@@ -224,65 +566,6 @@ def test_error_calculator_uses_multiblank_search_and_strips_all_blanks():
     assert pred == ["a b"] and ref == ["a b"]
 
 
-def test_validation_cer_runs(tmp_path):
-    model = build(tmp_path, tiny_config(report_cer=True, report_wer=True))
-    assert isinstance(model.error_calculator_trans, MultiblankErrorCalculatorTransducer)
-    model.eval()
-    with torch.no_grad():
-        _, stats, _ = model(*batch(model.token_list))
-    assert stats["cer_transducer"] is not None and stats["wer_transducer"] is not None
-
-
-@pytest.mark.parametrize(
-    "conf, match",
-    [
-        (
-            dict(transducer_multi_blank_durations=[1, 4]),
-            r"model_conf\.transducer_multi_blank_durations must be a list of distinct",
-        ),
-        (
-            dict(transducer_multi_blank_durations=[2, 2]),
-            r"model_conf\.transducer_multi_blank_durations must",
-        ),
-        (
-            dict(transducer_multi_blank_durations=[2.5]),
-            r"model_conf\.transducer_multi_blank_durations must",
-        ),
-        (dict(transducer_clamp=-1.0), r"model_conf\.transducer_clamp must be .*>= 0"),
-        (
-            dict(transducer_multi_blank_sigma=-0.1),
-            r"model_conf\.transducer_multi_blank_sigma",
-        ),
-        (
-            dict(transducer_fastemit_lambda="x"),
-            r"model_conf\.transducer_fastemit_lambda",
-        ),
-        (
-            dict(transducer_reduction="avg"),
-            r"model_conf\.transducer_reduction must be one of \['sum', 'mean', 'mean_v",
-        ),
-        (dict(transducer_reduction="none"), r"model_conf\.transducer_reduction must"),
-        (dict(transducer_loss_backend="cuda"), r"model_conf\.transducer_loss_backend"),
-        (dict(sym_blank="<b>"), r"model_conf\.sym_blank='<b>' is not in token_list"),
-    ],
-)
-def test_bad_model_conf_names_the_key(tmp_path, conf, match):
-    """Through the plug-in's task (the bin's) the check runs before ESPnet edits the
-    token list; through ESPnet's own ASRTask the model's constructor still catches
-    everything but a missing sym_blank, which ESPnet's build_model trips on first."""
-    with pytest.raises(ConfigError, match=match):
-        build(tmp_path, tiny_config(**conf), task=MultiblankASRTask)
-    if "sym_blank" not in conf:
-        with pytest.raises(ConfigError, match=match):
-            build(tmp_path, tiny_config(**conf))
-
-
-def test_task_checks_before_espnet(tmp_path):
-    config = tiny_config(transducer_multi_blank_durations=5)
-    with pytest.raises(ConfigError, match=r"model_conf\.transducer_multi_blank_dura"):
-        build(tmp_path, config, task=MultiblankASRTask)
-
-
 def test_wrong_token_layout_names_the_key(tmp_path):
     """A token list whose big blanks are not just before <blank> is refused."""
     config = tiny_config()
@@ -313,20 +596,6 @@ def test_unknown_choice_names_the_key(tmp_path, capsys):
     with pytest.raises(SystemExit):
         build(tmp_path, tiny_config(), "--preencoder", "grad_scaledd")
     assert "--preencoder: invalid choice" in capsys.readouterr().err
-
-
-def test_default_config_lists_the_plugin_keys():
-    """ESPnet's --print_config shows get_default_kwargs(model class) as model_conf."""
-    from espnet2.utils.get_default_kwargs import get_default_kwargs
-
-    kwargs = get_default_kwargs(MultiblankESPnetASRModel)
-    assert kwargs["transducer_multi_blank_durations"] == []
-    assert kwargs["transducer_multi_blank_sigma"] == 0.05
-    for key in ("transducer_fastemit_lambda", "transducer_clamp"):
-        assert kwargs[key] == 0.0
-    assert kwargs["transducer_reduction"] == "mean"
-    assert kwargs["transducer_loss_backend"] == "auto"
-    assert kwargs["batch_exact_encoding"] is True
 
 
 def test_task_check_uses_the_constructor_defaults(monkeypatch, tmp_path):

@@ -1,8 +1,14 @@
-"""End to end through ESPnet: --collect_stats and training on CPU with
-``python -m espnet_multiblank.bin.asr_train``'s ``main``, then a reload with
-``ASRTask.build_model_from_file`` in a fresh interpreter (registered by the ``.pth``
-start-up hook only)."""
+"""End to end through ESPnet, for the multi-blank and TDT lattices: --collect_stats
+and training on CPU with ``python -m espnet_multiblank.bin.asr_train``'s ``main``,
+then a reload with ``ASRTask.build_model_from_file`` in a fresh interpreter
+(registered by the ``.pth`` start-up hook only); then a standard transducer with an
+utterance that has no path, and ESPnet's own entry point stopped by a NaN criterion.
 
+One training per lattice (``trained``, shared by the tests of that lattice); the TDT's
+own trainings (unreachable lengths) are in test_tdt_train.py.
+"""
+
+import functools
 import json
 import os
 import subprocess
@@ -11,132 +17,91 @@ import textwrap
 
 import numpy as np
 import pytest
-import soundfile
 import torch
 import yaml
-from espnet_cases import TOKENS, loss_backend, tiny_config
+from espnet_cases import LAYOUTS, loss_backend
+from espnet_experiments import (  # noqa: F401  (TEXTS: test_espnet_fused_train)
+    N_EPOCHS,
+    TEXTS,
+    collect_stats_and_train,
+    train_config,
+    training_args,
+    write_training_data,
+)
 
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.bin import asr_train
 from espnet_multiblank.espnet import autoregister
+from espnet_multiblank.espnet._hook import ENV_DISABLE
 
-N_EPOCHS = 4
-TEXTS = ["ab c", "ba", "cab", "c a", "abc", "b", "ca b", "aa"]
+# the names test_espnet_fused_train.py imports from here
+_data = write_training_data
+_common = training_args
+_train_config = functools.partial(train_config, "multiblank")
 
-
-def _data(root, short=()):
-    """TEXTS as utterances of 3200, 3600 or 4000 samples; ``short`` adds utterances
-    of 300 samples (3 STFT frames: too short for conv2d subsampling, 0 encoder
-    frames) with those texts."""
-    rng = np.random.default_rng(0)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "wav.scp", "w") as scp, open(root / "text", "w") as txt:
-        for i, text in enumerate(list(TEXTS) + list(short)):
-            key = f"utt{i}"
-            path = root / f"{key}.wav"
-            n = 3200 + 400 * (i % 3) if i < len(TEXTS) else 300
-            soundfile.write(path, 0.1 * rng.standard_normal(n), 16000, subtype="PCM_16")
-            scp.write(f"{key} {path}\n")
-            txt.write(f"{key} {text}\n")
-    (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
+#: the model_conf each lattice is trained with; a TDT's omega draws the training
+#: loss between the RNN-T and the TDT loss (validation is the TDT loss)
+TRAINED = {
+    "multiblank": dict(report_cer=True, report_wer=True, ctc_weight=0.3),
+    "tdt": dict(
+        report_cer=True, report_wer=True, ctc_weight=0.3, transducer_tdt_omega=0.2
+    ),
+}
 
 
-def _common(root):
-    data = [
-        "--train_data_path_and_name_and_type",
-        f"{root}/wav.scp,speech,sound",
-        "--train_data_path_and_name_and_type",
-        f"{root}/text,text,text",
-        "--valid_data_path_and_name_and_type",
-        f"{root}/wav.scp,speech,sound",
-        "--valid_data_path_and_name_and_type",
-        f"{root}/text,text,text",
-    ]
-    return data + [
-        "--config",
-        f"{root}/train.yaml",
-        "--token_list",
-        f"{root}/tokens.txt",
-        "--token_type",
-        "char",
-        "--use_preprocessor",
-        "true",
-        "--ngpu",
-        "0",
-        "--num_workers",
-        "0",
-        "--seed",
-        "0",
-    ]
-
-
-def _train_config(**model_conf):
-    config = tiny_config(**model_conf)
-    config.update(
-        optim="adam",
-        optim_conf=dict(lr=0.005),
-        batch_type="unsorted",
-        batch_size=8,
-        max_epoch=N_EPOCHS,
-        num_att_plot=0,
-        keep_nbest_models=1,
-        use_tensorboard=False,
-        best_model_criterion=[["valid", "loss", "min"]],
-    )
-    return config
-
-
-def _collect_stats_and_train(root, main=asr_train.main):
-    main(
-        _common(root)
-        + ["--collect_stats", "true", "--output_dir", f"{root}/stats"]
-        + ["--train_shape_file", f"{root}/wav.scp"]
-        + ["--valid_shape_file", f"{root}/wav.scp"]
-    )
-    main(
-        _common(root)
-        + ["--output_dir", f"{root}/exp"]
-        + ["--train_shape_file", f"{root}/stats/train/speech_shape"]
-        + ["--valid_shape_file", f"{root}/stats/valid/speech_shape"]
-    )
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mb_train")
-    _data(root)
-    config = _train_config(report_cer=True, report_wer=True, ctc_weight=0.3)
+@pytest.fixture(scope="module", params=list(TRAINED))
+def trained(request, tmp_path_factory):
+    """(lattice, experiment root): one training per lattice for the whole module."""
+    lattice = request.param
+    root = tmp_path_factory.mktemp(f"{lattice}_train")
+    write_training_data(root)
+    config = train_config(lattice, **TRAINED[lattice])
     (root / "train.yaml").write_text(yaml.safe_dump(config))
-    _collect_stats_and_train(root)
-    return root
+    collect_stats_and_train(root)
+    return lattice, root
+
+
+def _stats(root):
+    ckpt = torch.load(
+        root / "exp/checkpoint.pth", map_location="cpu", weights_only=False
+    )
+    return ckpt["reporter"]["stats"]
 
 
 @pytest.mark.slow
 def test_collect_stats(trained):
-    shapes = (trained / "stats/train/speech_shape").read_text().split("\n")
+    _, root = trained
+    shapes = (root / "stats/train/speech_shape").read_text().split("\n")
     assert len([s for s in shapes if s]) == len(TEXTS)
-    assert (trained / "stats/train/feats_stats.npz").exists()
+    assert (root / "stats/train/feats_stats.npz").exists()
 
 
 @pytest.mark.slow
 def test_training_loss_finite_and_decreasing(trained):
-    ckpt = torch.load(
-        trained / "exp/checkpoint.pth", map_location="cpu", weights_only=False
-    )
-    stats = ckpt["reporter"]["stats"]
-    train = [
-        float(stats[e]["train"]["loss_transducer"]) for e in range(1, N_EPOCHS + 1)
-    ]
-    valid = [float(stats[e]["valid"]["loss"]) for e in range(1, N_EPOCHS + 1)]
-    assert all(np.isfinite(train)) and all(np.isfinite(valid)), (train, valid)
+    lattice, root = trained
+    stats = _stats(root)
+    epochs = range(1, N_EPOCHS + 1)
+    train = [float(stats[e]["train"]["loss_transducer"]) for e in epochs]
+    valid = [float(stats[e]["valid"]["loss_transducer"]) for e in epochs]
+    valid_total = [float(stats[e]["valid"]["loss"]) for e in epochs]
+    assert all(np.isfinite(train + valid + valid_total)), (train, valid, valid_total)
     # one step per epoch on the same 8 utterances: a repeated batch
-    assert all(b < a for a, b in zip(train, train[1:])), train
-    assert train[-1] < 0.95 * train[0], train
-    assert valid[-1] < valid[0], valid
+    assert all(b < a for a, b in zip(valid, valid[1:])), valid
+    assert valid[-1] < 0.95 * valid[0], valid
+    assert valid_total[-1] < valid_total[0], valid_total
+    if not TRAINED[lattice].get("transducer_tdt_omega"):  # the same loss each step
+        assert all(b < a for a, b in zip(train, train[1:])), train
+        assert train[-1] < 0.95 * train[0], train
     assert stats[N_EPOCHS]["valid"]["cer_transducer"] is not None
-    saved = yaml.safe_load((trained / "exp/config.yaml").read_text())
+    assert stats[N_EPOCHS]["valid"]["wer_transducer"] is not None
+    want = LAYOUTS[lattice]
+    saved = yaml.safe_load((root / "exp/config.yaml").read_text())
     assert saved["model"] == "multiblank_espnet"
-    assert saved["token_list"][:4] == ["<blank8>", "<blank4>", "<blank2>", "<blank>"]
+    assert saved["token_list"] == list(want.token_list)
+    conf = saved["model_conf"]
+    assert conf.get("transducer_tdt_durations", []) == list(want.tdt_durations)
+    assert conf.get("transducer_multi_blank_durations", []) == list(
+        want.big_blank_durations
+    )
 
 
 RELOAD = textwrap.dedent("""
@@ -150,19 +115,26 @@ RELOAD = textwrap.dedent("""
     with torch.no_grad():
         loss, stats, _ = model(**batch)
     print(json.dumps(dict(
-        cls=type(model).__name__, blank_id=model.blank_id,
-        decoder_blank_id=model.decoder.blank_id,
+        cls=type(model).__name__, token_list=list(model.token_list),
+        blank_id=model.blank_id, decoder_blank_id=model.decoder.blank_id,
+        ctc_blank=model.ctc.ctc_loss.blank,
         durations=list(model.big_blank_durations), big=list(model.big_blank_ids),
-        loss=float(loss), ctc_blank=model.ctc.ctc_loss.blank,
+        tdt_durations=list(model.tdt_durations),
+        lin_out=list(model.joint_network.lin_out.weight.shape),
+        crit=type(model.criterion_transducer).__name__, loss=float(loss),
     )))
     """)
 
 
 @pytest.mark.slow
 def test_reload_in_fresh_process(trained, tmp_path):
+    """The trained model rebuilt by ESPnet's own ASRTask in an interpreter where only
+    the start-up hook registers the plug-in: the lattice's layout (written out by
+    hand) and the loss of the model rebuilt here."""
     from espnet2.tasks.asr import ASRTask
 
-    exp = trained / "exp"
+    lattice, root = trained
+    exp = root / "exp"
     model_file = exp / f"{N_EPOCHS}epoch.pth"
     model, _ = ASRTask.build_model_from_file(exp / "config.yaml", model_file, "cpu")
     model.eval()
@@ -175,12 +147,12 @@ def test_reload_in_fresh_process(trained, tmp_path):
     )
     torch.save(batch, tmp_path / "batch.pt")
     with torch.no_grad():
-        want, _, _ = model(**{k: v.clone() for k, v in batch.items()})
+        want_loss, _, _ = model(**{k: v.clone() for k, v in batch.items()})
 
     site_dir = tmp_path / "site"
     autoregister.write(str(site_dir))
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    env.pop(autoregister_env(), None)
+    env.pop(ENV_DISABLE, None)
     out = subprocess.run(
         [
             sys.executable,
@@ -198,27 +170,21 @@ def test_reload_in_fresh_process(trained, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["cls"] == "MultiblankESPnetASRModel"
-    assert (got["blank_id"], got["decoder_blank_id"], got["ctc_blank"]) == (3, 3, 3)
-    assert got["durations"] == [2, 4, 8] and got["big"] == [2, 1, 0]
-    assert got["loss"] == pytest.approx(float(want), rel=1e-5)
-
-
-def autoregister_env() -> str:
-    from espnet_multiblank.espnet._hook import ENV_DISABLE
-
-    return ENV_DISABLE
+    want = LAYOUTS[lattice]
+    assert got["cls"] == "MultiblankESPnetASRModel" and got["crit"] == want.criterion
+    assert got["token_list"] == list(want.token_list)
+    assert (got["blank_id"], got["decoder_blank_id"], got["ctc_blank"]) == (
+        want.blank,
+    ) * 3
+    assert got["durations"] == list(want.big_blank_durations)
+    assert got["big"] == list(want.big_blank_ids)
+    assert got["tdt_durations"] == list(want.tdt_durations)
+    assert got["lin_out"] == [want.joint_outputs, 16]
+    assert got["loss"] == pytest.approx(float(want_loss), rel=1e-5)
 
 
 def test_backend_is_known():
     assert loss_backend() in ("auto", "torch")
-
-
-def _stats(root):
-    ckpt = torch.load(
-        root / "exp/checkpoint.pth", map_location="cpu", weights_only=False
-    )
-    return ckpt["reporter"]["stats"]
 
 
 @pytest.mark.slow
@@ -226,11 +192,11 @@ def test_standard_model_with_an_impossible_utterance_trains(tmp_path):
     """A standard transducer (labels cover no frame: only an utterance without
     encoder frames is impossible) with one such utterance among 9: finite losses,
     its share reported, a best model with a finite loss."""
-    _data(tmp_path, short=["ab"])
-    config = _train_config(durations=(), transducer_multi_blank_sigma=0.0)
+    write_training_data(tmp_path, short=["ab"])
+    config = train_config("standard")
     config["batch_size"] = 9
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-    _collect_stats_and_train(tmp_path)
+    collect_stats_and_train(tmp_path)
     stats = _stats(tmp_path)
     valid = []
     for e in range(1, N_EPOCHS + 1):
@@ -254,8 +220,8 @@ def test_nan_criterion_stops_stock_training(tmp_path):
 
     from espnet_multiblank.espnet.registration.best_model_guard import NaNCriterionError
 
-    _data(tmp_path, short=["ab"])
-    config = _train_config(durations=(), transducer_multi_blank_sigma=0.0)
+    write_training_data(tmp_path, short=["ab"])
+    config = train_config("standard")
     config["batch_size"] = 9
     config["ctc_conf"] = {"zero_infinity": False}
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
@@ -263,7 +229,7 @@ def test_nan_criterion_stops_stock_training(tmp_path):
         NaNCriterionError,
         match=r"valid\.loss \(min\) is NaN in every epoch so far \(1\)",
     ):
-        _collect_stats_and_train(tmp_path, main=lambda cmd: ASRTask.main(cmd=cmd))
+        collect_stats_and_train(tmp_path, main=lambda cmd: ASRTask.main(cmd=cmd))
     stats = _stats(tmp_path)
     assert list(stats) == [1] and np.isnan(stats[1]["valid"]["loss"])
     assert stats[1]["valid"]["transducer_no_path_fraction"] == pytest.approx(1 / 9)

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from espnet_experiments import RNN_ENCODER as RNN
+from espnet_experiments import asr_model_args, dry_run_experiment
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
@@ -38,61 +40,29 @@ CONFORMER = [
     "selfattention_layer_type: rel_selfattn, macaron_style: true, "
     "use_cnn_module: true, cnn_module_kernel: 7}",
 ]
-RNN = [
-    "--encoder",
-    "rnn",
-    "--encoder_conf",
-    "{num_layers: 1, hidden_size: 16, output_size: 16, subsample: [1, 2]}",
-]
 
 
 def make_experiment(root: Path, encoder_args) -> Path:
     """``model: multiblank_espnet`` (big blanks 2, 4), random weights; the joint
     network's label logits are raised so that hypotheses are long and depend on the
     encoder output."""
-    from espnet2.tasks.asr import ASRTask
 
-    exp = root / "exp"
-    (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
-    ASRTask.main(
-        cmd=[
-            "--dry_run",
-            "true",
-            "--output_dir",
-            str(exp),
-            "--token_list",
-            str(root / "tokens.txt"),
-            "--token_type",
-            "char",
-            "--model",
-            "multiblank_espnet",
-            "--model_conf",
-            "{transducer_multi_blank_durations: [2, 4], report_cer: false, "
-            "report_wer: false}",
-            "--frontend_conf",
-            "{n_fft: 512, win_length: 400, hop_length: 160, n_mels: 20}",
-            "--normalize",
-            "utterance_mvn",
-            "--decoder",
-            "transducer",
-            "--decoder_conf",
-            "{hidden_size: 16}",
-            "--joint_net_conf",
-            "{joint_space_size: 16}",
-            *encoder_args,
-        ]
-    )
-    torch.manual_seed(0)
-    model, _ = ASRTask.build_model_from_file(exp / "config.yaml", None, "cpu")
-    with torch.no_grad():
+    def edit(model):
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm1d):
                 m.running_mean.normal_(0.0, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
         out = model.joint_network.lin_out
         out.weight.mul_(4.0)  # sharper, encoder-dependent decisions
-    torch.save(model.state_dict(), exp / "model.pth")
-    return exp
+
+    args = asr_model_args(
+        "multiblank_espnet",
+        "{transducer_multi_blank_durations: [2, 4], report_cer: false, "
+        "report_wer: false}",
+        encoder_args,
+        "{n_fft: 512, win_length: 400, hop_length: 160, n_mels: 20}",
+    ) + ["--normalize", "utterance_mvn"]
+    return dry_run_experiment(root / "exp", args, edit, tokens=TOKENS)
 
 
 def make_data(root: Path) -> Path:

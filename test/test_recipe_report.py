@@ -350,3 +350,43 @@ def test_training_section_says_how_many_ddp_processes(tmp_path):
         assert (ddp in text) == (procs == 2)
         per = "one torch thread per process" if procs == 2 else "one torch thread each"
         assert f"at most 3 at a time, {per} (" in text
+
+
+def test_seed_spread_section(tmp_path):
+    """WER per model and seed, the mean and max - min per model, and each model's
+    difference to the standard model per seed with its mean and range, from
+    hand-written score files."""
+    import json
+
+    sys.path.insert(0, str(LOCAL))
+    try:
+        seeds = importlib.import_module("report.seeds")
+    finally:
+        sys.path.remove(str(LOCAL))
+    wers = {  # (model, seed) -> WER %
+        ("standard", 0): 7.0,
+        ("standard", 1): 8.0,
+        ("multiblank", 0): 7.5,
+        ("multiblank", 1): 7.5,
+        ("tdt", 0): 6.0,
+        ("tdt", 1): 7.0,
+    }
+    specs = []
+    for (model, seed), wer in wers.items():
+        out = tmp_path / f"{model}{seed}"
+        out.mkdir()
+        (out / "score.json").write_text(json.dumps({"wer": wer}))
+        search = {"standard": "greedy", "multiblank": "mb_greedy"}.get(model, "tdt_g")
+        specs.append(f"{model}={search}={seed}={out}")
+    lines = seeds.section(seeds.read_runs(specs), "test")
+    rows = [line for line in lines if line.startswith("| ")]
+    assert rows[0] == (
+        "| seed | standard / greedy | multiblank / mb_greedy | tdt / tdt_g | "
+        "multiblank - standard | tdt - standard |"
+    )
+    assert "| 0 | 7.00% | 7.50% | 6.00% | +0.50 | -1.00 |" in rows
+    assert "| 1 | 8.00% | 7.50% | 7.00% | -0.50 | -1.00 |" in rows
+    assert "| mean | 7.50% | 7.50% | 6.50% | +0.00 | -1.00 |" in rows
+    assert rows[-1] == (
+        "| spread (max - min) | 1.00 | 0.00 | 1.00 | -0.50 .. +0.50 | -1.00 .. -1.00 |"
+    )

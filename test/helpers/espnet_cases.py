@@ -3,11 +3,17 @@
 * :data:`TOKENS`: a 7-token char list (``<blank>`` first, as ESPnet's ``asr.sh``);
 * :func:`tiny_config`: a one-block conformer transducer with big blanks [2, 4, 8]
   (``durations=()``: standard), :func:`tdt_config`: its TDT twin (:data:`DURS`);
+  :func:`lattice_config`: the config of a lattice by name (:data:`LATTICES`);
+* :data:`LAYOUTS`: what the model of each lattice's config must look like, written
+  out by hand (token list, blank, durations, joint outputs, loss);
 * :func:`build`: the model built through ESPnet's (or a given task's) parser;
 * :func:`batch`: three short utterances with their labels.
 
 Importing this module registers the plug-in (the configs name its classes).
 """
+
+from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 import yaml
@@ -76,6 +82,73 @@ def tdt_config(durations=DURS, **model_conf):
     conf = dict(transducer_tdt_durations=list(durations))
     conf.update(model_conf)
     return tiny_config(durations=(), **conf)
+
+
+#: the lattices of :func:`lattice_config`
+LATTICES = ("standard", "multiblank", "tdt")
+
+
+def lattice_config(lattice: str, **model_conf):
+    """The tiny config of a lattice: standard (no big blanks, sigma 0), multi-blank
+    (big blanks [2, 4, 8]) or TDT (:data:`DURS`); ``model_conf`` overrides."""
+    if lattice == "tdt":
+        return tdt_config(**model_conf)
+    if lattice == "standard":
+        return tiny_config(
+            **{"durations": (), "transducer_multi_blank_sigma": 0.0, **model_conf}
+        )
+    if lattice == "multiblank":
+        return tiny_config(**model_conf)
+    raise ValueError(f"lattice must be one of {LATTICES}, got {lattice!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the model built from :func:`lattice_config` must look like.
+
+    Attributes:
+        token_list: the model's token list (big blanks inserted before <blank>).
+        blank: the standard blank's index.
+        big_blank_durations, big_blank_ids: the big blanks (longest first in the
+            token list: ids in the order of the durations).
+        tdt_durations: a TDT's durations.
+        joint_outputs: the joint network's outputs (a TDT: V + D).
+        sigma: the loss's logit undernormalisation.
+        criterion: the training loss' class name.
+    """
+
+    token_list: Tuple[str, ...]
+    blank: int
+    big_blank_durations: Tuple[int, ...]
+    big_blank_ids: Tuple[int, ...]
+    tdt_durations: Tuple[int, ...]
+    joint_outputs: int
+    sigma: float
+    criterion: str
+
+    @property
+    def blank_ids(self) -> frozenset:
+        return frozenset((self.blank,) + self.big_blank_ids)
+
+
+LAYOUTS = {
+    "standard": Layout(
+        tuple(TOKENS), 0, (), (), (), len(TOKENS), 0.0, "MultiblankRNNTLoss"
+    ),
+    "multiblank": Layout(
+        ("<blank8>", "<blank4>", "<blank2>", *TOKENS),
+        3,
+        (2, 4, 8),
+        (2, 1, 0),
+        (),
+        len(TOKENS) + 3,
+        0.05,
+        "MultiblankRNNTLoss",
+    ),
+    "tdt": Layout(
+        tuple(TOKENS), 0, (), (), tuple(DURS), len(TOKENS) + len(DURS), 0.05, "TDTLoss"
+    ),
+}
 
 
 def build(tmp_path, config, *extra, task=ASRTask):

@@ -44,7 +44,8 @@ def add_plugin_arguments(parser) -> None:
         type=int,
         default=0,
         help="encoder frames per chunk of encoder: chunk_conformer (0: the model's "
-        "encoder_conf.decoding_chunk_size, or 16 when that is 0)",
+        "encoder_conf.decoding_chunk_size, or 16 when that is 0); without "
+        "--streaming: decode offline with that chunk mask (the streams' hypotheses)",
     )
     group.add_argument(
         "--streaming_left_chunks",

@@ -24,6 +24,7 @@ received (``provisional=False``: only the labels already decided, which never
 change).
 """
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ from espnet_multiblank.espnet.inference.stream_encoder import (
     StreamEncoder,
     streaming_support,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def streaming_search(search: Any, model: Any):
@@ -136,7 +139,7 @@ class _Stream:
     history: List[Tuple[float, List[int], int]] = field(default_factory=list)
     # encoder frames arrived since the last partial hypothesis, and that hypothesis
     fresh: bool = False
-    partial: Optional[Tuple[List[int], int]] = None
+    partial: Optional[Tuple[List[int], int, List[Tuple]]] = None
 
 
 def _emission_times(history, final: List[int]) -> Tuple[List[float], List[float]]:
@@ -182,8 +185,9 @@ class StreamingDecoder:
         lookahead: Encoder frames past a frame the search waits for before it
             decides there (:func:`~espnet_multiblank.decoding.streaming.
             decision_lookahead`).
-        stats: Counters: ``encoder_seconds``, ``search_seconds`` (wall time),
-            ``total_frames``, ``frames_skipped``, ``big_blank_emissions``.
+        stats: Counters: ``encoder_seconds`` (features, encoder, projection),
+            ``search_seconds`` (the search's steps and its provisional runs; wall
+            time), ``total_frames``, ``frames_skipped``, ``big_blank_emissions``.
     """
 
     def __init__(
@@ -300,16 +304,19 @@ class StreamingDecoder:
                 out[key] = StreamResult(key, [], True, error)
             else:
                 fed[key] = bool(is_final)
-        start = time.perf_counter()
         with single_thread_on_cpu(self.device):
-            self._advance(fed)
+            start = time.perf_counter()
+            # the search moves only for streams with new encoder frames or an end
+            moved = {k: f for k, f in fed.items() if f or self.streams[k].fresh}
+            if moved:
+                self._advance(moved)
             provisional = None
-            changed = [k for k, f in fed.items() if not f and self.streams[k].fresh]
+            changed = [k for k, f in moved.items() if not f]
             if self.provisional and not self.beam and changed:
                 provisional = self.greedy.provisional()  # every row at once
+            self.stats["search_seconds"] += time.perf_counter() - start
             for key, final in fed.items():
                 out[key] = self._result(self.streams[key], final, provisional)
-        self.stats["search_seconds"] += time.perf_counter() - start
         for key, final in fed.items():
             if final:
                 self.close(key)
@@ -340,10 +347,15 @@ class StreamingDecoder:
             if need and stream.samples < need:
                 return too_short_reason(stream.samples, need, self.checks.fs)
         start = time.perf_counter()
-        with torch.no_grad():
-            chunks = stream.encoder.feed(piece, final)
-            enc = [self.search.stepper.project_enc(c[0]) for c in chunks]
-        self.stats["encoder_seconds"] += time.perf_counter() - start
+        try:
+            with torch.no_grad():
+                chunks = stream.encoder.feed(piece, final)
+                enc = [self.search.stepper.project_enc(c[0]) for c in chunks]
+        except Exception as e:  # reported with the stream's key; the others go on
+            logger.warning("stream %s: the encoder failed", stream.key, exc_info=True)
+            return f"decoding failed: {type(e).__name__}: {e}"
+        finally:
+            self.stats["encoder_seconds"] += time.perf_counter() - start
         frames = torch.cat(enc) if enc else None
         stream.fresh = stream.fresh or frames is not None
         if self.recorded is not None and frames is not None:
@@ -387,13 +399,14 @@ class StreamingDecoder:
                 stream.key, s2t.hyps_to_results(nbest), True, None, emitted, committed
             )
         if stream.fresh or stream.partial is None:  # else: nothing has changed
-            stream.partial = self._partial(stream, provisional)
+            labels, decided = self._partial(stream, provisional)
+            hyp = Hypothesis(score=math.nan, yseq=[self.search.blank_id] + labels)
+            stream.partial = labels, decided, s2t.hyps_to_results([hyp])
             stream.fresh = False
-        labels, decided = stream.partial
+        labels, decided, results = stream.partial
         if not stream.history or stream.history[-1][1:] != (labels, decided):
             stream.history.append((seconds, labels, decided))
-        hyp = Hypothesis(score=math.nan, yseq=[self.search.blank_id] + labels)
-        return StreamResult(stream.key, s2t.hyps_to_results([hyp]), False)
+        return StreamResult(stream.key, results, False)
 
     def _final_hypotheses(self, stream: _Stream) -> List[Hypothesis]:
         if self.beam:
@@ -405,7 +418,9 @@ class StreamingDecoder:
     ) -> Tuple[List[int], int]:
         """(partial labels, how many of them are decided)."""
         if self.beam:
+            start = time.perf_counter()
             labels = stream.beam.provisional() if self.provisional else []
+            self.stats["search_seconds"] += time.perf_counter() - start
             return labels, 0
         decided = list(self.greedy.tokens[stream.slot])
         if provisional is None:

@@ -11,7 +11,9 @@ Sources (unpacked with `apt-get download` + `dpkg -x` by run.sh, never installed
 Each recording is trimmed of leading/trailing silence (sox), then digit strings of 1-7
 words are concatenated with random 50-300 ms pauses and 0.1-0.4 s padding.
 
-Output: <out_dir>/wav/<utt>.wav and <out_dir>/manifest.tsv (utt, spk, path, text).
+Output: <out_dir>/wav/<utt>.wav, <out_dir>/manifest.tsv (utt, spk, path, text) and
+<out_dir>/word_times.tsv (utt, then start-end seconds of each word: the word
+boundaries the streaming report measures emission delays against).
 """
 
 import argparse
@@ -102,6 +104,7 @@ def main():
         "real-saytime-male": saytime_words(a.root),
     }
     rows = []
+    times = {}  # utt -> word spans
     with tempfile.TemporaryDirectory() as tmp:
         for spk, words in speakers.items():
             if len(words) < 10:
@@ -114,17 +117,21 @@ def main():
             for i in range(a.num_per_speaker):
                 seq = [rng.choice(vocab) for _ in range(rng.randint(1, 7))]
                 parts = [np.zeros(int(rng.uniform(0.1, 0.4) * FS), np.float32)]
+                spans = []
                 for k, w in enumerate(seq):
                     if k:
                         parts.append(
                             np.zeros(int(rng.uniform(0.05, 0.3) * FS), np.float32)
                         )
+                    start = sum(len(x) for x in parts)
                     parts.append(audio[w])
+                    spans.append((start / FS, (start + len(audio[w])) / FS))
                 parts.append(np.zeros(int(rng.uniform(0.1, 0.4) * FS), np.float32))
                 utt = f"{spk}_real{i:06d}"
                 path = os.path.join(wav_dir, utt + ".wav")
                 sf.write(path, np.concatenate(parts), FS, subtype="PCM_16")
                 rows.append((utt, spk, path, " ".join(seq)))
+                times[utt] = " ".join(f"{a:.4f}-{b:.4f}" for a, b in spans)
             print(
                 f"[real] {spk}: {a.num_per_speaker} utterances from {len(vocab)} words"
             )
@@ -135,6 +142,9 @@ def main():
     with open(os.path.join(a.out_dir, "manifest.tsv"), "w") as f:
         for r in rows:
             f.write("\t".join(r) + "\n")
+    with open(os.path.join(a.out_dir, "word_times.tsv"), "w") as f:
+        for r in rows:
+            f.write(f"{r[0]}\t{times[r[0]]}\n")
     return 0
 
 

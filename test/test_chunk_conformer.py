@@ -308,22 +308,22 @@ def test_selectable_from_a_config_and_batch_exact_from_the_waveform(tmp_path):
 def test_trains_through_espnets_trainer(tmp_path):
     """collect_stats and 4 epochs of ESPnet's trainer with dynamic chunks: finite,
     decreasing losses; the saved model rebuilds with the chunk encoder."""
-    from test_espnet_train import (
+    from espnet_experiments import (
         N_EPOCHS,
-        _collect_stats_and_train,
-        _data,
-        _train_config,
+        collect_stats_and_train,
+        train_config,
+        write_training_data,
     )
 
-    _data(tmp_path)
-    config = _train_config()
+    write_training_data(tmp_path)
+    config = train_config("multiblank")
     config["encoder"] = "chunk_conformer"
     conf = dict(config["encoder_conf"], chunk_size_range=[1, 3], full_context_prob=0.5)
     for key in ("rel_pos_type", "pos_enc_layer_type", "selfattention_layer_type"):
         conf.pop(key)
     config["encoder_conf"] = conf
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-    _collect_stats_and_train(tmp_path)
+    collect_stats_and_train(tmp_path)
     exp = tmp_path / "exp"
     ckpt = torch.load(exp / "checkpoint.pth", map_location="cpu", weights_only=False)
     stats = ckpt["reporter"]["stats"]

@@ -98,6 +98,22 @@ def test_streaming_cli_writes_the_streaming_decoders_hypotheses(setup):
         outs[size, batch] = [read(out, n) for n in ("token_int", "score")]
         emission = read(out, "emission")
         assert [k for k, _ in emission] == ["u0", "u1", "u2"]  # input order
+    # offline at the same chunk (batched, the chunk-masked encoder output): the
+    # same hypotheses
+    offline = root / "offline_chunk3"
+    stats = run_plugin(
+        exp,
+        scp,
+        offline,
+        "--streaming",
+        "false",
+        "--streaming_chunk_size",
+        "3",
+        "--batch_size",
+        "2",
+    )
+    assert "streaming" not in stats and stats["batch_size"] == 2
+    assert read(offline, "token_int") == outs[0, 1][0]
     # the piece length changes nothing at all; other batch sizes round differently
     assert outs[400, 1] == outs[0, 1] and outs[1111, 1] == outs[0, 1]
     assert outs[700, 2][0] == outs[0, 1][0]
@@ -151,8 +167,8 @@ def test_bad_wavs_are_reported_by_key(setup, tmp_path):
 
 
 def test_a_model_that_cannot_stream_is_refused(tmp_path):
+    from espnet_experiments import make_experiment as make_rnn_experiment
     from test_decoding_cli import make_data
-    from test_decoding_cli import make_experiment as make_rnn_experiment
 
     exp = make_rnn_experiment(tmp_path, (2,), model="multiblank_espnet")
     scp = make_data(tmp_path)

@@ -277,8 +277,6 @@ def test_options_that_do_not_apply_give_one_warning(setup, caplog):
             "mb_greedy.yaml",
             "--ctc_weight",
             "0.3",
-            "--streaming",
-            "true",
             "--penalty",
             "1.0",
             "--lang_prompt_token",
@@ -290,7 +288,6 @@ def test_options_that_do_not_apply_give_one_warning(setup, caplog):
     assert len(lines) == 1
     for option in (
         "--ctc_weight 0.3",
-        "--streaming True",
         "--penalty 1.0",
         "--lang_prompt_token <en>",
         "--nbest 3",

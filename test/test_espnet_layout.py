@@ -2,8 +2,8 @@
 direction, and the paths that installed files and users' code name.
 
 The order (``espnet_multiblank/espnet/__init__.py`` lists it): errors < frontends <
-batch_exact < model < registration < {inference, training} < the start-up hook
-(``_hook``, ``autoregister``). A module may import its own group and the groups
+batch_exact < {model, encoders} < registration < {inference, training} < the start-up
+hook (``_hook``, ``autoregister``). A module may import its own group and the groups
 below it, never one above or beside it (inference and training are independent),
 and never the command-line modules of ``espnet_multiblank.bin``; imports inside
 functions count too.
@@ -28,6 +28,7 @@ RANKS = {
     "frontends": 1,
     "batch_exact": 2,
     "model": 3,
+    "encoders": 3,
     "registration": 4,
     "inference": 5,
     "training": 5,

@@ -38,16 +38,17 @@ def test_run_span_covers_parallel_stages(make_report, tmp_path):
     stages[9] = ("2026-01-01T09:21:00", 55)
     stages[10] = ("2026-01-01T09:25:00", 240)
     stages[11] = ("2026-01-01T09:29:59", 299)
-    stages[12] = ("2026-01-01T09:30:00", 1)
+    stages[12] = ("2026-01-01T09:29:59", 100)
+    stages[13] = ("2026-01-01T09:30:00", 1)
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) == pytest.approx(1810.0)
 
 
 def test_run_span_needs_every_stage(make_report, tmp_path):
-    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 12)}  # no 12
+    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 13)}  # no 13
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) is None
-    (tmp_path / "done" / "12").write_text("garbled\n")
+    (tmp_path / "done" / "13").write_text("garbled\n")
     assert make_report.run_span(str(tmp_path / "done")) is None
 
 
@@ -467,3 +468,144 @@ def test_seed_spread_section(tmp_path):
     assert rows[-1] == (
         "| spread (max - min) | 1.00 | 0.00 | 1.00 | -0.50 .. +0.50 | -1.00 .. -1.00 |"
     )
+
+
+def _emission_delay():
+    spec = importlib.util.spec_from_file_location(
+        "emission_delay", LOCAL / "emission_delay.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_emission_delay_matches_a_minimum_cost_alignment():
+    """The matched word pairs are those of one minimum-cost alignment, found by
+    enumerating every alignment of small cases."""
+    import itertools
+    import random
+
+    delay = _emission_delay()
+
+    def alignments(ref, hyp, i=0, j=0):
+        """(cost, matched pairs) of every alignment."""
+        if i == len(ref) and j == len(hyp):
+            yield 0, []
+            return
+        if i < len(ref) and j < len(hyp):
+            same = ref[i] == hyp[j]
+            for cost, pairs in alignments(ref, hyp, i + 1, j + 1):
+                yield cost + (not same), ([(i, j)] if same else []) + pairs
+        if i < len(ref):
+            for cost, pairs in alignments(ref, hyp, i + 1, j):
+                yield cost + 1, pairs
+        if j < len(hyp):
+            for cost, pairs in alignments(ref, hyp, i, j + 1):
+                yield cost + 1, pairs
+
+    rng = random.Random(0)
+    for _ in range(200):
+        ref = [rng.choice("ab") for _ in range(rng.randint(0, 4))]
+        hyp = [rng.choice("abc") for _ in range(rng.randint(0, 4))]
+        every = list(alignments(ref, hyp))
+        best = min(cost for cost, _ in every)
+        got = delay.matches(ref, hyp)
+        assert any(cost == best and pairs == got for cost, pairs in every)
+    assert list(itertools.islice(delay.matches("abc", "abc"), 3)) == [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+    ]
+
+
+def test_emission_delay_file(tmp_path):
+    """Delays of the matched words only, from hand-made files."""
+    import json
+
+    delay = _emission_delay()
+    (tmp_path / "text").write_text("u1 one two three\nu2 five\n")
+    (tmp_path / "times").write_text("u1\t0.1-0.5 0.7-1.0 1.2-1.6\nu2\t0.2-0.6\n")
+    best = tmp_path / "dec" / "1best_recog"
+    best.mkdir(parents=True)
+    (best / "text").write_text("u1 one four three\nu2 five zero\n")
+    (best / "emission").write_text("u1 0.62 1.1 1.9\nu2 0.9 1.0\n")
+    (best / "decided").write_text("u1 0.9 1.3 2.1\nu2 1.2 1.2\n")
+    delay.main(str(tmp_path / "text"), str(tmp_path / "times"), str(tmp_path / "dec"))
+    result = json.loads((tmp_path / "dec" / "emission_delay.json").read_text())
+    # one (0.12), three (0.3), five (0.3); "four" and "zero" are errors
+    assert result["matched_words"] == 3
+    assert result["emission"]["mean"] == pytest.approx((0.12 + 0.3 + 0.3) / 3)
+    assert result["decided"]["median"] == pytest.approx(0.5)
+
+
+def test_streaming_section(tmp_path):
+    """WER at a chunk against full context, same-hypothesis counts, latency, the goal
+    lines and the batched table, from hand-made decoding outputs."""
+    import json
+
+    sys.path.insert(0, str(LOCAL))
+    try:
+        streaming = importlib.import_module("report.streaming")
+    finally:
+        sys.path.remove(str(LOCAL))
+    jobs = [("standard", "mb_greedy"), ("multiblank", "mb_greedy")]
+    im = "valid.loss.ave"
+
+    def write(d, wer=None, stats=None, text=None):
+        d = Path(d)
+        (d / "1best_recog").mkdir(parents=True)
+        if wer is not None:
+            (d / "score.json").write_text(json.dumps({"wer": wer}))
+        if stats is not None:
+            (d / "decoding_stats.json").write_text(json.dumps(stats))
+        (d / "1best_recog" / "text").write_text(text or "")
+
+    def stats(search, rtf=0.05):
+        return {
+            "rtf": rtf,
+            "search_seconds": search,
+            "chunk_seconds": 0.16,
+            "encoder_lookahead_seconds": 0.046,
+            "total_frames": 100,
+            "frames_skipped": 40,
+        }
+
+    for m, wer in (("standard", 9.0), ("multiblank", 8.5)):
+        write(
+            streaming.chunk_dir(str(tmp_path), m, "mb_greedy", 4, im, "test"),
+            wer=wer,
+            text="u1 one two\nu2 three\nu3 four\n",
+        )
+    write(
+        streaming.stream_dir(str(tmp_path), "standard", "mb_greedy", 4, 1, im, "test"),
+        stats=stats(8.0),
+        text="u1 one two\nu3 four\n",
+    )
+    write(
+        streaming.stream_dir(
+            str(tmp_path), "multiblank", "mb_greedy", 4, 1, im, "test"
+        ),
+        stats=stats(2.0),
+        text="u1 one\nu3 four\n",
+    )
+    write(
+        streaming.stream_dir(str(tmp_path), "standard", "mb_greedy", 4, 16, im, "test"),
+        stats=stats(4.0, rtf=0.01),
+        text="u1 one two\nu3 five\n",
+    )
+    res = streaming.load(str(tmp_path), jobs, [4], 16, 4, im, "test")
+    offline = {
+        ("standard", "mb_greedy", "test"): ({"wer": 8.0}, {}),
+        ("multiblank", "mb_greedy", "test"): ({"wer": 8.0}, {}),
+    }
+    lines = streaming.section(res, offline, jobs, [4], 16, 4, "test", 2)
+    row = [r for r in lines if r.startswith("| multiblank | mb_greedy | 160 ms")]
+    assert row and "| 206 ms | 8.00% | 8.50% | 1 / 2 | 0.0500 | 2.00 s | 40.0% |" in (
+        row[0]
+    )
+    std = [r for r in lines if r.startswith("| standard | mb_greedy | 160 ms")]
+    assert std and "| 2 / 2 |" in std[0]
+    assert any("standard, chunk 4: WER +1.00" in r and ": yes)" in r for r in lines)
+    assert any("**4.00x** (goal >= 1.8x: yes)" in r for r in lines)
+    batched = [r for r in lines if r.startswith("| standard | mb_greedy | 16 |")]
+    assert batched and "| 0.0100 | 5.00x | 4.00 s | 1 / 2 |" in batched[0]

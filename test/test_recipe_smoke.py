@@ -47,6 +47,10 @@ DECODES = [
     ("tdt", "tdt_beam_b32"),
     ("multiblank", "mb_beam_step_b32"),
 ]
+# the smoke run's streaming decodings (run.sh: stream_jobs, stream_chunks, ...)
+STREAM_JOBS = [("multiblank", "mb_greedy"), ("tdt", "tdt_greedy")]
+STREAM_CHUNKS = (4,)
+STREAM_BATCH, STREAM_BATCH_CHUNK, STREAM_UTTS = 4, 4, 20
 # the smoke run's --lm_searches, --lm_extra_jobs and --dtype_jobs (directory names)
 LM_SEARCHES = [("tdt", "tdt_beam_b32")]
 LM_EXTRA = [("tdt", "tdt_beam", 1), ("tdt", "tdt_beam_step_b32", 32)]
@@ -306,6 +310,43 @@ def test_half_precision_decodings(smoke_run):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+def test_streaming_decodings(smoke_run):
+    """Stage 12: every model's greedy search at each chunk: test offline with the
+    chunk mask, STREAM_UTTS utterances of test and test_real streamed (and batched);
+    scored; emission delays on test_real; a report section."""
+    work, _ = smoke_run
+    exp = work / "exp_smoke"
+    n_test = len((work / "data_smoke" / "test" / "wav.scp").read_text().splitlines())
+    runs = [(f"chunk_{{}}_c{c}", "test", n_test) for c in STREAM_CHUNKS]
+    for c in STREAM_CHUNKS:
+        runs += [
+            (f"stream_{{}}_c{c}_b1", s, STREAM_UTTS) for s in ("test", "test_real")
+        ]
+    runs.append(
+        (f"stream_{{}}_c{STREAM_BATCH_CHUNK}_b{STREAM_BATCH}", "test", STREAM_UTTS)
+    )
+    for m, search in STREAM_JOBS:
+        for name, s, n in runs:
+            d = exp / f"asr_{m}" / (name.format(search) + "_valid.loss.ave") / s
+            stats = json.loads((d / "decoding_stats.json").read_text())
+            assert stats["num_utterances"] == n and stats["num_failed"] == 0, d
+            assert bool(stats.get("streaming")) == name.startswith("stream"), d
+            assert json.loads((d / "score.json").read_text())["num_utterances"] == n
+            if name.startswith("stream"):
+                emission = (d / "1best_recog" / "emission").read_text().splitlines()
+                assert len(emission) == n
+            if s == "test_real":
+                delay = json.loads((d / "emission_delay.json").read_text())
+                assert delay["matched_words"] >= 0
+    md = (exp / "RESULTS.md").read_text()
+    section = md.split("\n## Streaming\n")[1].split("\n## ")[0]
+    for m, search in STREAM_JOBS:
+        rows = [r for r in section.splitlines() if r.startswith(f"| {m} | {search} |")]
+        assert len(rows) == len(STREAM_CHUNKS) + 1, section  # + the batched run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_report(smoke_run):
     work, log = smoke_run
     exp = work / "exp_smoke"
@@ -360,4 +401,4 @@ def test_report(smoke_run):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert proc.stdout.count("done already") == 13, proc.stdout
+    assert proc.stdout.count("done already") == 14, proc.stdout

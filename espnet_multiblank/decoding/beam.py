@@ -169,11 +169,21 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         if self.beam_sync == "step":  # one utterance as a batch of one
             length = torch.tensor([enc_out.size(0)], device=enc_out.device)
             return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
-        device = enc_out.device
-        table = self.table(device)
-        B = self.beam_size
-        T = enc_out.size(0)
-        enc_proj = self.stepper.project_enc(enc_out)  # (T, J)
+        return self.search_projected(self.stepper.project_enc(enc_out))
+
+    @torch.no_grad()
+    def search_projected(self, enc_proj: torch.Tensor) -> List[Hypothesis]:
+        """:meth:`search` on encoder frames already projected by
+        ``stepper.project_enc`` ((T, J)): what the streaming search runs chunk by
+        chunk (:meth:`start_queues`, :meth:`run_frames`, :meth:`final_hypotheses`)."""
+        T = enc_proj.size(0)
+        queues = self.start_queues(enc_proj.device, T)
+        self.run_frames(queues, enc_proj, 0, T)
+        return self.final_hypotheses(queues)
+
+    def start_queues(self, device: torch.device, frames: int) -> List[Optional[Queue]]:
+        """``Q[0] = {root}`` and empty queues up to frame ``frames`` (the utterance's
+        T; a complete hypothesis lands in ``Q[len(queues) - 1]``)."""
         dec_proj, state = self.start(1, device)
         root = Hypothesis(
             score=0.0,
@@ -182,15 +192,33 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
             dec_proj=dec_proj[0],
             lm_state=self.start_lm(1, device),
         )
-        if T == 0:
-            if root.lm_state is not None:
-                root.score += float(root.lm_state.end[0])
-            return [root]
-        queues: List[Optional[Queue]] = [dict() for _ in range(T + 1)]
+        queues: List[Optional[Queue]] = [dict() for _ in range(frames + 1)]
         queues[0][tuple(root.yseq)] = root
-        length = torch.tensor([T], device=device)
+        return queues
 
-        for t in range(T):
+    def run_frames(
+        self,
+        queues: List[Optional[Queue]],
+        enc_proj: torch.Tensor,
+        first: int,
+        stop: int,
+        length: Optional[int] = None,
+    ) -> None:
+        """Expand the hypotheses of frames ``first .. stop - 1`` (in place).
+
+        Args:
+            queues: One queue per frame position (``len(queues) - 1`` = T).
+            enc_proj: (>= stop, J) projected encoder frames.
+            length: The T the end rule sees (default ``len(queues) - 1``; the
+                streaming search gives the frames received, ``docs/streaming.md``).
+        """
+        device = enc_proj.device
+        table = self.table(device)
+        B = self.beam_size
+        length = torch.tensor(
+            [len(queues) - 1 if length is None else length], device=device
+        )
+        for t in range(first, stop):
             queue = queues[t]
             queues[t] = None
             if not queue:
@@ -200,6 +228,14 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
             while current:
                 current = self._expand(current, t, enc_proj[t], length, table, queues)
 
+    def final_hypotheses(self, queues: List[Optional[Queue]]) -> List[Hypothesis]:
+        """The ``nbest`` complete hypotheses (those of ``Q[T]``), best first."""
+        T = len(queues) - 1
+        if T == 0:  # nothing was expanded: the root, with the end of the sentence
+            (root,) = queues[0].values()
+            if root.lm_state is not None:
+                root.score += float(root.lm_state.end[0])
+            return [root]
         return self.rank(list(queues[T].values()))[: self.nbest]
 
     def _expand(

@@ -56,13 +56,15 @@ Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs
 W = window.
 """
 
-from typing import List, NamedTuple, Optional
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.base import TransducerSearch, check_positive_int
-from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.multiblank_table import check_blank_decision
 from espnet_multiblank.decoding.row_step import MultiblankRowStep, TDTRowStep
 from espnet_multiblank.decoding.tdt_greedy import TDT_GREEDY_DECISION
@@ -110,6 +112,85 @@ class _Batch:
         extra = table.max_frames  # landing points past the window
         self.after = torch.arange(W, W + extra, device=device).expand(B, extra)
         self.after_values = torch.zeros(B, extra, 3, dtype=torch.float64, device=device)
+
+
+@dataclass
+class LoopState:
+    """The search state of B rows, carried between calls of
+    :meth:`LabelLoopingGreedySearch.run_loops` (the streaming search keeps one
+    across chunks).
+
+    Attributes:
+        frame, num_sym: (B,) long, t of each row and the labels emitted at t.
+        score: (B,) float64, the path's score (fused with the LMs).
+        moves, big: (B,) long, arcs that moved, and those over > 1 frame.
+        labels: (B, capacity) long, the labels emitted since the last
+            :meth:`drain`, one column per outer iteration (-1: none).
+        timing: (B, capacity, 3) float64, each column's label timing (frame,
+            frames its arc covers, acoustic log-probability:
+            :attr:`~espnet_multiblank.decoding.hypothesis.Hypothesis.timing`).
+        iteration: Columns of ``labels`` used.
+        dec_proj: (B, J) projected prediction-network output after the labels.
+        state: The prediction network's state (the stepper's type).
+        lm: The fused LMs' state, or None.
+    """
+
+    frame: torch.Tensor
+    num_sym: torch.Tensor
+    score: torch.Tensor
+    moves: torch.Tensor
+    big: torch.Tensor
+    labels: torch.Tensor
+    dec_proj: torch.Tensor
+    state: Any
+    timing: torch.Tensor
+    lm: Any = None
+    iteration: int = 0
+
+    def record(
+        self,
+        symbols: torch.Tensor,
+        frame: torch.Tensor,
+        covered: torch.Tensor,
+        acoustic: torch.Tensor,
+    ) -> None:
+        """One outer iteration's labels ((B,) long, -1 where a row emitted none)
+        and their timing ((B,) each: the frame, the frames the arc covers, its
+        acoustic log-probability); the buffers doubled when full."""
+        if self.iteration == self.labels.size(1):
+            self.labels = torch.cat([self.labels, torch.full_like(self.labels, -1)], 1)
+            self.timing = torch.cat([self.timing, torch.zeros_like(self.timing)], 1)
+        self.labels[:, self.iteration] = symbols
+        column = self.timing[:, self.iteration]
+        column[:, 0] = frame
+        column[:, 1] = covered
+        column[:, 2] = acoustic
+        self.iteration += 1
+
+    def drain(self) -> Tuple[List[List[int]], List[List[TokenTiming]]]:
+        """The labels recorded since the last drain and their timings, per row;
+        the buffers are emptied."""
+        used = self.labels[:, : self.iteration].tolist()
+        timing = self.timing[:, : self.iteration].tolist()
+        labels = [[k for k in row if k >= 0] for row in used]
+        timings = [
+            [(int(t), int(e), lp) for k, (t, e, lp) in zip(row, times) if k >= 0]
+            for row, times in zip(used, timing)
+        ]
+        self.labels.fill_(-1)
+        self.iteration = 0
+        return labels, timings
+
+    def empty_copy(self, **tensors) -> "LoopState":
+        """A copy with ``tensors`` replaced and empty label buffers (what a
+        provisional run to the end records into)."""
+        return dataclasses.replace(
+            self,
+            **tensors,
+            labels=torch.full_like(self.labels, -1),
+            timing=torch.zeros_like(self.timing),
+            iteration=0,
+        )
 
 
 def _repeat_rows(x: torch.Tensor, W: int) -> torch.Tensor:
@@ -202,66 +283,19 @@ class LabelLoopingGreedySearch(TransducerSearch):
             lm_labels: (B, V) float32 weighted LM scores of the next label (they
                 do not change before the next label either), or None.
         """
-        B, J = dec_proj.shape
-        W = self.window
-        table = ctx.table
-        if W == 1:
-            enc_rows = ctx.enc_proj[ctx.rows, frame]
-            arcs = self.row_arcs(
-                table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
+        if self.window == 1:
+            return self._follow_one_frame(
+                ctx, dec_proj, frame, num_sym, rows, lm_labels
             )
-            blank = rows & ~arcs.is_label
-            moved = torch.where(blank, arcs.frames, 0)
-            score = torch.where(blank, arcs.score, 0.0)
-            return Window(moved, score, blank, moved > 1, arcs)
-        offsets = ctx.offsets  # (W,)
-        frames_w = frame.unsqueeze(1) + offsets  # (B, W)
-        enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
-        num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
-        flat = self.row_arcs(
-            table,
-            enc_rows.reshape(B * W, J),
-            _repeat_rows(dec_proj, W),
-            frames_w.view(-1),
-            ctx.lens_w.reshape(-1),
-            num_sym_w.view(-1),
-            None if lm_labels is None else _repeat_rows(lm_labels, W),
-        )
-        arcs = Arcs(*(a.view(B, W) for a in flat))
+        arcs = self._window_arcs(ctx, dec_proj, frame, num_sym, lm_labels)
         # blank arcs of the followed rows, inside their utterance, move on
+        frames_w = frame.unsqueeze(1) + ctx.offsets  # (B, W)
         blank = rows.unsqueeze(1) & (frames_w < ctx.lens_w) & ~arcs.is_label
-        if table.max_frames == 1:
-            # every blank covers one frame: the first position that is not a blank
-            stop = ~blank
-            offset = torch.where(stop.any(1), stop.int().argmax(1), W)
-            taken = blank & (offsets < offset.unsqueeze(1))
-            score = torch.where(taken, arcs.score.double(), 0.0).sum(1)
-            big = torch.zeros_like(offset)
-            moves = offset
+        if ctx.table.max_frames == 1:
+            offset, score, moves, big = self._one_frame_blanks(ctx, arcs, blank)
         else:
-            # pointer doubling over positions 0 .. W + max_frames - 1: labels,
-            # frames past the end and landing points past the window are fixed
-            # points; values[o] sums (score, arcs, big arcs) from o to nxt[o]
-            nxt = torch.cat(
-                [torch.where(blank, offsets + arcs.frames, offsets), ctx.after], 1
-            )
-            jump = blank & (arcs.frames > 1)
-            values = torch.stack(
-                [
-                    torch.where(blank, arcs.score.double(), 0.0),
-                    blank.double(),
-                    jump.double(),
-                ],
-                2,
-            )  # (B, W, 3)
-            values = torch.cat([values, ctx.after_values], 1)
-            for _ in range(self._rounds):
-                values = values + values.gather(1, nxt.unsqueeze(2).expand(-1, -1, 3))
-                nxt = nxt.gather(1, nxt)
-            offset = nxt[:, 0]
-            score, moves, big = values[:, 0].unbind(1)
-            moves, big = moves.long(), big.long()
-        at = offset.clamp(max=W - 1).unsqueeze(1)  # (B, 1)
+            offset, score, moves, big = self._pointer_doubling(ctx, arcs, blank)
+        at = offset.clamp(max=self.window - 1).unsqueeze(1)  # (B, 1)
         return Window(
             offset,
             score,
@@ -269,6 +303,71 @@ class LabelLoopingGreedySearch(TransducerSearch):
             big,
             Arcs(*(a.gather(1, at).squeeze(1) for a in arcs)),
         )
+
+    def _follow_one_frame(self, ctx, dec_proj, frame, num_sym, rows, lm_labels):
+        """:meth:`follow_blanks` with W = 1: the arc at ``t``, taken if a blank."""
+        enc_rows = ctx.enc_proj[ctx.rows, frame]
+        arcs = self.row_arcs(
+            ctx.table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
+        )
+        blank = rows & ~arcs.is_label
+        moved = torch.where(blank, arcs.frames, 0)
+        score = torch.where(blank, arcs.score, 0.0)
+        return Window(moved, score, blank, moved > 1, arcs)
+
+    def _window_arcs(self, ctx, dec_proj, frame, num_sym, lm_labels) -> Arcs:
+        """The greedy arcs at the W frames ``t .. t + W - 1`` of every row, as (B, W)
+        tensors (one joint call for B * W rows)."""
+        B, J = dec_proj.shape
+        W = self.window
+        frames_w = frame.unsqueeze(1) + ctx.offsets  # (B, W)
+        enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
+        num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
+        flat = self.row_arcs(
+            ctx.table,
+            enc_rows.reshape(B * W, J),
+            _repeat_rows(dec_proj, W),
+            frames_w.view(-1),
+            ctx.lens_w.reshape(-1),
+            num_sym_w.view(-1),
+            None if lm_labels is None else _repeat_rows(lm_labels, W),
+        )
+        return Arcs(*(a.view(B, W) for a in flat))
+
+    def _one_frame_blanks(self, ctx, arcs: Arcs, blank: torch.Tensor):
+        """Every blank covers one frame: the blanks run to the first position that
+        is not one. Returns (offset, score, moves, big), each (B,)."""
+        W = self.window
+        stop = ~blank
+        offset = torch.where(stop.any(1), stop.int().argmax(1), W)
+        taken = blank & (ctx.offsets < offset.unsqueeze(1))
+        score = torch.where(taken, arcs.score.double(), 0.0).sum(1)
+        return offset, score, offset, torch.zeros_like(offset)
+
+    def _pointer_doubling(self, ctx, arcs: Arcs, blank: torch.Tensor):
+        """Blanks over several frames, followed by pointer doubling over positions
+        0 .. W + max_frames - 1: labels, frames past the end and landing points past
+        the window are fixed points; ``values[o]`` sums (score, arcs, big arcs) from
+        o to ``nxt[o]``. Returns (offset, score, moves, big), each (B,)."""
+        offsets = ctx.offsets
+        nxt = torch.cat(
+            [torch.where(blank, offsets + arcs.frames, offsets), ctx.after], 1
+        )
+        jump = blank & (arcs.frames > 1)
+        values = torch.stack(
+            [
+                torch.where(blank, arcs.score.double(), 0.0),
+                blank.double(),
+                jump.double(),
+            ],
+            2,
+        )  # (B, W, 3)
+        values = torch.cat([values, ctx.after_values], 1)
+        for _ in range(self._rounds):
+            values = values + values.gather(1, nxt.unsqueeze(2).expand(-1, -1, 3))
+            nxt = nxt.gather(1, nxt)
+        score, moves, big = values[:, 0].unbind(1)
+        return nxt[:, 0], score, moves.long(), big.long()
 
     @torch.no_grad()
     def search_batch(
@@ -285,130 +384,184 @@ class LabelLoopingGreedySearch(TransducerSearch):
             them (``frame == T_b``; ``dec_state`` / ``dec_proj`` after the last
             label).
         """
+        lens = self._check_batch(enc_out, enc_lens)
+        return self.search_projected(self.stepper.project_enc(enc_out), lens)
+
+    def _check_batch(self, enc_out: torch.Tensor, enc_lens: torch.Tensor):
+        """``enc_lens`` as (B,) long on ``enc_out``'s device, checked."""
         if enc_out.dim() != 3 or enc_lens.shape != (enc_out.size(0),):
             raise ValueError(
                 "enc_out must be (B, T_max, D_enc) and enc_lens (B,), got "
                 f"{tuple(enc_out.shape)} and {tuple(enc_lens.shape)}"
             )
-        device = enc_out.device
         B, T_max = enc_out.shape[:2]
-        lens = enc_lens.to(device=device, dtype=torch.long)
+        lens = enc_lens.to(device=enc_out.device, dtype=torch.long)
         if B and bool(((lens < 0) | (lens > T_max)).any()):
             raise ValueError(
                 f"enc_lens must be in [0, T_max = {T_max}], got {enc_lens.tolist()}"
             )
-        stepper = self.stepper
-        blank = self.blank_id
-        W = self.window
-        max_inner = self.inner_limit(device)
-        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
-        ctx = _Batch(self.table(device), enc_proj, lens, W)
-        dec_proj, state = self.start(B, device)  # (B, J)
-        fusion = self.fusion
-        lm = self.start_lm(B, device)
+        return lens
+
+    @torch.no_grad()
+    def search_projected(
+        self, enc_proj: torch.Tensor, lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """:meth:`search_batch` on encoder frames already projected by
+        ``stepper.project_enc`` ((B, T_max, J); ``lens`` (B,) long on its device):
+        what the streaming search decides on, chunk by chunk."""
+        B = enc_proj.size(0)
+        loop = self.init_loop(B, enc_proj.device)
+        ctx = _Batch(self.table(enc_proj.device), enc_proj, lens, self.window)
+        self.run_loops(ctx, loop, lens)
+        self.finish_loop(loop)
+        return self.hypotheses(loop, *loop.drain())
+
+    def init_loop(self, batch: int, device: torch.device) -> LoopState:
+        """The search of ``batch`` rows before the first frame."""
+        dec_proj, state = self.start(batch, device)  # (B, J)
 
         def zeros(dtype=torch.long):
-            return torch.zeros(B, dtype=dtype, device=device)
+            return torch.zeros(batch, dtype=dtype, device=device)
 
-        frame, num_sym, score = zeros(), zeros(), zeros(torch.float64)
-        moves, big = zeros(), zeros()  # arcs that moved; those over > 1 frame
-        no_label = torch.full((B,), -1, dtype=torch.long, device=device)
         labels = torch.full(
-            (B, self.initial_capacity), -1, dtype=torch.long, device=device
+            (batch, self.initial_capacity), -1, dtype=torch.long, device=device
         )
-        # Hypothesis.timing of each label column: frame, frames covered, acoustic
-        timing = labels.new_zeros(B, self.initial_capacity, 3, dtype=torch.float64)
-        iteration = 0
+        return LoopState(
+            timing=labels.new_zeros(labels.shape + (3,), dtype=torch.float64),
+            frame=zeros(),
+            num_sym=zeros(),
+            score=zeros(torch.float64),
+            moves=zeros(),
+            big=zeros(),
+            labels=labels,
+            dec_proj=dec_proj,
+            state=state,
+            lm=self.start_lm(batch, device),
+        )
 
-        def take(window: Window) -> torch.Tensor:
-            """Apply a window's blank arcs; True where a row is still searching (its
-            arcs left the window)."""
-            frame.add_(window.offset)
-            score.add_(window.score)
-            moves.add_(window.moves)
-            big.add_(window.big)
-            moved = window.offset > 0
-            num_sym.masked_fill_(moved, 0)
-            left = moved if W == 1 else window.offset >= W
-            return left & (frame < lens)
+    def run_loops(self, ctx: _Batch, loop: LoopState, limit: torch.Tensor) -> None:
+        """The outer and inner loops, for as long as some row may take its next
+        window: a row at frame t evaluates frames ``t .. t + W - 1`` only while
+        ``t < limit`` (offline: ``limit`` = the utterance lengths, ``ctx.lens``; the
+        streaming search stops each row where the frames received no longer decide
+        its arcs as the whole utterance would, ``docs/streaming.md``).
 
-        active = frame < lens
-        while bool(active.any()):
-            lm_labels = None if lm is None else lm.labels
+        Args:
+            ctx: The batch's constant tensors (``ctx.lens``: T of each row, or the
+                frames received so far).
+            loop: The rows' search state (updated in place).
+            limit: (B,) long, ``<= ctx.lens``.
+        """
+        ready = loop.frame < limit
+        while bool(ready.any()):
+            arcs, searching = self._inner_loop(ctx, loop, ready, limit)
+            # every ready row that is not still searching stands at a label arc
+            emit = ready & ~searching & (loop.frame < ctx.lens)
+            self._emit(loop, arcs, emit)
+            ready = loop.frame < limit
+
+    def _inner_loop(self, ctx, loop: LoopState, ready, limit):
+        """Blank arcs, joint network only, for at most ``max_inner`` calls. Returns
+        the arcs each row stands at and the rows still searching (their blanks left
+        the last window evaluated, or they wait at ``limit``)."""
+        max_inner = self.inner_limit(ctx.lens.device)
+        lm_labels = None if loop.lm is None else loop.lm.labels
+        window = self.follow_blanks(
+            ctx, loop.dec_proj, loop.frame, loop.num_sym, ready, lm_labels
+        )
+        arcs = window.arcs
+        searching = self._take(ctx, loop, window)
+        calls = 1
+        go = searching & (loop.frame < limit)
+        while calls < max_inner and bool(go.any()):
             window = self.follow_blanks(
-                ctx, dec_proj, frame, num_sym, active, lm_labels
+                ctx, loop.dec_proj, loop.frame, loop.num_sym, go, lm_labels
             )
-            arcs = window.arcs
-            searching = take(window)
-            # inner loop: blank arcs, joint network only
-            calls = 1
-            while calls < max_inner and bool(searching.any()):
-                window = self.follow_blanks(
-                    ctx, dec_proj, frame, num_sym, searching, lm_labels
-                )
-                arcs = window.arcs.where(searching, arcs)
-                searching = take(window)
-                calls += 1
-            # every active row that is not still searching stands at a label arc:
-            # record it, one prediction step
-            emit = (frame < lens) & ~searching
-            if iteration == labels.size(1):
-                labels = torch.cat([labels, torch.full_like(labels, -1)], dim=1)
-                timing = torch.cat([timing, torch.zeros_like(timing)], dim=1)
-            labels[:, iteration] = torch.where(emit, arcs.symbol, no_label)
-            score.add_(torch.where(emit, arcs.score, 0.0))
-            moved = torch.where(emit, arcs.frames, 0)  # TDT: a label's duration
-            acoustic = arcs.score
-            if lm_labels is not None:
-                acoustic = (
-                    acoustic - lm_labels.gather(1, arcs.symbol.unsqueeze(1))[:, 0]
-                )
-            timing[:, iteration, 0] = frame
-            timing[:, iteration, 1] = moved
-            timing[:, iteration, 2] = acoustic
-            iteration += 1
-            frame.add_(moved)
-            moves.add_(moved > 0)
-            num_sym = torch.where(moved > 0, 0, num_sym + emit.long())
-            emitted = torch.where(emit, arcs.symbol, blank)
-            new_proj, new_state = stepper.step(emitted, state)
-            dec_proj = torch.where(emit.unsqueeze(1), new_proj, dec_proj)
-            state = stepper.where_state(emit, new_state, state)
-            if lm is not None:
-                lm = fusion.where(emit, fusion.step(emitted, lm), lm)
-            active = frame < lens
+            arcs = window.arcs.where(go, arcs)
+            searching = self._take(ctx, loop, window) | (searching & ~go)
+            go = searching & (loop.frame < limit)
+            calls += 1
+        return arcs, searching
 
-        if lm is not None:  # every hypothesis is complete: the end of the sentence
-            score.add_(lm.end.double())
+    def _take(self, ctx, loop: LoopState, window: Window) -> torch.Tensor:
+        """Apply a window's blank arcs; True where a row is still searching (its
+        arcs left the window)."""
+        loop.frame.add_(window.offset)
+        loop.score.add_(window.score)
+        loop.moves.add_(window.moves)
+        loop.big.add_(window.big)
+        moved = window.offset > 0
+        loop.num_sym.masked_fill_(moved, 0)
+        left = moved if self.window == 1 else window.offset >= self.window
+        return left & (loop.frame < ctx.lens)
 
-        out_labels = labels[:, :iteration].tolist()
-        out_timing = timing[:, :iteration].tolist()
+    def _emit(self, loop: LoopState, arcs: Arcs, emit: torch.Tensor) -> None:
+        """Record the label arcs of the rows in ``emit`` and run the prediction
+        network (and the fused LMs) once for the batch."""
+        moved = torch.where(emit, arcs.frames, 0)  # TDT: a label's duration
+        acoustic = arcs.score  # the LM part left out
+        if loop.lm is not None:
+            lm_labels = loop.lm.labels
+            acoustic = acoustic - lm_labels.gather(1, arcs.symbol.unsqueeze(1))[:, 0]
+        loop.record(torch.where(emit, arcs.symbol, -1), loop.frame, moved, acoustic)
+        loop.score.add_(torch.where(emit, arcs.score, 0.0))
+        loop.frame.add_(moved)
+        loop.moves.add_(moved > 0)
+        loop.num_sym = torch.where(moved > 0, 0, loop.num_sym + emit.long())
+        emitted = torch.where(emit, arcs.symbol, self.blank_id)
+        new_proj, new_state = self.stepper.step(emitted, loop.state)
+        loop.dec_proj = torch.where(emit.unsqueeze(1), new_proj, loop.dec_proj)
+        loop.state = self.stepper.where_state(emit, new_state, loop.state)
+        if loop.lm is not None:
+            fusion = self.fusion
+            loop.lm = fusion.where(emit, fusion.step(emitted, loop.lm), loop.lm)
+
+    def finish_loop(self, loop: LoopState, rows: Optional[torch.Tensor] = None):
+        """The end of the sentence for complete rows (all, or ``rows`` (B,) bool):
+        the fused LMs' end-of-sentence score."""
+        if loop.lm is not None:
+            end = loop.lm.end.double()
+            loop.score.add_(end if rows is None else torch.where(rows, end, 0.0))
+
+    def hypotheses(
+        self, loop: LoopState, labels, timings, rows: Optional[List[int]] = None
+    ) -> List[Hypothesis]:
+        """Rows of ``loop`` (default: all) as :class:`Hypothesis` objects.
+
+        Args:
+            loop: The search state.
+            labels: The labels of each row (indexed by row: a list or a dict).
+            timings: Their timings, indexed as ``labels``.
+            rows: The rows wanted.
+        """
+        stepper = self.stepper
+        device = loop.frame.device
         # every arc that moved covered one frame more than it skipped
-        skipped = frame - moves
-        values = [t.tolist() for t in (score, frame, num_sym, big, skipped)]
-        return [
-            Hypothesis(
-                score=values[0][b],
-                yseq=[blank] + [k for k in out_labels[b] if k >= 0],
-                timing=[
-                    (int(t), int(e), lp)
-                    for k, (t, e, lp) in zip(out_labels[b], out_timing[b])
-                    if k >= 0
-                ],
-                dec_state=stepper.select_state(state, torch.tensor([b], device=device)),
-                dec_proj=dec_proj[b],
-                frame=values[1][b],
-                num_sym_frame=values[2][b],
-                big_blank_emissions=values[3][b],
-                frames_skipped=values[4][b],
-                lm_state=(
-                    None
-                    if lm is None
-                    else fusion.select(lm, torch.tensor([b], device=device))
-                ),
-            )
-            for b in range(B)
+        skipped = loop.frame - loop.moves
+        values = [
+            t.tolist()
+            for t in (loop.score, loop.frame, loop.num_sym, loop.big, skipped)
         ]
+        out = []
+        for b in range(loop.frame.size(0)) if rows is None else rows:
+            row = torch.tensor([b], device=device)
+            out.append(
+                Hypothesis(
+                    score=values[0][b],
+                    yseq=[self.blank_id] + labels[b],
+                    timing=list(timings[b]),
+                    dec_state=stepper.select_state(loop.state, row),
+                    dec_proj=loop.dec_proj[b],
+                    frame=values[1][b],
+                    num_sym_frame=values[2][b],
+                    big_blank_emissions=values[3][b],
+                    frames_skipped=values[4][b],
+                    lm_state=(
+                        None if loop.lm is None else self.fusion.select(loop.lm, row)
+                    ),
+                )
+            )
+        return out
 
 
 class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):

@@ -26,6 +26,13 @@ checks it.
     (``no_path``), the fused joint + loss (``fused_joint``), its validation CER/WER
     (``error_calculators``).
 
+:mod:`~espnet_multiblank.espnet.encoders` (beside ``model``)
+    ``encoder: chunk_conformer``
+    (:mod:`~espnet_multiblank.espnet.encoders.chunk_conformer`): ESPnet's conformer
+    with chunk-masked attention, causal convolution and dynamic chunk training,
+    offline at full context or streaming chunk by chunk with caches; declared
+    padding-invariant to ``batch_exact``.
+
 :mod:`~espnet_multiblank.espnet.registration`
     ``register()`` (:mod:`~espnet_multiblank.espnet.registration.class_choices`) adds
     the classes above to ``espnet2.tasks.asr``'s class choices and installs the

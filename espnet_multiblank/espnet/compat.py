@@ -56,6 +56,7 @@ MOVED = {
     "Conv2dSubsampling6": "nets.pytorch_backend.transformer.subsampling",
     "Conv2dSubsampling8": "nets.pytorch_backend.transformer.subsampling",
     "TooShortUttError": "nets.pytorch_backend.transformer.subsampling",
+    "check_short_utt": "nets.pytorch_backend.transformer.subsampling",
     # frontends, helpers
     "Frontend": "nets.pytorch_backend.frontends.frontend",
     "make_pad_mask": "nets.pytorch_backend.nets_utils",

@@ -4,7 +4,7 @@
 #
 #   bash egs/digits/asr1/run.sh                 # everything (< 40 min on 2 CPU cores)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
-#   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 13
+#   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 14
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
 #
 # Stages (ESPnet style; each writes a done-marker only after it succeeded, outputs are
@@ -44,8 +44,19 @@
 #      without and with the "known" LM; at the chosen weights one one-at-a-time beam
 #      run per model and the step-pruned beams (--lm_extra_jobs); --lm_decode_jobs
 #      decodings at a time
-#  12  score WER / CER; word-time errors of test_real against its known boundaries
-#  13  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
+#  12  streaming (the models' chunk conformers, docs/streaming.md), with each model's
+#      greedy search: (a) test decoded offline at --stream_chunks encoder frames per
+#      chunk (4 16: 160, 640 ms; batched: the chunk-masked encoder output, i.e. the
+#      hypotheses the streams give) for the streaming WER; (b) --stream_utts
+#      utterances of test streamed at those chunks in pieces of --stream_piece samples
+#      (80 ms), one stream at a time, and --stream_batch streams at once at chunk
+#      --stream_batch_chunk (timed: RTF, search time; their hypotheses are checked
+#      against (a)); (c) --stream_utts utterances of test_real streamed at the same
+#      chunks for the emission delays against its known word boundaries
+#      (--lm_decode_jobs at a time, not timed)
+#  13  score WER / CER; word-time errors of test_real against its known boundaries;
+#      the streaming emission delays
+#  14  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
 #      WER-vs-search-time plots
 set -euo pipefail
 
@@ -54,7 +65,7 @@ repo=$(cd "$recipe/../../.." && pwd)
 
 # ---------------------------------------------------------------- options
 stage=1
-stop_stage=13
+stop_stage=14
 smoke=false
 dir=$recipe                 # working directory: data/, wav/, exp/ go there
 python=$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")
@@ -96,6 +107,15 @@ batched_jobs="standard:mb_beam:32 standard:mb_beam_step:32 multiblank:mb_beam:32
 dtype_jobs="standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam tdt:tdt_greedy
   tdt:tdt_beam"
 dtypes="float16 bfloat16"
+# streaming (stage 12): model:search decoded as streams, chunk sizes (encoder frames of
+# 40 ms), the piece length (samples: 640 = 80 ms at 8 kHz), the batched run's streams
+# and chunk
+stream_jobs="standard:mb_greedy multiblank:mb_greedy tdt:tdt_greedy"
+stream_chunks="4 16"
+stream_piece=640
+stream_batch=16
+stream_batch_chunk=16
+stream_utts=100             # utterances of each test set streamed (spread over it)
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -106,6 +126,8 @@ usage() {
   echo "         --lm_args '...' --lm_searches 'model:search ...' --lm_weights 'W ...'"
   echo "         --lm_known_weights 'W ...' --lm_decode_jobs N --dtype_jobs 'model:search ...'"
   echo "         --decode_jobs 'model:search[:batch] ...' --lm_extra_jobs 'model:search:batch ...'"
+  echo "         --stream_jobs 'model:search ...' --stream_chunks 'C ...' --stream_piece N"
+  echo "         --stream_batch N --stream_batch_chunk C --stream_utts N"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -114,7 +136,9 @@ while [ $# -gt 0 ]; do
     --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs|\
     --train_procs|--num_accounts|--num_known_dev|--num_known_test|--lm_args|\
     --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs|\
-    --decode_jobs|--lm_extra_jobs)
+    --decode_jobs|--lm_extra_jobs|\
+    --stream_jobs|--stream_chunks|--stream_piece|--stream_batch|--stream_batch_chunk|\
+    --stream_utts)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -158,6 +182,10 @@ if $smoke; then
   dtype_jobs="multiblank:mb_greedy"
   # of the batched beams, one of each rule
   batched_jobs="tdt:tdt_beam:32 multiblank:mb_beam_step:32"
+  # streaming: the two lattices that jump frames, one chunk (each decoding is a
+  # process start)
+  stream_jobs="multiblank:mb_greedy tdt:tdt_greedy"
+  stream_chunks="4"; stream_batch=4; stream_batch_chunk=4; stream_utts=20
 fi
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -718,7 +746,68 @@ stage_lm_decode() {
   done
 }
 
-# ------------------------------------------------------------ stage 12: score
+# --------------------------------------------------------- stage 12: streaming
+chunk_dir() {  # chunk_dir MODEL SEARCH CHUNK: offline at a chunk (per-set dirs below)
+  echo "$exp/asr_$1/chunk_${2}_c${3}_${inference_model%.pth}"
+}
+stream_dir() {  # stream_dir MODEL SEARCH CHUNK STREAMS: the parent of the per-set dirs
+  echo "$exp/asr_$1/stream_${2}_c${3}_b${4}_${inference_model%.pth}"
+}
+stream_keys() {  # stream_keys SET: the key file of the streamed utterances
+  echo "$exp/stream_keys_$1"
+}
+stream_decode() {  # stream_decode MODEL SEARCH CHUNK STREAMS SET
+  decode "$(stream_dir "$1" "$2" "$3" "$4")/$5" plugin "$1" "$2" "$5" "$4" \
+    --streaming true --streaming_chunk_size "$3" --sim_chunk_length "$stream_piece" \
+    --key_file "$(stream_keys "$5")"
+}
+stage_stream() {
+  local job name search c s n
+  s=${test_sets%% *}
+  # every k-th utterance (the sets are sorted by speaker): $stream_utts of each set
+  for n in $test_sets; do
+    [ -f "$data/$n/wav.scp" ] || continue
+    awk -v total="$(wc -l < "$data/$n/wav.scp")" -v want="$stream_utts" \
+      'BEGIN { k = int((total + want - 1) / want); if (k < 1) k = 1 }
+       (NR - 1) % k == 0 { print $1 }' "$data/$n/wav.scp" > "$(stream_keys "$n")"
+  done
+  for job in $stream_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for c in $stream_chunks; do
+      # (a) the streams' hypotheses for all of test: offline, chunk-masked, batched
+      log "decoding $s with $name / $search at chunks of $c frames (offline, batched)"
+      decode "$(chunk_dir "$name" "$search" "$c")/$s" plugin "$name" "$search" "$s" 32 \
+        --streaming_chunk_size "$c"
+      # (b) timed: one decoding at a time, $decode_threads torch threads
+      log "streaming $s with $name / $search: chunk $c frames, one stream at a time"
+      stream_decode "$name" "$search" "$c" 1 "$s"
+    done
+    log "streaming $s with $name / $search: chunk $stream_batch_chunk, $stream_batch streams"
+    stream_decode "$name" "$search" "$stream_batch_chunk" "$stream_batch" "$s"
+  done
+  # (c) emission delays against the known word boundaries: audio time, not wall time
+  [ -f "$data/test_real/wav.scp" ] || { log "no test_real data: no emission delays"; return 0; }
+  for job in $stream_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for c in $stream_chunks; do
+      pool_run "$lm_decode_jobs" stream_decode "$name" "$search" "$c" 1 test_real
+    done
+  done
+  pool_finish || die "streaming test_real failed"
+}
+
+# ------------------------------------------------------------ stage 13: score
+score_subset() {  # score_subset SET DECODE_DIR: the streamed utterances of SET only
+  awk 'NR == FNR { keep[$1] = 1; next } $1 in keep' "$(stream_keys "$1")" \
+    "$data/$1/text" > "$2/ref_text"
+  "$python" "$recipe/local/score.py" "$2/ref_text" "$2/1best_recog/text" "$2"
+}
+emission_delay() {  # emission_delay DECODE_DIR: test_real word ends vs emission times
+  "$python" "$recipe/local/emission_delay.py" "$data/test_real/text" \
+    "$data/test_real/word_times" "$1"
+}
 stage_score() {
   local job name search s bs entry lm w tag
   for job in $decode_jobs; do
@@ -742,6 +831,26 @@ stage_score() {
       score "$s" "$(decode_dir "$name" "$search" "$w")/$s"
     done
   done
+  for job in $stream_jobs; do
+    name=${job%%:*}
+    search=${job#*:}
+    for c in $stream_chunks; do
+      s=${test_sets%% *}
+      [ -d "$(chunk_dir "$name" "$search" "$c")/$s" ] \
+        && score "$s" "$(chunk_dir "$name" "$search" "$c")/$s"
+      [ -d "$(stream_dir "$name" "$search" "$c" 1)/$s" ] \
+        && score_subset "$s" "$(stream_dir "$name" "$search" "$c" 1)/$s"
+      if [ -f "$data/test_real/word_times" ] \
+          && [ -d "$(stream_dir "$name" "$search" "$c" 1)/test_real" ]; then
+        score_subset test_real "$(stream_dir "$name" "$search" "$c" 1)/test_real"
+        emission_delay "$(stream_dir "$name" "$search" "$c" 1)/test_real"
+      fi
+    done
+    s=${test_sets%% *}
+    c=$stream_batch_chunk
+    [ -d "$(stream_dir "$name" "$search" "$c" "$stream_batch")/$s" ] \
+      && score_subset "$s" "$(stream_dir "$name" "$search" "$c" "$stream_batch")/$s"
+  done
   for job in $lm_searches $lm_extra_jobs; do  # the LM decodings (scored in stage 11
     parse_job "$job"                           # already: again)
     for lm in train known; do
@@ -755,13 +864,16 @@ stage_score() {
   done
 }
 
-# ----------------------------------------------------------- stage 13: report
+# ----------------------------------------------------------- stage 14: report
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
     --throughput_jobs "$throughput_jobs" --lm_searches "$lm_searches" \
     --lm_extra_jobs "$lm_extra_jobs" \
     --dtype_jobs "$dtype_jobs" --dtypes "$dtypes" \
+    --stream_jobs "$stream_jobs" --stream_chunks "$stream_chunks" \
+    --stream_batch "$stream_batch" --stream_batch_chunk "$stream_batch_chunk" \
+    --stream_utts "$stream_utts" \
     --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
   if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
@@ -774,7 +886,7 @@ stage_report() {
 
 # the stage numbers of this script: a run dir whose markers were written by a run.sh
 # with other numbers (its layout file says so) would skip the wrong stages
-layout="13 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 score, 13 report"
+layout="14 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 score, 14 report"
 check_layout() {
   local old
   old=$(cat "$done_dir/layout" 2>/dev/null || true)
@@ -796,8 +908,9 @@ main() {
   run_stage 9 train_lms stage_lms
   run_stage 10 decode stage_decode
   run_stage 11 lm_decode stage_lm_decode
-  run_stage 12 score stage_score
-  run_stage 13 report stage_report
+  run_stage 12 streaming stage_stream
+  run_stage 13 score stage_score
+  run_stage 14 report stage_report
   log "all done ($SECONDS s)"
 }
 

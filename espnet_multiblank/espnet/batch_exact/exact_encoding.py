@@ -13,8 +13,10 @@ that mix padding into valid frames by the padding-invariant versions of
 * the conformer's convolution modules and blocks -> :class:`MaskedConvolutionModule`
   and :class:`MaskedConformerEncoderLayer`.
 
-Everything else on the path is per frame (linear layers, layer norm, activations,
-log-mel, global MVN) or already masked (self-attention
+Encoders defined elsewhere that never let padding reach a valid frame declare their
+classes with :func:`declare_padding_invariant` (``encoder: chunk_conformer`` does);
+they are accepted as they are. Everything else on the path is per frame (linear
+layers, layer norm, activations, log-mel, global MVN) or already masked (self-attention
 with absolute or relative (``rel_pos``) positions, whose scores depend on the relative
 offset only). Classes are swapped on the instances, so parameters, state-dict keys and
 an unpadded utterance's output are unchanged, and training sees the same function as
@@ -25,7 +27,7 @@ is left untouched and reported as not exact, with the module that prevents it.
 
 import dataclasses
 import logging
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from espnet2.asr.encoder.conformer_encoder import ConformerEncoder
@@ -119,6 +121,24 @@ _SUBSAMPLING = (
 )
 
 _HOOK_HANDLE = "_batch_exact_mask_hook"
+
+#: classes that the modules defining them declare padding-invariant by construction
+#: (:func:`declare_padding_invariant`): class -> whether its children are checked
+_DECLARED: Dict[type, bool] = {}
+
+
+def declare_padding_invariant(cls: type, check_children: bool = True) -> None:
+    """Declare the modules of class ``cls`` padding-invariant by construction.
+
+    For an encoder defined outside ESPnet (e.g. ``encoder: chunk_conformer``) that
+    never lets padding reach a valid frame: :func:`make_batch_exact` accepts it as
+    the model's encoder or inside one, leaves it as it is, and checks its children
+    (unless ``check_children`` is false: the whole subtree is the module's own
+    concern).
+    """
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise TypeError(f"cls must be a torch.nn.Module class, got {cls!r}")
+    _DECLARED[cls] = bool(check_children)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +248,11 @@ def _encoder_module(
 ) -> None:
     """Check ``module`` and its subtree; queue the replacements it needs."""
     kind = type(module)
+    if kind in _DECLARED:
+        if _DECLARED[kind]:
+            for name, child in module.named_children():
+                _encoder_module(child, f"{path}.{name}", actions)
+        return
     if kind in _SUBSAMPLING:
         # ESPnet 202511: conv, out = Sequential(Linear, positional encoding);
         # 202611: conv, out = Linear, pos_enc: every child but conv is checked
@@ -277,7 +302,8 @@ def _plan(model: torch.nn.Module) -> List[Callable[[], None]]:
         raise _unknown("normalize", normalize)
     _preencoder(model.preencoder, "preencoder")
     if model.encoder is not None:
-        if type(model.encoder) not in (ConformerEncoder, TransformerEncoder):
+        known = (ConformerEncoder, TransformerEncoder) + tuple(_DECLARED)
+        if type(model.encoder) not in known:
             raise _unknown("encoder", model.encoder)
         _encoder_module(model.encoder, "encoder", actions)
     if model.postencoder is not None:

@@ -177,6 +177,26 @@ class InputChecks:
             speech = speech[:, 0]
         if speech.numel() == 0:
             return None, "empty (no samples)"
+        speech, bad = self.check_piece(speech, rate)
+        if bad is not None:
+            return None, bad
+        if waveform and self.min_samples and speech.size(0) < self.min_samples:
+            return None, too_short_reason(speech.size(0), self.min_samples, self.fs)
+        return speech, None
+
+    def check_piece(
+        self, speech: torch.Tensor, rate: Optional[int]
+    ) -> Tuple[Optional[torch.Tensor], Optional[str]]:
+        """:meth:`check` without the length checks: for a piece of a stream (which
+        may be empty or short).
+
+        Args:
+            speech: (n,), (n, C) or (n, F) float32.
+            rate: The sample rate of a waveform, else None.
+        """
+        waveform = rate is not None
+        if waveform and speech.dim() == 2 and speech.size(1) == 1:
+            speech = speech[:, 0]
         bad = _non_finite(speech, "samples" if waveform else "values")
         if bad is None and self.dtype != torch.float32:
             bad = _non_finite(speech.to(self.dtype), f"values in {_name(self.dtype)}")
@@ -192,8 +212,6 @@ class InputChecks:
                 f"{speech.size(1)} channels, the model takes one (mix them down or "
                 "pick one)"
             )
-        if waveform and self.min_samples and speech.size(0) < self.min_samples:
-            return None, too_short_reason(speech.size(0), self.min_samples, self.fs)
         return speech, None
 
 

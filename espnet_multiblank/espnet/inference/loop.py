@@ -80,6 +80,7 @@ def inference(
     from espnet2.torch_utils.set_all_random_seed import set_all_random_seed
 
     _refuse_unsupported(word_lm_train_config, ngpu, speech2text_kwargs)
+    streaming, offline_chunk = streaming_options(speech2text_kwargs)
     logging.basicConfig(
         level=log_level,
         format="%(asctime)s (%(module)s:%(lineno)d) %(levelname)s: %(message)s",
@@ -89,8 +90,10 @@ def inference(
     speech2text = build_speech2text(
         speech2text_class, speech2text_kwargs, device, model_tag
     )
+    if offline_chunk is not None:
+        set_offline_chunk(speech2text.asr_model, *offline_chunk)
     batched = batch_size > 1 and speech2text.supports_batch
-    if batch_size > 1 and not batched:
+    if batch_size > 1 and not batched and streaming is None:
         logger.warning(
             "batch_size=%d: the chosen search decodes one utterance at a time "
             "(batched decoding: search_type mb_greedy, mb_beam, tdt_greedy or "
@@ -102,15 +105,26 @@ def inference(
         key_file,
         ASRTask.build_preprocess_fn(speech2text.asr_train_args, False),
     )
-    run = DecodingRun(speech2text, input_checks(speech2text), batch_size, batched)
+    if streaming is not None:
+        from espnet_multiblank.espnet.inference.stream_loop import (
+            StreamingRun,
+            write_stream_result,
+        )
+
+        run = StreamingRun(speech2text, batch_size, **streaming)
+        write = write_stream_result
+    else:
+        run = DecodingRun(speech2text, input_checks(speech2text), batch_size, batched)
+        write = write_results
     ctm = CtmWriter(speech2text, output_dir) if write_ctm else None
     start = time.perf_counter()
     try:
         with DatadirWriter(output_dir) as writer:
             for key, results in run.decode(utterances):
-                write_results(writer, key, results, speech2text.nbest)
+                write(writer, key, results, speech2text.nbest)
                 if ctm is not None:
-                    ctm.write(key, results[0])
+                    best = results.results[0] if streaming is not None else results[0]
+                    ctm.write(key, best)
     finally:
         if ctm is not None:
             ctm.close()
@@ -170,6 +184,53 @@ class CtmWriter:
 
     def close(self) -> None:
         self.file.close()
+
+
+def streaming_options(
+    kwargs: Dict[str, Any],
+) -> Tuple[Optional[Dict[str, Any]], Optional[Tuple[int, Optional[int]]]]:
+    """The streaming options, removed from ``kwargs`` (the ``Speech2Text``
+    arguments).
+
+    Returns:
+        The options of the streaming run (None unless ``--streaming true`` asks to
+        stream a transducer; other models keep ESPnet's ``--streaming``), and,
+        without ``--streaming``, the ``(chunk, left chunks)`` of
+        ``--streaming_chunk_size`` (None when 0): offline decoding at that chunk
+        (the chunk-masked encoder output: the hypotheses the streams give).
+    """
+    from espnet_multiblank.espnet.inference.arguments import STREAMING_OPTIONS
+    from espnet_multiblank.espnet.inference.speech2text import config_is_transducer
+
+    options = {k: kwargs.pop(k) for k in STREAMING_OPTIONS if k in kwargs}
+    chunk = options.get("streaming_chunk_size", 0)
+    left = options.get("streaming_left_chunks")
+    if not kwargs.get("streaming") or not config_is_transducer(
+        kwargs.get("asr_train_config")
+    ):
+        return None, ((chunk, left) if chunk else None)
+    kwargs["streaming"] = False  # handled here: ESPnet's Speech2Text must not see it
+    return {
+        "sim_chunk_length": options.get("sim_chunk_length", 0),
+        "chunk_size": chunk,
+        "left_chunks": left,
+        "partial": options.get("streaming_partial", "provisional"),
+    }, None
+
+
+def set_offline_chunk(model: Any, chunk: int, left: Optional[int]) -> None:
+    """Decode offline at ``chunk`` encoder frames per chunk (``encoder:
+    chunk_conformer``)."""
+    encoder = getattr(model, "encoder", None)
+    if not hasattr(encoder, "set_decoding_chunk"):
+        raise ValueError(
+            f"--streaming_chunk_size {chunk}: the encoder "
+            f"({type(encoder).__name__}) has no chunks (encoder: chunk_conformer)"
+        )
+    if chunk < 0:
+        raise ValueError(f"--streaming_chunk_size must be >= 0, got {chunk}")
+    encoder.set_decoding_chunk(chunk, left)
+    logger.info("offline decoding at chunks of %d encoder frames", chunk)
 
 
 def _refuse_unsupported(word_lm_train_config, ngpu: int, kwargs: Dict) -> None:

@@ -175,6 +175,12 @@ def _config_is_transducer(config: Dict[str, Any]) -> bool:
     return isinstance(decoder, str) and decoder.lower() == "transducer"
 
 
+def config_is_transducer(asr_train_config: Any) -> bool:
+    """Whether a training config file builds a transducer (``decoder:
+    transducer``)."""
+    return _config_is_transducer(_read_config(asr_train_config))
+
+
 def is_plugin_model(model: Any) -> bool:
     from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 

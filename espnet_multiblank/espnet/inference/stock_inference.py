@@ -23,9 +23,10 @@ as soon as it has executed:
   point does; everything else runs ESPnet's loop (which batches attention / CTC
   models from ESPnet 202611 on, and refuses ``--batch_size > 1`` in 202511);
 * ``get_parser`` gets the plug-in's additions (``--dtype bfloat16``,
-  ``--allow_failed_utterances``, ``--write_ctm``), and help texts that argparse cannot format (ESPnet
-  202611's ``--ctc_window_margin`` help says "3.19% CER", so its own ``--help``
-  raises ``ValueError: unsupported format character``) get their stray ``%`` escaped.
+  ``--allow_failed_utterances``, ``--write_ctm``, the streaming options), and help
+  texts that argparse cannot format (ESPnet 202611's ``--ctc_window_margin`` help
+  says "3.19% CER", so its own ``--help`` raises ``ValueError: unsupported format
+  character``) get their stray ``%`` escaped.
 """
 
 import argparse

@@ -10,6 +10,7 @@ choices         name                   class (:data:`ENTRIES`: module and class)
 ``model``       ``multiblank_espnet``  ``MultiblankESPnetASRModel``
 ``frontend``    ``grad_scaled``        ``GradScaledFrontend``
 ``preencoder``  ``grad_scaled``        ``GradScaledPreEncoder``
+``encoder``     ``chunk_conformer``    ``ChunkConformerEncoder``
 ==============  =====================  ===============================================
 
 It must run, before the parser is built or a model is rebuilt, in every process:
@@ -45,6 +46,11 @@ ENTRIES: Dict[str, Dict[str, str]] = {
     "preencoder": {
         "grad_scaled": (
             "espnet_multiblank.espnet.frontends.grad_scaled:GradScaledPreEncoder"
+        )
+    },
+    "encoder": {
+        "chunk_conformer": (
+            "espnet_multiblank.espnet.encoders.chunk_conformer:ChunkConformerEncoder"
         )
     },
 }

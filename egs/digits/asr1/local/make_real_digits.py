@@ -15,7 +15,8 @@ Output: <out_dir>/wav/<utt>.wav, <out_dir>/manifest.tsv (utt, spk, path, text) a
 <out_dir>/word_times: the known boundaries of every word, one utterance per line,
 ``<utt> <word> <start> <end> [<word> <start> <end> ...]`` in seconds (the trimmed
 recording's first and last sample; the scoring of word timestamps,
-``local/score_times.py``, reads it).
+``local/score_times.py``, and the streaming emission delays,
+``local/emission_delay.py``, read it).
 """
 
 import argparse

@@ -28,6 +28,7 @@ from report import (  # noqa: E402
     repeats,
     speed_plot,
     stages,
+    streaming,
     throughput,
     timestamps,
     training,
@@ -86,6 +87,13 @@ def main():
         "--dtype_jobs", default="", help="'model:search ...' decoded in half precision"
     )
     p.add_argument("--dtypes", default="float16 bfloat16")
+    p.add_argument(
+        "--stream_jobs", default="", help="'model:search ...' decoded as streams"
+    )
+    p.add_argument("--stream_chunks", default="", help="chunk sizes (encoder frames)")
+    p.add_argument("--stream_batch", type=int, default=16)
+    p.add_argument("--stream_batch_chunk", type=int, default=16)
+    p.add_argument("--stream_utts", type=int, default=0)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train_jobs", type=int, default=1)
     a = p.parse_args()
@@ -125,6 +133,28 @@ def main():
     lines += precision.section(
         a.exp, dtype_jobs, a.dtypes.split(), a.inference_model, test_sets[0]
     )
+    stream_jobs = [tuple(j.split(":")) for j in a.stream_jobs.split()]
+    if stream_jobs:
+        chunks = [int(c) for c in a.stream_chunks.split()]
+        stream_res = streaming.load(
+            a.exp,
+            stream_jobs,
+            chunks,
+            a.stream_batch,
+            a.stream_batch_chunk,
+            a.inference_model,
+            test_sets[0],
+        )
+        lines += streaming.section(
+            stream_res,
+            res,
+            stream_jobs,
+            chunks,
+            a.stream_batch,
+            a.stream_batch_chunk,
+            test_sets[0],
+            a.stream_utts,
+        )
     if tjobs:
         lines += throughput.section(trows, test_sets[0], res, jobs)
     lines += stages.section(a.exp)

@@ -1,0 +1,330 @@
+"""Streaming search: the package's searches over encoder frames that arrive in chunks.
+
+A search decides at frame t of an utterance of T frames from the frames it has and
+from T, and T enters only through ``min(T - t, R)`` (multi-blank and standard
+lattices, R = the longest blank; :meth:`SymbolTable.best_arcs`) or ``min(T - t, R +
+1)`` (TDT, R = the longest duration; :meth:`TDTSymbolTable.best_arcs`). So once
+N >= t + L frames have arrived (L = :func:`decision_lookahead`), the arcs chosen at
+frame t are those the search would choose with the whole utterance, whatever T turns
+out to be: the streaming searches take every step at frames t <= N - L as soon as it
+is decided, leave the rest (a big blank or a TDT duration may have carried a row past
+frame N - L: it waits there), and when the stream ends finish with the true T (and
+the language models' end of sentence). The final hypothesis of a stream is then the
+offline search's on the same encoder frames: the same arcs, taken in the same order,
+the same scores (tested bit for bit against :meth:`LabelLoopingGreedySearch.
+search_projected` and :meth:`MultiblankBeamSearch.search_projected`).
+
+* :class:`StreamingGreedySearch`: label-looping greedy search (every lattice) over a
+  fixed number of rows, one stream per row; streams start and end independently
+  (:meth:`~StreamingGreedySearch.reset`). A label-looping window of W > 1 frames is
+  evaluated only when all its frames are decided (L + W - 1 frames of look-ahead
+  for the next step), so it groups the arcs as the offline search does.
+* :class:`StreamingBeamSearch`: the frame-synchronous beam search of one stream
+  (multi-blank and TDT, with LM fusion): the frame queues are carried across chunks;
+  frames t <= N - R - 1 are expanded (no arc lands on frame N before the stream ends,
+  so no hypothesis is completed too early).
+
+Both give a *provisional* hypothesis at any time: a copy of the undecided state run
+to the last frame received as if the stream ended there (the offline result for the
+audio so far). The decided labels lag the last frame received by L frames (8 frames
+of 40 ms = 320 ms for big blanks [2, 4, 8]); the provisional ones do not.
+
+Encoder frames are given *projected* (``stepper.project_enc``): the searches decide
+on projected frames, and projecting each chunk as it arrives gives, to float
+rounding, what projecting the whole utterance gives.
+
+Notation: B = rows (streams), N = frames received, J = joint space size.
+"""
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+import torch
+
+from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
+from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
+from espnet_multiblank.decoding.label_looping import (
+    LabelLoopingGreedySearch,
+    _Batch,
+)
+from espnet_multiblank.lattice import TDTLattice
+
+
+def decision_lookahead(search) -> int:
+    """L: frames past frame t that must have arrived before ``search`` decides at t
+    as it would with the whole utterance (module docstring): R for the multi-blank
+    and standard greedy search (1 without big blanks), R + 1 for a TDT's and for the
+    beam searches (which must also not complete a hypothesis at the last frame
+    received)."""
+    R = search.lattice.max_frames
+    if isinstance(search, MultiblankBeamSearch) or isinstance(
+        search.lattice, TDTLattice
+    ):
+        return R + 1
+    return R
+
+
+def _check_frames(name: str, frames: torch.Tensor, J: Optional[int]) -> None:
+    if frames.dim() != 2 or (J is not None and frames.size(1) != J):
+        want = "(n, J)" if J is None else f"(n, {J})"
+        raise ValueError(
+            f"{name} must be {want} projected encoder frames, got "
+            f"{tuple(frames.shape)}"
+        )
+
+
+class StreamingGreedySearch:
+    """Label-looping greedy search over ``batch`` streams (module docstring).
+
+    Args:
+        search: A label-looping search (any lattice, LM fusion included).
+        batch: Rows: streams decoded together.
+        device: Where the search runs.
+
+    Attributes:
+        lookahead: L (:func:`decision_lookahead`).
+        received: (B,) long, frames appended to each row since its reset.
+        final: (B,) bool, rows whose stream has ended.
+        tokens: The decided labels of each row.
+    """
+
+    #: first frame capacity per row (doubled when full)
+    initial_frames = 64
+
+    def __init__(
+        self, search: LabelLoopingGreedySearch, batch: int, device: torch.device
+    ):
+        if not isinstance(search, LabelLoopingGreedySearch):
+            raise TypeError(
+                "search must be a LabelLoopingGreedySearch, got "
+                f"{type(search).__name__}"
+            )
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        self.search = search
+        self.batch = batch
+        self.device = torch.device(device)
+        self.lookahead = decision_lookahead(search)
+        self.loop = search.init_loop(batch, self.device)
+        # the state before the first frame, computed for the whole batch as the
+        # offline search computes it (a batch of one could round differently)
+        self._fresh = search.init_loop(batch, self.device)
+        self.enc_proj: Optional[torch.Tensor] = None  # (B, capacity, J)
+        self.received = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.final = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        self._ended = [False] * batch  # end of sentence scored
+        self.tokens: List[List[int]] = [[] for _ in range(batch)]
+        self.timings: List[List[TokenTiming]] = [[] for _ in range(batch)]
+
+    def reset(self, rows: Sequence[int]) -> None:
+        """Start new streams in ``rows``: their state as before the first frame."""
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        if idx.numel() == 0:
+            return
+        loop, fresh, search = self.loop, self._fresh, self.search
+        for name in ("frame", "num_sym", "score", "moves", "big"):
+            getattr(loop, name)[idx] = 0
+        loop.dec_proj[idx] = fresh.dec_proj[idx]
+        search.stepper.scatter_state(
+            loop.state, idx, search.stepper.select_state(fresh.state, idx)
+        )
+        if loop.lm is not None:
+            search.fusion.scatter(loop.lm, idx, search.fusion.select(fresh.lm, idx))
+        self.received[idx] = 0
+        self.final[idx] = False
+        for r in idx.tolist():
+            self._ended[r] = False
+            self.tokens[r] = []
+            self.timings[r] = []
+
+    def append(self, row: int, enc_proj: torch.Tensor, final: bool = False) -> None:
+        """Frames for one row's stream.
+
+        Args:
+            row: The row.
+            enc_proj: (n, J) the next projected encoder frames (n >= 0).
+            final: The stream ends after them.
+        """
+        if self.final[row]:
+            raise ValueError(f"row {row}: its stream has ended (reset it first)")
+        J = None if self.enc_proj is None else self.enc_proj.size(2)
+        _check_frames("enc_proj", enc_proj, J)
+        n = enc_proj.size(0)
+        start = int(self.received[row])
+        if n:
+            self._reserve(start + n, enc_proj)
+            self.enc_proj[row, start : start + n] = enc_proj
+            self.received[row] = start + n
+        if final:
+            self.final[row] = True
+
+    def end(self, row: int) -> None:
+        """The row's stream has ended (after its last :meth:`append`)."""
+        self.final[row] = True
+
+    def _reserve(self, frames: int, like: torch.Tensor) -> None:
+        if self.enc_proj is None:
+            self.enc_proj = like.new_zeros(
+                self.batch, max(self.initial_frames, frames), like.size(1)
+            )
+        capacity = self.enc_proj.size(1)
+        if frames > capacity:
+            grown = self.enc_proj.new_zeros(
+                self.batch, max(2 * capacity, frames), self.enc_proj.size(2)
+            )
+            grown[:, :capacity] = self.enc_proj
+            self.enc_proj = grown
+
+    def _context(self) -> _Batch:
+        enc = self.enc_proj
+        if enc is None:  # no frame yet anywhere: one zero frame to read
+            enc = torch.zeros(
+                self.batch, 1, self.loop.dec_proj.size(1), device=self.device
+            )
+            enc = enc.to(self.loop.dec_proj.dtype)
+        return _Batch(
+            self.search.table(self.device), enc, self.received, self.search.window
+        )
+
+    def _limit(self) -> torch.Tensor:
+        """(B,) the frame below which a row may take its next window."""
+        undecided = self.lookahead + self.search.window - 2
+        return torch.where(self.final, self.received, self.received - undecided)
+
+    @torch.no_grad()
+    def advance(self) -> None:
+        """Take every step the frames received decide; complete the rows whose
+        stream has ended (their hypotheses: :meth:`hypothesis`)."""
+        self.search.run_loops(self._context(), self.loop, self._limit())
+        ending = [
+            b for b in range(self.batch) if bool(self.final[b]) and not self._ended[b]
+        ]
+        if ending:
+            rows = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+            rows[ending] = True
+            self.search.finish_loop(self.loop, rows)
+            for b in ending:
+                self._ended[b] = True
+        for b, (labels, timing) in enumerate(zip(*self.loop.drain())):
+            self.tokens[b].extend(labels)
+            self.timings[b].extend(timing)
+
+    def done(self, row: int) -> bool:
+        """Whether the row's stream has ended and been completed."""
+        return self._ended[row]
+
+    def hypothesis(self, row: int) -> Hypothesis:
+        """The final hypothesis of a completed row (what the offline search gives
+        for its frames)."""
+        if not self._ended[row]:
+            raise ValueError(f"row {row} is not complete (append final, advance)")
+        (hyp,) = self.search.hypotheses(
+            self.loop, {row: self.tokens[row]}, {row: self.timings[row]}, [row]
+        )
+        hyp.dec_proj = hyp.dec_proj.clone()  # the row's tensors are reused
+        return hyp
+
+    @torch.no_grad()
+    def provisional(self) -> List[List[int]]:
+        """Each row's labels if its stream ended at the last frame received: the
+        decided labels and those of a copy of the state run to the end."""
+        loop = self.loop
+        copy = loop.empty_copy(
+            **{
+                n: getattr(loop, n).clone()
+                for n in ("frame", "num_sym", "score", "moves", "big")
+            }
+        )
+        self.search.run_loops(self._context(), copy, self.received)
+        return [a + b for a, b in zip(self.tokens, copy.drain()[0])]
+
+
+class StreamingBeamSearch:
+    """The beam search of one stream (module docstring).
+
+    Args:
+        search: A :class:`~espnet_multiblank.decoding.MultiblankBeamSearch` or
+            :class:`~espnet_multiblank.decoding.TDTBeamSearch` (LM fusion
+            included).
+        device: Where it runs.
+
+    Attributes:
+        lookahead: R + 1.
+        received: Frames appended.
+        decided: Frames whose hypotheses have been expanded.
+        final: Whether the stream has ended.
+    """
+
+    def __init__(self, search: MultiblankBeamSearch, device: torch.device):
+        if not isinstance(search, MultiblankBeamSearch):
+            raise TypeError(
+                f"search must be a MultiblankBeamSearch, got {type(search).__name__}"
+            )
+        if search.beam_sync != "frame":
+            # the step-pruned rule has no per-frame state to resume (yet)
+            raise ValueError(
+                "streaming beam search runs the frame-synchronous rule: "
+                f"transducer_conf.beam_sync must be 'frame', got {search.beam_sync!r}"
+            )
+        self.search = search
+        self.device = torch.device(device)
+        self.lookahead = decision_lookahead(search)
+        self.queues: List[Optional[Queue]] = search.start_queues(self.device, 0)
+        self.enc_proj: Optional[torch.Tensor] = None
+        self.received = 0
+        self.decided = 0
+        self.final = False
+        self._final_hyps: Optional[List[Hypothesis]] = None
+
+    def append(self, enc_proj: torch.Tensor, final: bool = False) -> None:
+        """The next (n, J) projected encoder frames; ``final``: the stream ends."""
+        if self.final:
+            raise ValueError("the stream has ended")
+        J = None if self.enc_proj is None else self.enc_proj.size(1)
+        _check_frames("enc_proj", enc_proj, J)
+        if enc_proj.size(0):
+            self.enc_proj = (
+                enc_proj.clone()
+                if self.enc_proj is None
+                else torch.cat([self.enc_proj, enc_proj])
+            )
+            self.received += enc_proj.size(0)
+        self.final = self.final or final
+
+    def end(self) -> None:
+        """The stream has ended (after its last :meth:`append`)."""
+        self.final = True
+
+    @torch.no_grad()
+    def advance(self) -> None:
+        """Expand every frame the frames received decide (all once final)."""
+        N = self.received
+        # queues up to frame N: len(queues) - 1 is N, and T once final
+        self.queues.extend(dict() for _ in range(N + 1 - len(self.queues)))
+        stop = N if self.final else max(N - self.lookahead + 1, self.decided)
+        if stop > self.decided:
+            self.search.run_frames(self.queues, self.enc_proj, self.decided, stop)
+            self.decided = stop
+
+    def hypotheses(self) -> List[Hypothesis]:
+        """The n-best of the ended stream (after :meth:`advance`)."""
+        if not self.final or self.decided < self.received:
+            raise ValueError("the stream has not ended (append final, advance)")
+        if self._final_hyps is None:
+            self._final_hyps = self.search.final_hypotheses(self.queues)
+        return self._final_hyps
+
+    @torch.no_grad()
+    def provisional(self) -> List[int]:
+        """The best labels if the stream ended at the last frame received."""
+        if self.final:
+            return self.hypotheses()[0].labels
+        N = self.received
+        queues = [
+            None if q is None else {k: dataclasses.replace(h) for k, h in q.items()}
+            for q in self.queues
+        ]
+        queues.extend(dict() for _ in range(N + 1 - len(queues)))
+        if N > self.decided:
+            self.search.run_frames(queues, self.enc_proj, self.decided, N)
+        return self.search.final_hypotheses(queues)[0].labels

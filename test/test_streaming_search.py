@@ -1,0 +1,276 @@
+"""Streaming searches (decoding/streaming.py) against the offline searches.
+
+The oracle is the offline search on the same projected encoder frames
+(``search_projected``): a stream's final hypothesis must be identical (labels,
+score, frames, counts) whatever the chunks the frames arrive in, for every lattice,
+window and inner-loop limit, with LM fusion, for rows that start and end at any time
+in a batch; its provisional labels must be the offline search's on the frames
+received so far. A version of the streaming search that decides one frame too early
+is shown to disagree (the look-ahead is needed).
+"""
+
+import random
+
+import pytest
+import torch
+from test_decoding_lm import lm_tokens_for, make_rnnlm
+from test_label_looping import D_ENC, mb_model, searches, tdt_model
+
+from espnet_multiblank.decoding import MultiblankBeamSearch, TDTBeamSearch
+from espnet_multiblank.decoding.streaming import (
+    StreamingBeamSearch,
+    StreamingGreedySearch,
+    decision_lookahead,
+)
+from espnet_multiblank.espnet.inference.search import (
+    build_transducer_search,
+    lattice_from_model,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+MODELS = {
+    "standard": lambda seed: mb_model(seed, durations=()),
+    "multiblank": lambda seed: mb_model(seed),
+    "multiblank_3": lambda seed: mb_model(seed, durations=(3,)),
+    "tdt_0_4": lambda seed: tdt_model(seed),
+    "tdt_2_3": lambda seed: tdt_model(seed, durations=(2, 3)),
+}
+LOOPS = [(None, None), (1, 1), (1, 10**6), (3, 2), (5, 10**6)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def frames_of(search, lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    enc = torch.randn(len(lens), max(lens + [1]), D_ENC, generator=g)
+    return search.stepper.project_enc(enc)
+
+
+def same(got, want):
+    assert got.yseq == want.yseq
+    assert got.score == want.score  # bit for bit: the same arcs in the same order
+    assert got.frame == want.frame
+    assert got.frames_skipped == want.frames_skipped
+    assert got.big_blank_emissions == want.big_blank_emissions
+    assert got.num_sym_frame == want.num_sym_frame
+    assert torch.equal(got.dec_proj, want.dec_proj)
+    # each label's frame, the frames its arc covers, its acoustic log-probability
+    assert got.timing == want.timing and len(got.timing) == len(got.yseq) - 1
+
+
+def stream_rows(search, proj, lens, seed, check_provisional=False):
+    """Feed each row its frames in random chunks (0-5 frames, the end at a random
+    later call), one ``advance`` per round; returns the final hypotheses."""
+    B = len(lens)
+    st = StreamingGreedySearch(search, B, "cpu")
+    rng = random.Random(seed)
+    pos, done = [0] * B, [False] * B
+    while not all(done):
+        for b, T in enumerate(lens):
+            if done[b]:
+                continue
+            n = min(rng.randint(0, 5), T - pos[b])
+            st.append(b, proj[b, pos[b] : pos[b] + n])
+            pos[b] += n
+            if pos[b] == T and rng.random() < 0.6:
+                st.end(b)
+                done[b] = True
+        st.advance()
+        if check_provisional:
+            got = st.provisional()
+            want = search.search_projected(proj, torch.tensor(pos))
+            assert got == [h.labels for h in want]
+    return [st.hypothesis(b) for b in range(B)]
+
+
+@pytest.mark.parametrize("window,max_inner", LOOPS)
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_final_hypotheses_equal_the_offline_search(kind, window, max_inner):
+    lens = [23, 0, 1, 17, 40]
+    for seed in range(2):
+        _, search = searches(MODELS[kind](seed), window=window, max_inner=max_inner)
+        proj = frames_of(search, lens, seed)
+        want = search.search_projected(proj, torch.tensor(lens))
+        for got, w in zip(stream_rows(search, proj, lens, seed), want):
+            same(got, w)
+
+
+@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("kind", ["standard", "multiblank", "tdt_0_4"])
+def test_provisional_labels_are_the_offline_search_on_the_frames_so_far(kind, window):
+    lens = [30, 9, 21]
+    _, search = searches(MODELS[kind](3), window=window, max_inner=2)
+    proj = frames_of(search, lens, 3)
+    stream_rows(search, proj, lens, 3, check_provisional=True)
+
+
+def test_rows_restart_and_other_rows_do_not_matter():
+    """A row reset for a new stream decodes it as a fresh offline row, whatever
+    the other rows hold (the batch's tensors have a fixed size)."""
+    _, search = searches(MODELS["multiblank"](1))
+    lens = [25, 12, 31]
+    proj = frames_of(search, lens, 5)
+    other = frames_of(search, lens, 6)
+    want = search.search_projected(proj, torch.tensor(lens))
+    st = StreamingGreedySearch(search, 3, "cpu")
+    # a first stream in every row (other frames), ended; then the real ones
+    for b in range(3):
+        st.append(b, other[b, : lens[b] // 2])
+        st.end(b)
+    st.advance()
+    st.reset([0, 1, 2])
+    for step in range(0, 32, 3):
+        for b, T in enumerate(lens):
+            st.append(b, proj[b, min(step, T) : min(step + 3, T)])
+        st.advance()
+    for b in range(3):
+        st.end(b)
+    st.advance()
+    for b in range(3):
+        same(st.hypothesis(b), want[b])
+
+
+def fused_search(model, search_type, seed=0, **kwargs):
+    lattice = lattice_from_model(model)
+    lm_tokens = lm_tokens_for(model.token_list, lattice.blank_ids, seed)
+    return build_transducer_search(
+        model,
+        search_type=search_type,
+        lm=make_rnnlm(len(lm_tokens), seed),
+        lm_token_list=lm_tokens,
+        lm_weight=0.5,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("kind", ["multiblank", "tdt_0_4"])
+def test_language_model_fusion_streams_exactly(kind):
+    model = MODELS[kind](2)
+    greedy = "tdt_greedy" if kind.startswith("tdt") else "mb_greedy"
+    search = fused_search(model, greedy, loop_labels=True, max_sym_per_frame=3)
+    assert search.fusion is not None
+    lens = [19, 33, 0]
+    proj = frames_of(search, lens, 2)
+    want = search.search_projected(proj, torch.tensor(lens))
+    for got, w in zip(stream_rows(search, proj, lens, 2), want):
+        same(got, w)
+
+
+def stream_beam(search, proj, seed, check_provisional=False):
+    sb = StreamingBeamSearch(search, "cpu")
+    rng = random.Random(seed)
+    T, pos = proj.size(0), 0
+    while True:
+        n = min(rng.randint(0, 4), T - pos)
+        sb.append(proj[pos : pos + n])
+        pos += n
+        end = pos == T and rng.random() < 0.5
+        if end:
+            sb.end()
+        sb.advance()
+        if check_provisional and not end:
+            want = search.search_projected(proj[:pos])[0].labels
+            assert sb.provisional() == want
+        if end:
+            return sb.hypotheses()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("kind", ["standard", "multiblank", "tdt_0_4", "tdt_2_3"])
+def test_beam_search_streams_exactly(kind, fused):
+    model = MODELS[kind](4)
+    tdt = kind.startswith("tdt")
+    search_type = "tdt_beam" if tdt else "mb_beam"
+    kwargs = dict(beam_size=3, nbest=3)
+    if fused:
+        search = fused_search(model, search_type, **kwargs)
+    else:
+        search = build_transducer_search(model, search_type=search_type, **kwargs)
+    assert isinstance(search, TDTBeamSearch if tdt else MultiblankBeamSearch)
+    g = torch.Generator().manual_seed(4)
+    for T in (0, 1, 7, 26):
+        proj = search.stepper.project_enc(torch.randn(T, D_ENC, generator=g))
+        want = search.search_projected(proj)
+        got = stream_beam(search, proj, T, check_provisional=T == 26)
+        assert [(h.yseq, h.score, h.frame, h.timing) for h in got] == [
+            (h.yseq, h.score, h.frame, h.timing) for h in want
+        ]
+
+
+def test_step_pruned_beam_does_not_stream():
+    """beam_sync: step keeps no per-frame queues: the streaming beam refuses it
+    rather than streaming the frame rule under the step rule's name."""
+    from espnet_multiblank.decoding.streaming import StreamingBeamSearch
+
+    model = MODELS["multiblank"](4)
+    search = build_transducer_search(
+        model, search_type="mb_beam", beam_size=2, beam_sync="step"
+    )
+    with pytest.raises(ValueError, match="beam_sync must be 'frame'"):
+        StreamingBeamSearch(search, "cpu")
+
+
+def test_lookahead_values():
+    _, std = searches(MODELS["standard"](0))
+    _, mb = searches(MODELS["multiblank"](0))
+    _, tdt = searches(MODELS["tdt_0_4"](0))
+    beam = build_transducer_search(
+        MODELS["multiblank"](0), search_type="mb_beam", beam_size=2
+    )
+    assert [decision_lookahead(s) for s in (std, mb, tdt, beam)] == [1, 8, 5, 9]
+
+
+@pytest.mark.parametrize("kind", ["multiblank", "tdt_0_4"])
+def test_deciding_one_frame_early_changes_hypotheses(kind):
+    """The look-ahead is needed: with one frame less the end rule is applied at
+    frames it does not apply to, and some streams decode differently."""
+    lens = [40] * 8
+    differ = 0
+    for seed in range(6):
+        _, search = searches(MODELS[kind](seed), window=1)
+        proj = frames_of(search, lens, seed)
+        want = search.search_projected(proj, torch.tensor(lens))
+        st = StreamingGreedySearch(search, len(lens), "cpu")
+        st.lookahead -= 1
+        for t in range(40):
+            for b in range(len(lens)):
+                st.append(b, proj[b, t : t + 1])
+            st.advance()
+        for b in range(len(lens)):
+            st.end(b)
+        st.advance()
+        got = [st.hypothesis(b) for b in range(len(lens))]
+        differ += sum(g.yseq != w.yseq or g.score != w.score for g, w in zip(got, want))
+    assert differ > 0
+
+
+def test_bad_use():
+    _, search = searches(MODELS["multiblank"](0))
+    st = StreamingGreedySearch(search, 2, "cpu")
+    with pytest.raises(ValueError, match="enc_proj"):
+        st.append(0, torch.zeros(3))
+    st.append(0, torch.zeros(2, 12))
+    with pytest.raises(ValueError, match=r"\(n, 12\)"):
+        st.append(1, torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="not complete"):
+        st.hypothesis(0)
+    st.end(0)
+    with pytest.raises(ValueError, match="ended"):
+        st.append(0, torch.zeros(1, 12))
+    with pytest.raises(TypeError, match="LabelLoopingGreedySearch"):
+        StreamingGreedySearch(object(), 1, "cpu")
+    with pytest.raises(ValueError, match="batch"):
+        StreamingGreedySearch(search, 0, "cpu")
+    beam = build_transducer_search(
+        MODELS["multiblank"](0), search_type="mb_beam", beam_size=2
+    )
+    sb = StreamingBeamSearch(beam, "cpu")
+    with pytest.raises(ValueError, match="not ended"):
+        sb.hypotheses()

@@ -131,13 +131,18 @@ def get_kernels(storage: str, lattice: MultiblankLattice, row_cfg):
     key += (team, block, unroll)
     if key not in _KERNEL_CACHE:
         row_stats, grad = _make_row_kernels(*key)
-        # The two DP kernels depend only on the durations (numba specialises them on
-        # the costs' dtype by itself): compiled once, shared by every row layout.
-        dp_key = ("dp", lattice.big_blank_durations)
-        if dp_key not in _KERNEL_CACHE:
-            _KERNEL_CACHE[dp_key] = _make_dp_kernels(lattice.big_blank_durations)
-        alpha_beta, weights = _KERNEL_CACHE[dp_key]
+        alpha_beta, weights = get_dp_kernels(lattice)
         _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
+    return _KERNEL_CACHE[key]
+
+
+def get_dp_kernels(lattice):
+    """The two lattice kernels (alpha_beta, weights) of ``lattice``: they depend
+    only on the durations (numba specialises them on the costs' dtype by itself), so
+    they are compiled once and shared by every storage kind and row layout."""
+    key = ("dp", lattice.big_blank_durations)
+    if key not in _KERNEL_CACHE:
+        _KERNEL_CACHE[key] = _make_dp_kernels(lattice.big_blank_durations)
     return _KERNEL_CACHE[key]
 
 

@@ -100,11 +100,18 @@ def get_tdt_kernels(storage: str, lattice: TDTLattice, row_cfg):
     key = (storage, lattice.durations, team, block, unroll)
     if key not in _KERNEL_CACHE:
         row_stats, grad = _make_row_kernels(*key)
-        dp_key = ("dp", lattice.durations)
-        if dp_key not in _KERNEL_CACHE:
-            _KERNEL_CACHE[dp_key] = _make_dp_kernels(lattice.durations)
-        alpha_beta, weights = _KERNEL_CACHE[dp_key]
+        alpha_beta, weights = get_tdt_dp_kernels(lattice)
         _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
+    return _KERNEL_CACHE[key]
+
+
+def get_tdt_dp_kernels(lattice):
+    """The two lattice kernels (alpha_beta, weights) of ``lattice``: they depend
+    only on the durations (numba specialises them on the costs' dtype by itself), so
+    they are compiled once and shared by every storage kind and row layout."""
+    key = ("dp", lattice.durations)
+    if key not in _KERNEL_CACHE:
+        _KERNEL_CACHE[key] = _make_dp_kernels(lattice.durations)
     return _KERNEL_CACHE[key]
 
 

@@ -343,9 +343,9 @@ class CudaKernelDriver:
         # the TDT kernels take V after the blank and flag bad rows for alpha_beta
         tokens = (V,) if self.tdt else ()
         bad = torch.zeros((B,), dtype=torch.int32, device=dev) if self.tdt else None
-        flags = (k(bad),) if self.tdt else ()
 
         def body(cfg):
+            flags = (k(bad),) if self.tdt else ()
             a_lens, a_llens, a_lpw = k(act_lens), k(label_lens), k(lpw)
             cfg(row_stats, row_grid(B * T * U, cfg_row), cfg_row[1])(
                 k(acts),
@@ -390,10 +390,14 @@ class CudaKernelDriver:
             return log_p
         work = self._lattice_work(B, T, U, need_grad, costs, ws)
         k = kernel_array
-        flags = (k(torch.zeros((B,), dtype=torch.int32, device=rows.device)),)
-        flags = flags if self.tdt else ()
-        args = (opts, k(rows), k(act_lens), k(label_lens), flags, need_grad, work)
-        run_on_stream(rows.device, lambda cfg: self._launch_lattice(cfg, *args))
+        bad = torch.zeros((B,), dtype=torch.int32, device=rows.device)
+
+        def body(cfg):  # the arrays are made in the device's context
+            flags = (k(bad),) if self.tdt else ()
+            lens = (k(act_lens), k(label_lens))
+            self._launch_lattice(cfg, opts, k(rows), *lens, flags, need_grad, work)
+
+        run_on_stream(rows.device, body)
         log_p = work[2]
         if need_grad:
             fill_coefficients(self.layout(opts), rows, log_p, opts.fastemit_lambda)

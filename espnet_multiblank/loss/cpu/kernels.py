@@ -74,21 +74,21 @@ from espnet_multiblank.loss.cpu.common import (
     U0,
     U1,
     U2,
-    backward_frame,
     chunk,
     diag_range,
-    forward_frame,
 )
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
     exp64,
     exp_range,
     exp_sum,
+    flush_limit,
     flushed,
     log64,
     max_and_check,
     scale_flush_range,
     sum_range,
+    zero_range,
 )
 
 #: spare columns of the workspaces: column 0, column U + 1 and the tail of the last
@@ -141,13 +141,28 @@ def rows_forward(
         shifts = np.zeros(U + LANES)
         inv = np.empty(U + LANES)
         for bt in range(lo, hi):
-            go, b, Ub, f0, fe, c = forward_frame(
-                bt, T, uU, uV, act_lens, label_lens, store, ef, xf, bad
-            )
-            if not go:
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uV  # frame start
+            f1 = f0 + uU * uV
+            if t >= Tb:
+                if store:
+                    zero_range(ef, f0, f1)
                 continue
-            out = ef if store else scratch
-            o0 = f0 if store else U0
+            fe = f0 + np.uint64(Ub) * uV
+            if store:
+                zero_range(ef, fe, f1)
+                out = ef
+                o0 = f0
+            else:
+                out = scratch
+                o0 = U0
+            c, isbad = max_and_check(xf, f0, fe)
+            if isbad or c == NEG_INF:
+                bad[b] = 1
+                continue
             if frame_wide:
                 exp_range(xf, f0, fe, c, out, o0)
             for u in range(Ub):
@@ -527,11 +542,20 @@ def rows_backward(
         # scalar load right after the vector stores to the same line would stall
         keep = np.empty(max(N, 1), np.float64)
         for bt in range(lo, hi):
-            go, b, Ub, f0, p, f, c_clip, lim = backward_frame(
-                bt, T, uU, uV, uK1, act_lens, label_lens, lp, factors, clamp, gf
-            )
-            if not go:
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            if t >= Tb:
+                continue  # zeroed by pass 1
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uV
+            if not math.isfinite(lp[b]):
+                zero_range(gf, f0, f0 + np.uint64(Ub) * uV)
                 continue
+            f = factors[b]
+            c_clip = clamp * abs(f)
+            lim = flush_limit(f, gf)
+            p = np.uint64(bt) * uU * uK1
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uV
                 c = STf[p + uK1 - U1] * f

@@ -39,6 +39,8 @@ with values below ``|f_b| 2**-80`` set to 0 (``row_ops.flush_limit``), clipped t
 [-clamp |f_b|, clamp |f_b|]. Padding rows and impossible utterances get 0.
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -51,21 +53,21 @@ from espnet_multiblank.loss.cpu.common import (
     NEG_INF,
     U0,
     U1,
-    backward_frame,
     chunk,
     diag_range,
-    forward_frame,
 )
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
     exp64,
     exp_range,
     exp_sum,
+    flush_limit,
     flushed,
     log64,
     max_and_check,
     scale_flush_range,
     sum_range,
+    zero_range,
 )
 
 
@@ -122,13 +124,28 @@ def tdt_rows_forward(
         dbuf = np.empty(U * D, acts.dtype)
         ebuf = np.empty(U * D, acts.dtype)
         for bt in range(lo, hi):
-            go, b, Ub, f0, fe, c = forward_frame(
-                bt, T, uU, uVD, act_lens, label_lens, store, ef, xf, bad
-            )
-            if not go:
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uVD  # frame start
+            f1 = f0 + uU * uVD
+            if t >= Tb:
+                if store:
+                    zero_range(ef, f0, f1)
                 continue
-            out = ef if store else scratch
-            o0 = f0 if store else U0
+            fe = f0 + np.uint64(Ub) * uVD
+            if store:
+                zero_range(ef, fe, f1)
+                out = ef
+                o0 = f0
+            else:
+                out = scratch
+                o0 = U0
+            c, isbad = max_and_check(xf, f0, fe)
+            if isbad or c == NEG_INF:
+                bad[b] = 1
+                continue
             if frame_wide:  # all exps of the frame in one loop (see kernels.py)
                 exp_range(xf, f0, fe, c, out, o0)
             else:
@@ -523,11 +540,20 @@ def tdt_rows_backward(
     for ch in prange(nch):
         lo, hi = chunk(ch, nch, total)
         for bt in range(lo, hi):
-            go, b, Ub, f0, p, f, c_clip, lim = backward_frame(
-                bt, T, uU, uVD, uK1, act_lens, label_lens, lp, factors, clamp, gf
-            )
-            if not go:
+            b = bt // T
+            t = bt - b * T
+            Tb = act_lens[b]
+            if t >= Tb:
+                continue  # zeroed by pass 1
+            Ub = label_lens[b] + 1
+            f0 = np.uint64(bt) * uU * uVD
+            if not math.isfinite(lp[b]):
+                zero_range(gf, f0, f0 + np.uint64(Ub) * uVD)
                 continue
+            f = factors[b]
+            c_clip = clamp * abs(f)
+            lim = flush_limit(f, gf)
+            p = np.uint64(bt) * uU * uK1
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uVD
                 c = STf[p + uDs] * f

@@ -28,9 +28,9 @@
 #   PYTEST_BUDGET=200  LL_BUDGET=45  BENCH_BUDGET=85  FUSED_TEST_BUDGET=60
 #   FUSED_BENCH_BUDGET=90  BEAM_BUDGET=45  DECODE_BUDGET=45
 # The tests the GPU stages run: the "cuda" device of test_loss.py and
-# test_loss_kernels.py, the GPU tests of test_loss_cuda.py, and
-# `pytest test/test_fused_cuda_sim.py -k test_gpu` (the simulator's and the CPU's are
-# deselected there: CI runs them).
+# test_loss_kernels.py, the GPU tests of test_loss_cuda.py, and the "cuda" device
+# and GPU tests of test_fused_loss.py, test_fused_memory.py and test_loss_stages.py
+# (the simulator's and the CPU's are deselected there: CI runs them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -146,14 +146,16 @@ timeout "$B_BENCH" $PY bench/loss_gpu.py --budget-s $((B_BENCH - 30)) \
     --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
 rc_bench=${PIPESTATUS[0]}
 
-# The fused joint + loss on the GPU: its real-GPU tests (the simulator cases on CUDA
-# tensors, dense comparisons in float32 / bf16, peak memory), then one training step
+# The fused joint + loss on the GPU: its real-GPU tests (the tests the CPU and the
+# simulator run, on CUDA tensors; a medium batch in float32 / bf16; peak memory; the
+# lattice runners against enumeration), then one training step
 # of the joint + loss, dense vs fused vs NeMo's fused batch, at the issue's two shapes
 # (standard and TDT; memory = torch.cuda.max_memory_allocated above the inputs).
 echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
 B_FT=$(budget "${FUSED_TEST_BUDGET:-60}" 180)
-timeout "$B_FT" $PY -m pytest -q -rs -p no:cacheprovider -k test_gpu \
-    test/test_fused_cuda_sim.py 2>&1 | tee "$OUT/pytest_fused.log"
+timeout "$B_FT" $PY -m pytest -q -rs -p no:cacheprovider -k "cuda or gpu" \
+    test/test_fused_loss.py test/test_fused_memory.py test/test_loss_stages.py 2>&1 |
+    tee "$OUT/pytest_fused.log"
 rc_fused_test=${PIPESTATUS[0]}
 
 echo "=== fused joint + loss benchmark, $(left) s left ==="

@@ -1,14 +1,20 @@
-"""The fused joint + loss against the dense path, brute force and gradcheck (CPU).
+"""The fused joint + loss against the dense path, brute force and gradcheck.
 
 Oracles (``helpers/fused_cases.py``): the dense path (materialised float64 logits and
-the project's dense loss), path enumeration on tiny cases, and
-``torch.autograd.gradcheck`` in float64. Both CPU back ends of the fused loss run:
-``auto`` (Numba tile kernels + the Numba lattice) and ``torch`` (torch tile
-operations + the torch planes lattice).
+the project's float64 PyTorch loss), path enumeration on tiny cases, and
+``torch.autograd.gradcheck`` in float64.
+
+The tests run on the loss tests' devices (``helpers/devices.py``): the CPU (backend
+``numba``: the Numba tile kernels and the CPU lattice kernels; ``torch``: torch tile
+operations and the PyTorch lattice), the CUDA simulator (torch tile operations and
+the CUDA lattice kernels, simulated, on CPU tensors: ``conftest.py`` runs them in its
+subprocess, where CPU tensors get the CUDA kernels) and a real GPU (skipped without
+one, with the reason). Each body is written once for every lattice.
 """
 
 import math
 
+import devices
 import pytest
 import torch
 from helpers import fused_cases as fc
@@ -16,9 +22,24 @@ from helpers import fused_cases as fc
 from espnet_multiblank import fused_transducer_loss
 from espnet_multiblank.fused import FusedTransducerLoss
 
-BACKENDS = ("auto", "torch")
+BACKENDS = ("numba", "torch")
 F64 = dict(rtol=1e-9, atol=1e-10)
 F32 = dict(rtol=2e-4, atol=2e-5)
+
+#: every device; the simulator runs the Numba backend (its CUDA kernels) only
+device_backends = pytest.mark.parametrize(
+    "device,backend", devices.params("cpu", "sim", "cuda", backends=BACKENDS)
+)
+#: the CPU and a GPU (tests of many calls, too slow for the simulator)
+no_sim_backends = pytest.mark.parametrize(
+    "device,backend", devices.params("cpu", "cuda", backends=BACKENDS)
+)
+cpu_backends = pytest.mark.parametrize("backend", BACKENDS)
+
+
+def _inputs(case, dtype, device, **kw):
+    return fc.make_inputs(case, dtype, device=devices.torch_device(device), **kw)
+
 
 LATTICE_CASES = {
     "standard": fc.standard(sigma=0.05),
@@ -27,14 +48,14 @@ LATTICE_CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@device_backends
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_matches_dense_path(kind, dtype, backend):
+def test_matches_dense_path(kind, dtype, device, backend):
     """Costs and the gradients of enc, pred, weight and bias equal the dense path's
     (float64 dense; float32 inputs within float32 tolerance)."""
     case = LATTICE_CASES[kind]
-    inputs = fc.make_inputs(case, dtype)
+    inputs = _inputs(case, dtype, device)
     got = fc.fused_loss(case, inputs, "none", backend=backend)
     want = fc.dense_loss(case, inputs, "none")
     fc.assert_same_results(got, want, **(F64 if dtype == torch.float64 else F32))
@@ -97,20 +118,20 @@ TINY = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@device_backends
 @pytest.mark.parametrize("case", TINY, ids=lambda c: c.name)
-def test_matches_brute_force(case, backend):
+def test_matches_brute_force(case, device, backend):
     """Tiny cases against path enumeration (float64), chained into the inputs."""
-    inputs = fc.make_inputs(case, torch.float64)
+    inputs = _inputs(case, torch.float64, device)
     for reduction in ("none", "mean_volume"):
         got = fc.fused_loss(case, inputs, reduction, backend=backend)
         want = fc.brute_force_loss(case, inputs, reduction)
         fc.assert_same_results(got, want, rtol=1e-8, atol=1e-10, what=reduction)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@no_sim_backends
 @pytest.mark.parametrize("kind", sorted(fc.LATTICES))
-def test_gradcheck(kind, backend):
+def test_gradcheck(kind, device, backend):
     """torch.autograd.gradcheck in float64 (no FastEmit or clamp: those change the
     gradient on purpose)."""
     case = fc.LATTICES[kind](
@@ -120,7 +141,7 @@ def test_gradcheck(kind, backend):
         case = fc.LATTICES[kind](
             act_lens=(4, 2), label_lens=(1, 1), T=4, U=2, J=3, V=5, big=(2,)
         )
-    inputs = fc.make_inputs(case, torch.float64)
+    inputs = _inputs(case, torch.float64, device)
     params = fc.leaves(inputs)
 
     def f(enc, pred, weight, bias):
@@ -144,13 +165,13 @@ def _tile_bytes(case, rows, dtype=torch.float64):
     return rows * per_row
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@device_backends
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
-def test_tile_size_invariance(kind, backend):
+def test_tile_size_invariance(kind, device, backend):
     """1-row tiles, tiles that end inside frames, one tile for everything: the same
     results (float64, to rounding)."""
     case = LATTICE_CASES[kind]
-    inputs = fc.make_inputs(case, torch.float64)
+    inputs = _inputs(case, torch.float64, device)
     one = fc.fused_loss(case, inputs, "sum", backend=backend, tile_bytes=1 << 30)
     for rows in (1, 3, 7):
         got = fc.fused_loss(
@@ -159,32 +180,33 @@ def test_tile_size_invariance(kind, backend):
         fc.assert_same_results(got, one, rtol=1e-12, atol=1e-13, what=f"R={rows}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@no_sim_backends
 @pytest.mark.parametrize("reduction", fc.REDUCTIONS)
 @pytest.mark.parametrize("incoming", ["one", "0.7", "negative", "amp"])
-def test_reductions_and_incoming_gradients(reduction, incoming, backend):
+def test_reductions_and_incoming_gradients(reduction, incoming, device, backend):
     case = LATTICE_CASES["multiblank"]
-    inputs = fc.make_inputs(case, torch.float32)
+    inputs = _inputs(case, torch.float32, device)
     if reduction == "none":
         g = torch.linspace(0.5, 2.0, case.B)
         g = {"one": g, "0.7": 0.7 * g, "negative": -g, "amp": g * 65536.0}[incoming]
     else:
         g = {"one": 1.0, "0.7": 0.7, "negative": -2.5, "amp": 65536.0 / 3}[incoming]
         g = torch.tensor(g)
+    g = g.to(devices.torch_device(device))
     got = fc.fused_loss(case, inputs, reduction, g, backend=backend)
     want = fc.dense_loss(case, inputs, reduction, g)
     scale = float(g.abs().max())
     fc.assert_same_results(got, want, rtol=2e-4, atol=2e-5 * scale)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@device_backends
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
-def test_clamp_matches_dense_clamped_gradient(kind, backend):
+def test_clamp_matches_dense_clamped_gradient(kind, device, backend):
     """An active clamp (most logit gradients clipped) gives the dense path's clamped
     gradient, before the reduction weight and the incoming gradient."""
     case = LATTICE_CASES[kind]
-    inputs = fc.make_inputs(case, torch.float64)
-    g_in = torch.tensor(-3.0)
+    inputs = _inputs(case, torch.float64, device)
+    g_in = torch.tensor(-3.0, device=devices.torch_device(device))
     plain = fc.dense_loss(case, inputs, "mean", g_in)
     want = fc.dense_loss(case, inputs, "mean", g_in, clamp=0.01)
     assert (want[1][2] - plain[1][2]).abs().max() > 1e-3  # the clamp is active
@@ -192,14 +214,14 @@ def test_clamp_matches_dense_clamped_gradient(kind, backend):
     fc.assert_same_results(got, want, **F64)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@device_backends
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
-def test_padding_is_never_read(kind, backend):
+def test_padding_is_never_read(kind, device, backend):
     """NaN in the padding of enc (t >= T_b) and pred (u > L_b), garbage label ids:
     the results of zero padding, and exactly zero gradient in the padding."""
     case = LATTICE_CASES[kind]
-    clean = fc.make_inputs(case, torch.float32, padding="zero")
-    dirty = fc.make_inputs(case, torch.float32, padding="nan")
+    clean = _inputs(case, torch.float32, device, padding="zero")
+    dirty = _inputs(case, torch.float32, device, padding="nan")
     want = fc.fused_loss(case, clean, "mean", backend=backend)
     got = fc.fused_loss(case, dirty, "mean", backend=backend)
     fc.assert_same_results(got, want, rtol=0, atol=0)
@@ -210,17 +232,17 @@ def test_padding_is_never_read(kind, backend):
         assert torch.count_nonzero(d_enc[b, :T_b]) > 0
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_impossible_and_empty_utterances(backend):
+@device_backends
+def test_impossible_and_empty_utterances(device, backend):
     """T_b = 0 < L_b and a TDT without a fitting duration cost +inf with zero
     gradient; T_b = 0 = L_b costs 0; the other utterances are unaffected."""
     case = fc.tdt(act_lens=(5, 0, 1, 0, 4), label_lens=(2, 1, 0, 0, 1), tdt=(2, 3))
-    inputs = fc.make_inputs(case, torch.float64)
+    inputs = _inputs(case, torch.float64, device)
     got = fc.fused_loss(case, inputs, "none", backend=backend)
     assert got[0][1] == math.inf and got[0][2] == math.inf and got[0][3] == 0.0
     want = fc.dense_loss(case, inputs, "none")
     fc.assert_same_results(got, want, **F64)
-    keep = torch.tensor([0, 4])
+    keep = torch.tensor([0, 4], device=devices.torch_device(device))
     sub = fc.tdt(act_lens=(5, 4), label_lens=(2, 1), tdt=(2, 3))
     sub_inputs = [x[keep] if x is not None and x.dim() > 0 else x for x in inputs[:2]]
     sub_inputs += list(inputs[2:4]) + [
@@ -237,14 +259,14 @@ def test_impossible_and_empty_utterances(backend):
     assert all(torch.isfinite(g).all() for g in mean[1])
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@no_sim_backends
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
-def test_half_precision_inputs(kind, dtype, backend):
+def test_half_precision_inputs(kind, dtype, device, backend):
     """Half-precision inputs are computed in float32: the dense float64 path on the
     same (rounded) values, gradients in the input dtype."""
     case = LATTICE_CASES[kind]
-    inputs = fc.make_inputs(case, dtype)
+    inputs = _inputs(case, dtype, device)
     got = fc.fused_loss(case, inputs, "mean", backend=backend)
     want = fc.dense_loss(case, inputs, "mean")
     assert got[0].dtype == torch.float32
@@ -289,7 +311,7 @@ ESPNET_ACTIVATIONS = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@cpu_backends
 @pytest.mark.parametrize(
     "name", ESPNET_ACTIVATIONS + ["gelu"] + ["espnet:" + n for n in ESPNET_ACTIVATIONS]
 )
@@ -328,13 +350,13 @@ def test_inplace_relu_module():
     assert mod.inplace  # the caller's module is left as it was
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_omega(backend):
+@device_backends
+def test_omega(device, backend):
     """omega = 1: the plain RNN-T loss on the token logits (as tdt_loss), zero
     gradient for the duration rows of weight and bias; omega draws one
     torch.rand(()) per call, like tdt_loss."""
     case = fc.tdt(sigma=0.05, fastemit_lambda=0.1)
-    inputs = fc.make_inputs(case, torch.float64)
+    inputs = _inputs(case, torch.float64, device)
     got = fc.fused_loss(case, inputs, "mean", backend=backend, omega=1.0)
     want = fc.dense_loss(case, inputs, "mean", omega=1.0)
     fc.assert_same_results(got, want, **F64)
@@ -343,7 +365,7 @@ def test_omega(backend):
     assert torch.count_nonzero(got[1][3][V:]) == 0
     plain = fc.fused_loss(case, inputs, "mean", backend=backend)
     assert not torch.allclose(plain[0], got[0])
-    for seed in range(4):
+    for seed in range(2 if device == "sim" else 4):
         torch.manual_seed(seed)
         a = fc.fused_loss(case, inputs, "mean", backend=backend, omega=0.5)[0]
         torch.manual_seed(seed)
@@ -459,7 +481,7 @@ def test_larger_ragged_batch_float32():
         fc.assert_same_results(got, want, **F32, what=backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@cpu_backends
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
 def test_large_logits_softmax_consistency(kind, backend):
     """Logits near 1000 in float32 (lse's float32 rounding is 6e-5 there): the
@@ -478,7 +500,7 @@ def test_large_logits_softmax_consistency(kind, backend):
     fc.assert_same_results(got, want, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@cpu_backends
 @pytest.mark.parametrize("kind", ["multiblank", "tdt"])
 def test_gradient_tiles_hold_no_subnormal_numbers(kind, backend, monkeypatch):
     """Nodes that paths almost never visit have occupancies far below float32's
@@ -547,7 +569,7 @@ def test_parallel_tile_kernels_match_serial(monkeypatch):
         fc.assert_same_results(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@cpu_backends
 def test_autocast_does_not_change_the_result(backend):
     """Under CPU autocast (bfloat16) the tile matmuls still run in the compute dtype
     (forward and the backward recompute alike): the float32 results."""
@@ -557,3 +579,35 @@ def test_autocast_does_not_change_the_result(backend):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = fc.fused_loss(case, inputs, "mean", backend=backend)
     fc.assert_same_results(got, want, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------ real GPU
+@devices.gpu
+@pytest.mark.parametrize("kind", sorted(fc.LATTICES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_medium_batch(kind, dtype):
+    """A medium ragged batch on the GPU (several default tiles' worth of nodes)
+    against the float64 dense path on the GPU and the CPU fused path; gradients in
+    the input dtype."""
+    case = fc.LATTICES[kind](
+        act_lens=(80, 61, 17, 40),
+        label_lens=(20, 9, 0, 14),
+        T=80,
+        U=21,
+        J=64,
+        V=300,
+        sigma=0.05,
+        fastemit_lambda=0.05,
+    )
+    cpu_inputs = fc.make_inputs(case, dtype)
+    inputs = [None if x is None else x.cuda() for x in cpu_inputs]
+    got = fc.fused_loss(case, inputs, "mean_volume")
+    want = fc.dense_loss(case, inputs, "mean_volume")
+    tol = 2e-4 if dtype == torch.float32 else 2.0**-8
+    fc.assert_close("loss", got[0], want[0], 1e-5, 1e-5)
+    for name, g, w in zip(fc.GRAD_NAMES, got[1], want[1]):
+        assert g.dtype == dtype and g.is_cuda
+        fc.assert_close(name, g, w, tol, 2e-5)
+    cpu = fc.fused_loss(case, cpu_inputs, "mean_volume")
+    for name, g, w in zip(fc.GRAD_NAMES, got[1], cpu[1]):
+        fc.assert_close(name + " vs CPU", g, w, tol, 2e-5)

@@ -1,5 +1,6 @@
 """The fused joint + loss never holds a (B, T, U, V) tensor: peak memory of a
-training step at a shape whose logits take 99 MB.
+training step at a shape whose logits take 99 MB (CPU), and on a real GPU (skipped
+without one) at a shape whose logits take 512 MB.
 
 A subprocess (one torch thread) warms the code up on a small batch (Numba kernels
 loaded, allocator pools), builds the inputs, resets its peak RSS (``echo 5 >
@@ -14,7 +15,9 @@ import os
 import subprocess
 import sys
 
+import devices
 import pytest
+import torch
 
 _PROBE = r"""
 import json, sys
@@ -112,3 +115,30 @@ def test_fused_step_peak_memory(kind, dtype):
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["dense_mb"] > res["logits_mb"], res  # the probe sees logits
     assert res["fused_mb"] < min(30.0, 0.5 * res["logits_mb"]), res
+
+
+@devices.gpu
+def test_gpu_peak_memory():
+    """Peak CUDA memory of a fused training step above its inputs stays far below
+    the logits (512 MB here): the default 32 MiB tiles, the planes, the gradients."""
+    from espnet_multiblank import fused_transducer_loss
+
+    B, T, U, J, V = 8, 200, 40, 256, 2000
+    gen = torch.Generator().manual_seed(0)
+    enc = torch.randn(B, T, J, generator=gen).cuda().requires_grad_(True)
+    pred = torch.randn(B, U, J, generator=gen).cuda().requires_grad_(True)
+    w = (torch.randn(V, J, generator=gen) / J**0.5).cuda().requires_grad_(True)
+    b = torch.zeros(V).cuda().requires_grad_(True)
+    labels = torch.randint(1, V, (B, U - 1), generator=gen).cuda()
+    al = torch.full((B,), T).cuda()
+    ll = torch.full((B,), U - 1).cuda()
+    args = (enc, pred, w, b, labels, al, ll)
+    fused_transducer_loss(*args, blank=0).backward()  # compile, warm the allocator
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    (0.7 * fused_transducer_loss(*args, blank=0)).backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    logits = B * T * U * V * 4
+    assert extra < logits / 5, (extra / 2**20, logits / 2**20)

@@ -16,7 +16,7 @@ import loss_checks as checks
 import pytest
 import torch
 
-from espnet_multiblank.loss.cpu.kernels import FRAME_WIDE_BELOW_V
+from espnet_multiblank.loss.cpu.common import FRAME_WIDE_BELOW_V
 
 ALL = ("cpu", "sim", "cuda")
 NO_SIM = ("cpu", "cuda")

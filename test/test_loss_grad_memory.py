@@ -29,6 +29,7 @@ import torch
 
 from espnet_multiblank.loss.api import BACKENDS  # noqa: F401  (import check)
 from espnet_multiblank.loss.cpu import driver
+from espnet_multiblank.loss.families import family_of
 from espnet_multiblank.loss.function import FusedTransducerFunction
 from espnet_multiblank.loss.options import make_options, make_tdt_options
 from espnet_multiblank.loss.validation import validate_inputs
@@ -55,7 +56,8 @@ def _loss(case, x, labels, act_lens, label_lens, reduction, path, **over):
     if path == "deferred":
         return case.loss_fn(x, labels, act_lens, label_lens, backend="numba", **kw)
     opts = (make_tdt_options if case.tdt else make_options)(**kw)
-    lab, al, ll = validate_inputs(x, labels, act_lens, label_lens, opts)
+    family = family_of(opts)
+    lab, al, ll = validate_inputs(x, labels, act_lens, label_lens, opts, family)
     return FusedTransducerFunction.apply(x, lab, al, ll, opts, plain_kernel(case))
 
 

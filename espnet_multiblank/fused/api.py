@@ -14,17 +14,20 @@ from espnet_multiblank.fused.activations import (
 from espnet_multiblank.fused.joint_loss import (
     FusedJointLossFunction,
     default_tile_bytes,
-    stages_for,
+    tile_ops_for,
 )
 from espnet_multiblank.fused.loss_package import (
     FLOAT_DTYPES,
+    FUSED_NAMES,
     check_backend,
-    check_labels_and_lengths,
+    check_label_tensors,
+    check_lengths_and_labels,
     check_probability,
     check_tensor,
-    is_tdt,
+    family_of,
     make_options,
     make_tdt_options,
+    numba_kernel,
     reduce_costs,
 )
 from espnet_multiblank.lattice import check_tdt_durations, lattice_from_config
@@ -105,18 +108,18 @@ def _check_same(name: str, got: int, other: str, want: int) -> None:
 
 def validate_fused_inputs(enc, pred, weight, bias, labels, act_lens, label_lens, opts):
     """Shapes, dtypes and devices of the joint's tensors against each other, then the
-    dense losses' checks of labels and lengths. Returns validated (labels, act_lens,
-    label_lens) (int64, padding of labels replaced by 0)."""
+    dense losses' checks of labels and lengths (the messages naming the fused
+    arguments). Returns validated (labels, act_lens, label_lens) (int64, padding of
+    labels replaced by 0)."""
     _check_float("enc", enc, 3, _ENC)
     _check_float("pred", pred, 3, "projected prediction-network output (B, U, J)")
     _check_float("weight", weight, 2, "the joint's output layer (V', J)")
     B, T, J = enc.shape
     _check_same("pred.shape[0]", pred.shape[0], "the batch size enc.shape[0]", B)
     _check_same("pred.shape[2]", pred.shape[2], "the joint width enc.shape[2]", J)
-    if pred.shape[1] < 1:
-        raise ValueError(
-            f"pred.shape[1] (U = max labels + 1) must be >= 1, got {pred.shape[1]}"
-        )
+    U = pred.shape[1]
+    if U < 1:
+        raise ValueError(f"pred.shape[1] (U = max labels + 1) must be >= 1, got {U}")
     _check_same("weight.shape[1]", weight.shape[1], "the joint width enc.shape[2]", J)
     Vp = weight.shape[0]
     if bias is not None:
@@ -128,32 +131,40 @@ def validate_fused_inputs(enc, pred, weight, bias, labels, act_lens, label_lens,
                 f"{name} must be on the same device as enc ({enc.device}), "
                 f"got {x.device}"
             )
-    if Vp < 1:
-        raise ValueError(f"weight.shape[0] (vocabulary size) must be >= 1, got {Vp}")
-    opts.lattice.check_vocab_size(Vp, "weight.shape[0]")
-    return check_labels_and_lengths(enc, pred, labels, act_lens, label_lens, opts, Vp)
+    rule = family_of(opts).label_rule(opts, Vp, FUSED_NAMES)
+    check_label_tensors(labels, act_lens, label_lens, B, enc.device, FUSED_NAMES)
+    return check_lengths_and_labels(
+        T, U, labels, act_lens, label_lens, rule, FUSED_NAMES
+    )
 
 
-def _loss(
-    enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOptions, stages=None
-):
-    """The loss of validated options ``fo``; ``stages``: forced stages (tests: the
-    CUDA stages on CPU tensors in the CUDA simulator), else the device's."""
+def _kernel(device: torch.device, family, backend: str):
+    """The family's Numba kernels for tensors on ``device`` (None: the PyTorch
+    stages), as the dense loss chooses them."""
+    if device.type == "mps":
+        raise ValueError(
+            "the fused loss keeps float64 values per lattice node, which MPS tensors "
+            "cannot hold; pass enc, pred, weight and bias on the CPU or a CUDA device"
+        )
+    return numba_kernel(family, device, backend, "enc")
+
+
+def _loss(enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOptions):
+    """The loss of validated options ``fo``."""
     opts = fo.loss
+    family = family_of(opts)
     _check_float("enc", enc, 3, _ENC)  # its device picks the stages
-    stages = stages or stages_for(enc.device, fo.backend)
+    kernel = _kernel(enc.device, family, fo.backend)
     labels, act_lens, label_lens = validate_fused_inputs(
         enc, pred, weight, bias, labels, act_lens, label_lens, opts
     )
     tile_bytes = fo.tile_bytes or default_tile_bytes(enc.device)
-    # TDT omega: one draw of torch's default (CPU) generator per call, only when
-    # omega > 0, as the dense TDT loss draws it
-    if is_tdt(opts) and opts.omega > 0.0 and float(torch.rand(())) < opts.omega:
-        V = weight.shape[0] - opts.num_durations
-        opts = make_options(
-            opts.blank, (), opts.reduction, opts.fastemit_lambda, opts.clamp, 0.0
-        )
-        weight = weight[:V]
+    rnnt_opts = family.rnnt_branch(opts)  # TDT's omega draw, as the dense loss's
+    if rnnt_opts is not None:
+        # the standard RNN-T loss on the token logits: the duration rows of weight
+        # and bias get an exactly zero gradient (autograd of the slice)
+        V = family.layout(opts).num_tokens(weight.shape[0])
+        opts, weight = rnnt_opts, weight[:V]
         bias = None if bias is None else bias[:V]
     costs = FusedJointLossFunction.apply(
         enc,
@@ -165,7 +176,8 @@ def _loss(
         label_lens,
         opts,
         fo.activation,
-        stages,
+        tile_ops_for(kernel),
+        fo.backend,
         tile_bytes,
     )
     return reduce_costs(costs, opts, label_lens)

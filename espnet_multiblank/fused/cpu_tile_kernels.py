@@ -13,9 +13,9 @@ A tile is R packed lattice nodes (``tiling.py``); row i is node (b, t, u) with
 * :func:`fill_tile_indices`: a tile's ``enc_rows`` and ``pred_rows``;
 * :func:`gather_pre`: ``pre[i] = enc[enc_rows[i]] + pred[pred_rows[i]]``;
 * :func:`extract_rows` (forward): each row of logits ``z`` to its node's log-softmax
-  normaliser(s) ``lse`` and the few log-probs the lattice reads (``loss_package``
-  describes the rows), r = 1; standard, multi-blank (big blank ids) and TDT (D
-  duration logits after the V token logits) alike;
+  normaliser(s) ``lse`` and the few log-probs the lattice reads (the rows of
+  ``espnet_multiblank.loss.rows``), r = 1; standard, multi-blank (big blank ids) and
+  TDT (D duration logits after the V token logits) alike;
 * :func:`apply_rows` (backward): ``z`` (recomputed exactly as in forward) becomes, in
   place, the gradient of the reduced loss w.r.t. the logits
   (``docs/lattice.md`` sections 2.x and 3.3, FastEmit included), the utterance's factor

@@ -14,7 +14,11 @@ import numpy as np
 import torch
 
 from espnet_multiblank.fused import cpu_tile_kernels as kern
-from espnet_multiblank.fused.loss_package import cpu_serial_twin, cpu_threads, is_tdt
+from espnet_multiblank.fused.loss_package import (
+    RowsLayout,
+    cpu_serial_twin,
+    cpu_threads,
+)
 from espnet_multiblank.fused.planes import Planes
 from espnet_multiblank.fused.tiling import Tiling
 
@@ -49,22 +53,31 @@ class CpuTileOps:
     """Gather, extract, apply and scatter of one tile, for one batch.
 
     Args:
-        opts: the loss options (multi-blank / standard or TDT).
+        opts: the loss options (of any lattice); layout: their rows' layout.
         tiling: the batch's tiles.
         labels: (B, L) int64 CPU tensor, padding replaced by valid ids.
         label_lens: (B,) int64 CPU tensor.
         vocab_size: V' (weight.shape[0]).
+        grid: (T', U') of the planes (read from them here).
     """
 
-    def __init__(self, opts, tiling: Tiling, labels, label_lens, vocab_size: int):
+    def __init__(
+        self,
+        opts,
+        layout: RowsLayout,
+        tiling: Tiling,
+        labels,
+        label_lens,
+        vocab_size,
+        grid,
+    ):
         self.opts = opts
         self.tiling = tiling
-        self.tdt = is_tdt(opts)
         self.labels = labels.numpy()
         self.label_lens = label_lens.numpy()
-        self.V = vocab_size - opts.num_durations if self.tdt else vocab_size
-        ids = () if self.tdt else opts.big_blank_ids
-        self.big_ids = np.asarray(ids, dtype=np.int64)
+        self.V = layout.num_tokens(vocab_size)
+        # the blanks of the token steps after the standard blank (big blanks)
+        self.big_ids = np.asarray(layout.step_ids[1:], dtype=np.int64)
         R = tiling.tile_rows
         self._index = (np.empty(R, np.int64), np.empty(R, np.int64))
 

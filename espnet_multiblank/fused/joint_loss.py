@@ -17,9 +17,12 @@ same tiles and the same operations recompute z exactly, then::
     d_enc[b, t] += d_pre,  d_pred[b, u] += d_pre
 
 Only the planes (``planes.py``), the inputs and the tiling cross from forward to
-backward. The stages come per device (:func:`stages_for`): Numba tile kernels and the
-CPU lattice on the CPU, torch tile operations and the CUDA lattice on CUDA, torch tile
-operations and the torch lattice anywhere (``backend="torch"``).
+backward. What the rows of the planes hold is the lattice family's (its rows layout,
+``espnet_multiblank.loss.rows``). The device's Numba kernels, chosen as the dense loss
+chooses them, decide the tile operations (:func:`tile_ops_for`: the Numba tile kernels
+with the CPU kernels, torch tile operations otherwise), and the lattice stage is the
+loss package's (``run_lattice``: the family's CPU, CUDA or PyTorch lattice, by where
+the planes live and the backend).
 
 Precision: the compute dtype is float64 when any of enc, pred, weight, bias is
 float64, else float32 (half-precision inputs are converted once, as a whole: they are
@@ -28,66 +31,30 @@ gradients are accumulated in the compute dtype and returned in each input's dtyp
 """
 
 import contextlib
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
 from espnet_multiblank.fused.activations import JointActivation
-from espnet_multiblank.fused.loss_package import (
-    run_lattice_cpu,
-    run_lattice_cuda,
-    run_lattice_torch,
-)
+from espnet_multiblank.fused.loss_package import family_of, run_lattice
 from espnet_multiblank.fused.planes import Planes, lattice_grid, new_planes
 from espnet_multiblank.fused.tiling import Tiling
 from espnet_multiblank.fused.torch_tile_ops import TorchTileOps
 
 
-def _cpu_lattice(opts, planes: Planes, act_lens, label_lens, need_grad):
-    log_p = run_lattice_cpu(
-        opts, planes.rows.numpy(), act_lens.numpy(), label_lens.numpy(), need_grad
-    )
-    return torch.from_numpy(log_p)
+def tile_ops_for(kernel):
+    """The per-tile stages that go with a device's Numba kernels (None: the PyTorch
+    path): the Numba tile kernels beside the CPU kernels, whose lattice reads planes
+    in host memory; torch tile operations otherwise. A class ``(opts, layout,
+    tiling, labels, label_lens, vocab_size, grid) -> ops``."""
+    if kernel is not None and kernel.device_type == "cpu":
+        from espnet_multiblank.fused.cpu_tile_ops import CpuTileOps  # imports Numba
 
+        return CpuTileOps
+    return TorchTileOps
 
-def _device_lattice(run):
-    def lattice(opts, planes: Planes, act_lens, label_lens, need_grad):
-        return run(opts, planes.rows, act_lens, label_lens, need_grad)
-
-    return lattice
-
-
-@dataclass(frozen=True)
-class Stages:
-    """How one device runs the tiles and the lattice.
-
-    Attributes:
-        name: "cpu", "cuda" or "torch".
-        tile_ops: ``tile_ops(opts, tiling, labels, label_lens, vocab_size, grid)`` ->
-            the per-tile stages (:class:`CpuTileOps` or :class:`TorchTileOps`).
-        lattice: ``lattice(opts, planes, act_lens, label_lens, need_grad)`` -> log_p
-            (B,) float64 tensor.
-    """
-
-    name: str
-    tile_ops: Callable
-    lattice: Callable
-
-
-def _cpu_tile_ops(opts, tiling, labels, label_lens, vocab_size, grid):
-    from espnet_multiblank.fused.cpu_tile_ops import CpuTileOps  # imports Numba
-
-    return CpuTileOps(opts, tiling, labels, label_lens, vocab_size)
-
-
-STAGES = {
-    "cpu": Stages("cpu", _cpu_tile_ops, _cpu_lattice),
-    "cuda": Stages("cuda", TorchTileOps, _device_lattice(run_lattice_cuda)),
-    "torch": Stages("torch", TorchTileOps, _device_lattice(run_lattice_torch)),
-}
 
 #: default tile size in bytes of (logits + 3 activations) per row, per device type: on
 #: the CPU a few MiB (the tile stays in the caches), on a GPU large enough for the
@@ -98,26 +65,6 @@ _OTHER_DEVICE_TILE_BYTES = 64 << 20
 
 def default_tile_bytes(device: torch.device) -> int:
     return DEFAULT_TILE_BYTES.get(device.type, _OTHER_DEVICE_TILE_BYTES)
-
-
-def stages_for(device: torch.device, backend: str) -> Stages:
-    """The stages of ``backend`` ("auto", "numba" or "torch", validated) on
-    ``device``."""
-    if device.type == "mps":
-        raise ValueError(
-            "the fused loss keeps float64 values per lattice node, which MPS tensors "
-            "cannot hold; pass enc, pred, weight and bias on the CPU or a CUDA device"
-        )
-    if backend == "torch":
-        return STAGES["torch"]
-    if device.type in ("cpu", "cuda"):
-        return STAGES[device.type]
-    if backend == "numba":
-        raise ValueError(
-            "backend='numba' supports cpu and cuda tensors, "
-            f"got enc on {device}; use backend='torch' or 'auto'"
-        )
-    return STAGES["torch"]
 
 
 def compute_dtype(*tensors: Optional[torch.Tensor]) -> torch.dtype:
@@ -188,7 +135,7 @@ def _as_compute(x: Optional[torch.Tensor], dtype, shape=None):
 
 class FusedJointLossFunction(torch.autograd.Function):
     """costs = Function.apply(enc, pred, weight, bias, labels, act_lens, label_lens,
-    opts, activation, stages, tile_bytes).
+    opts, activation, tile_ops, backend, tile_bytes).
 
     Args (validated by the caller):
         enc: (B, T, J) projected encoder output; pred: (B, U, J) projected
@@ -197,7 +144,8 @@ class FusedJointLossFunction(torch.autograd.Function):
         labels: (B, L) int64 (padding replaced by valid ids), act_lens, label_lens
             (B,) int64, on enc's device.
         opts: the loss options; activation: a :class:`JointActivation`;
-        stages: the device's :class:`Stages`; tile_bytes: the tile size bound.
+        tile_ops: the per-tile stages (:func:`tile_ops_for`); backend: the
+            lattice's (``run_lattice``); tile_bytes: the tile size bound.
     Returns:
         (B,) costs ``-(1 + lambda) log P`` (+inf for an impossible utterance, 0 for
         T_b = 0 = L_b), float64 for the float64 compute dtype, else float32.
@@ -215,7 +163,8 @@ class FusedJointLossFunction(torch.autograd.Function):
         label_lens,
         opts,
         activation: JointActivation,
-        stages: Stages,
+        tile_ops,
+        backend: str,
         tile_bytes: int,
     ):
         B, T, J = enc.shape
@@ -234,8 +183,9 @@ class FusedJointLossFunction(torch.autograd.Function):
         pred2d = _as_compute(pred, dtype, (B * U, J))
         W = _as_compute(weight, dtype)
         c = _as_compute(bias, dtype)
-        ops = stages.tile_ops(opts, tiling, labels, label_lens, Vp, grid)
-        planes = new_planes(opts, B, grid[0], grid[1], device)
+        layout = family_of(opts).layout(opts)
+        ops = tile_ops(opts, layout, tiling, labels, label_lens, Vp, grid)
+        planes = new_planes(layout, B, grid[0], grid[1], device)
         if tiling.num_rows:
             buffers = _TileBuffers(tiling.tile_rows, Vp, J, dtype, device, False)
             with _no_autocast(device):
@@ -251,7 +201,9 @@ class FusedJointLossFunction(torch.autograd.Function):
                     f"allowed for masked symbols); utterance {bad} has a logit that "
                     "is NaN or +inf, or a row of logits that is -inf throughout"
                 )
-        log_p = stages.lattice(opts, planes, act_lens, label_lens, need_grad)
+        log_p = run_lattice(
+            opts, planes.rows, act_lens, label_lens, need_grad, backend=backend
+        )
         costs = -(1.0 + opts.fastemit_lambda) * log_p + 0.0
         if need_grad:
             ctx.save_for_backward(enc, pred, weight, bias, planes.rows, planes.lse)
@@ -302,4 +254,4 @@ class FusedJointLossFunction(torch.autograd.Function):
             d_pred.view(pred.shape).to(pred.dtype) if need_pred else None,
             dW.to(weight.dtype) if need_w else None,
             db.to(bias.dtype) if need_b else None,
-        ) + (None,) * 7
+        ) + (None,) * 8

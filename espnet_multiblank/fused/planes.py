@@ -3,9 +3,10 @@ the backward pass (no logits, no hidden activations).
 
 Per lattice node (b, t, u) of the (B, T', U') grid (T' = max T_b, U' = max L_b + 1):
 
-* ``rows`` (B, T', U', width) float64: the lattice stage's rows (the layout is in
-  ``loss_package``'s docstring). The extract stage writes the log-probs, the lattice
-  overwrites them with the occupancies, the apply stage reads those;
+* ``rows`` (B, T', U', width) float64: the lattice stage's rows, laid out by the
+  lattice's family record (``espnet_multiblank.loss.rows``). The extract stage
+  writes the log-probs, the lattice overwrites them with the occupancies, the apply
+  stage reads those;
 * ``lse`` (B, T', U') float64 (TDT: (B, T', U', 2), token then duration part): the
   log-softmax normalisers of the node's logits, so that the backward pass turns its
   recomputed logits into the same softmax;
@@ -21,11 +22,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from espnet_multiblank.fused.loss_package import (
-    gradient_flush_below,
-    is_tdt,
-    planes_width,
-)
+from espnet_multiblank.fused.loss_package import RowsLayout, gradient_flush_below
 
 #: the apply stage sets gradient values below |f_b| * GRADIENT_FLUSH_BELOW to 0, as
 #: the dense path's last pass does (``loss.cpu.row_ops.flush_limit`` says why)
@@ -58,13 +55,15 @@ def lattice_grid(act_lens: np.ndarray, label_lens: np.ndarray) -> Tuple[int, int
     return int(act_lens.max()), int(label_lens.max()) + 1
 
 
-def new_planes(opts, B: int, Tp: int, Up: int, device: torch.device) -> Planes:
-    """Uninitialised planes for a (B, T', U') grid: numpy-backed on the CPU (the
-    numpy allocator reuses freed heap blocks and gets transparent huge pages for large
-    arrays: fewer page faults than torch's CPU allocations of that size), torch
-    tensors elsewhere."""
-    width = planes_width(opts)
-    lse_tail = (2,) if is_tdt(opts) else ()
+def new_planes(
+    layout: RowsLayout, B: int, Tp: int, Up: int, device: torch.device
+) -> Planes:
+    """Uninitialised planes of ``layout``'s rows for a (B, T', U') grid: numpy-backed
+    on the CPU (the numpy allocator reuses freed heap blocks and gets transparent huge
+    pages for large arrays: fewer page faults than torch's CPU allocations of that
+    size), torch tensors elsewhere."""
+    width = layout.width
+    lse_tail = () if layout.num_parts == 1 else (layout.num_parts,)
     if device.type == "cpu":
         rows = torch.from_numpy(np.empty((B, Tp, Up, width), np.float64))
         lse = torch.from_numpy(np.empty((B, Tp, Up) + lse_tail, np.float64))

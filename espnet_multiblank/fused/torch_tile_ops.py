@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from espnet_multiblank.fused.loss_package import is_tdt, num_steps
+from espnet_multiblank.fused.loss_package import RowsLayout
 from espnet_multiblank.fused.planes import GRADIENT_FLUSH_BELOW, Planes
 from espnet_multiblank.fused.tiling import Tiling
 
@@ -32,22 +32,34 @@ class TorchTileOps:
     """Gather, extract, apply and scatter of one tile, for one batch.
 
     Args:
-        opts: the loss options; tiling: the batch's tiles;
+        opts: the loss options (of any lattice); layout: their rows' layout;
+        tiling: the batch's tiles;
         labels: (B, L) int64 tensor (padding replaced by valid ids), label_lens (B,)
         int64 tensor, on the device; vocab_size: V'; grid: (T', U') of the planes.
     """
 
-    def __init__(self, opts, tiling: Tiling, labels, label_lens, vocab_size, grid):
+    def __init__(
+        self,
+        opts,
+        layout: RowsLayout,
+        tiling: Tiling,
+        labels,
+        label_lens,
+        vocab_size,
+        grid,
+    ):
         self.opts = opts
+        self.layout = layout
         self.tiling = tiling
-        self.tdt = is_tdt(opts)
         self.device = labels.device
         self.labels = labels
         self.label_lens = label_lens
-        self.V = vocab_size - opts.num_durations if self.tdt else vocab_size
+        self.V = layout.num_tokens(vocab_size)
+        self.D = layout.num_durations
         self.Tp, self.Up = grid
-        ids = (opts.blank,) if self.tdt else opts.lattice.blank_ids
-        self.blank_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        self.blank_ids = torch.tensor(
+            layout.step_ids, dtype=torch.int64, device=self.device
+        )
         self._frames = tuple(
             torch.from_numpy(x).to(self.device)
             for x in (tiling.row0, tiling.frame_enc, tiling.frame_b)
@@ -94,7 +106,7 @@ class TorchTileOps:
         lse = _log_sum_exp(z[:, :V])
         lp = picked - (lse + self.opts.sigma)[:, None]
         lp[:, 1] = torch.where(has_label, lp[:, 1], float("-inf"))
-        if self.tdt:
+        if self.D:  # the duration part: its own softmax, no sigma
             dur = z[:, V:].to(torch.float64, copy=True)
             lse_d = _log_sum_exp(z[:, V:])
             lp = torch.cat([lp, dur - lse_d[:, None]], dim=1)
@@ -113,7 +125,8 @@ class TorchTileOps:
         device (0 for an impossible utterance)."""
         o = self.opts
         V = self.V
-        K = num_steps(o)
+        S = self.layout.num_token_steps
+        K = self.layout.num_steps
         f = factors[index.b]
         live = (f != 0)[:, None]
         # rows of utterances with factor 0 may hold anything (an impossible
@@ -123,19 +136,19 @@ class TorchTileOps:
         lse = planes.lse.view(rows.shape[0], -1)[index.node]
         w_blank, w_label = occ[:, 0], occ[:, 1]
         gamma = w_blank + w_label
-        if not self.tdt:
-            gamma = gamma + occ[:, 2:].sum(1)
+        if S > 2:  # the other blanks' steps (a TDT's W_dur split the same paths)
+            gamma = gamma + occ[:, 2:S].sum(1)
         coef = (gamma + o.fastemit_lambda * w_label) * f
         tok = z[:, :V]
         _softmax_times(tok, lse[:, 0], coef)
         sym, has_label = self._symbols(index)
-        steps = (occ[:, :2] if self.tdt else occ) * f[:, None]
+        steps = occ[:, :S] * f[:, None]
         steps[:, 1] *= 1.0 + o.fastemit_lambda
         tok.scatter_add_(1, sym, (-steps).to(z.dtype))
-        if self.tdt:
+        if self.D:
             dur = z[:, V:]
             _softmax_times(dur, lse[:, 1], gamma * f)
-            dur.sub_((occ[:, 2:] * f[:, None]).to(z.dtype))
+            dur.sub_((occ[:, S:] * f[:, None]).to(z.dtype))
         if o.clamp > 0:
             c = (o.clamp * f.abs()).to(z.dtype)[:, None]
             torch.maximum(z, -c, out=z)

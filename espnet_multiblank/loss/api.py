@@ -20,7 +20,7 @@ from espnet_multiblank.loss.dispatch import (  # noqa: F401  (BACKENDS re-export
     check_backend,
     dispatch_loss,
 )
-from espnet_multiblank.loss.families import MULTIBLANK, family_of
+from espnet_multiblank.loss.families import family_of
 from espnet_multiblank.loss.options import make_options, make_tdt_options
 from espnet_multiblank.loss.validation import check_valid_rows, validate_inputs
 
@@ -38,7 +38,7 @@ def transducer_loss(
     family = family_of(opts)
     check_backend(backend)
     labels, act_lens, label_lens = validate_inputs(
-        acts, labels, act_lens, label_lens, opts
+        acts, labels, act_lens, label_lens, opts, family
     )
     rnnt_opts = family.rnnt_branch(opts)
     if rnnt_opts is not None:
@@ -46,8 +46,8 @@ def transducer_loss(
         # logits are not read, but a bad joint output must not pass silently here
         # either, and they get an exactly zero gradient (autograd of the slice)
         check_valid_rows(acts, act_lens, label_lens)
-        V = acts.shape[3] - opts.num_durations
-        acts, opts, family = acts[..., :V], rnnt_opts, MULTIBLANK
+        V = family.layout(opts).num_tokens(acts.shape[3])
+        acts, opts, family = acts[..., :V], rnnt_opts, family_of(rnnt_opts)
     return dispatch_loss(acts, labels, act_lens, label_lens, opts, family, backend)
 
 

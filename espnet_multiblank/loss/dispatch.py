@@ -1,9 +1,11 @@
-"""Backend dispatch of the one loss path (both lattice families).
+"""Backend dispatch of the losses (both lattice families, dense and fused).
 
 Validated inputs go to a reduced loss the same way for every family: the fused Numba
 kernel of the tensors' device when there is one (``backend`` "auto" or "numba"),
 else the float64-capable PyTorch reference ("torch", or a device Numba cannot
-target). The kernels and the reference come from the family record.
+target). The kernels and the reference come from the family record;
+:func:`numba_kernel` is the one choice of a device's kernels, which the dense loss,
+the lattice stage (``stages.run_lattice``) and the fused joint + loss share.
 """
 
 import torch
@@ -17,6 +19,23 @@ BACKENDS = ("auto", "numba", "torch")
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def numba_kernel(family, device: torch.device, backend: str, tensor: str = "acts"):
+    """The family's Numba kernel driver for tensors on ``device``, or None for the
+    PyTorch path (``backend="torch"``, or "auto" on a device Numba cannot target).
+
+    Raises:
+        ValueError for ``backend="numba"`` on such a device (``tensor``: how the
+        message names the tensor on it).
+    """
+    kernel = None if backend == "torch" else family.kernel(device)
+    if kernel is None and backend == "numba":
+        raise ValueError(
+            "backend='numba' supports cpu and cuda tensors, "
+            f"got {tensor} on {device}; use backend='torch' or 'auto'"
+        )
+    return kernel
 
 
 class ClampedReferenceFunction(torch.autograd.Function):
@@ -62,20 +81,14 @@ def dispatch_loss(
         backend: one of BACKENDS.
     """
     check_backend(backend)
-    kernel = None if backend == "torch" else family.kernel(acts.device)
-    if kernel is None and backend == "numba":
-        raise ValueError(
-            "backend='numba' supports cpu and cuda tensors, "
-            f"got acts on {acts.device}; use backend='torch' or 'auto'"
-        )
+    kernel = numba_kernel(family, acts.device, backend)
     if kernel is not None:
         return FusedTransducerFunction.apply(
             acts, labels, act_lens, label_lens, opts, kernel
         )
     # the kernels flag these rows themselves (NaN costs); the reference would not
-    check_valid_rows(
-        acts, act_lens, label_lens, family.softmax_parts(opts, acts.shape[3])
-    )
+    parts = family.layout(opts).parts(acts.shape[3])
+    check_valid_rows(acts, act_lens, label_lens, parts)
     if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
         costs = ClampedReferenceFunction.apply(
             acts, labels, act_lens, label_lens, opts, family.reference

@@ -1,9 +1,10 @@
 """One record per lattice family: the only place where the losses differ.
 
-The loss path (:func:`espnet_multiblank.loss.api.transducer_loss`), the input checks
-(``validation.py``), the autograd Function (``function.py``) and the stages
-(``stages.py``) are written once; what depends on the lattice comes from the
-:class:`LatticeFamily` of the options (:func:`family_of`):
+The dense loss path (:func:`espnet_multiblank.loss.api.transducer_loss`), the fused
+joint + loss (``espnet_multiblank.fused``), the input checks (``validation.py``), the
+autograd Function (``function.py``) and the stages (``stages.py``) are written once;
+what depends on the lattice comes from the :class:`LatticeFamily` of the options
+(:func:`family_of`):
 
 ==========  ================================  ======================  ===============
 family      options (lattice)                 logits                  reference
@@ -14,26 +15,35 @@ tdt         ``TDTOptions``                    (B, T, U, V + D)        tdt_refere
                                                                       costs
 ==========  ================================  ======================  ===============
 
-The kernels (CPU: ``cpu/kernels.py`` and ``cpu/tdt_kernels.py``; CUDA: ``cuda/``)
-stay separate where the math differs; their drivers are instances of one class per
-device, loaded on first use so that importing the package compiles and imports
-nothing of Numba.
+A record brings the options, the label rule, the layout of the rows that pass
+between the stages (``rows.py``, the same on every device), the lattice runners
+(Numba CPU, Numba CUDA, PyTorch) and TDT's omega draw. The kernels (CPU:
+``cpu/kernels.py`` and ``cpu/tdt_kernels.py``; CUDA: ``cuda/``) stay separate where
+the math differs; their drivers are instances of one class per device, loaded on first
+use so that importing the package compiles and imports nothing of Numba.
 """
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Optional
 
 import torch
 
+from espnet_multiblank.loss.label_rules import DENSE_NAMES, ArgNames, LabelRule
 from espnet_multiblank.loss.options import (
     LossOptions,
     TDTOptions,
     make_options,
     make_tdt_options,
 )
-from espnet_multiblank.loss.reference import reference_costs, tdt_reference_costs
-from espnet_multiblank.loss.validation import LabelRule
+from espnet_multiblank.loss.reference import (
+    multiblank_rows_log_likelihood,
+    reference_costs,
+    rows_lattice,
+    tdt_reference_costs,
+    tdt_rows_log_likelihood,
+)
+from espnet_multiblank.loss.rows import RowsLayout, multiblank_rows, tdt_rows
 
 
 def _cpu_multiblank():
@@ -60,20 +70,22 @@ def _cuda_tdt():
     return cuda.tdt_compute
 
 
-# label rules are built per call of a loss: cached by the (hashable) options and the
-# row width, so that a training step does not re-format their messages
+# label rules are built per call of a loss: cached by the (hashable) options, the
+# row width and the names, so that a training step does not re-format their messages
 _cached = functools.lru_cache(maxsize=256)
 
 
 @_cached
-def _multiblank_labels(opts: LossOptions, width: int) -> LabelRule:
+def _multiblank_labels(
+    opts: LossOptions, width: int, names: ArgNames = DENSE_NAMES
+) -> LabelRule:
     if width < 1:
-        raise ValueError(f"acts.shape[3] (vocabulary size V) must be >= 1, got {width}")
-    opts.lattice.check_vocab_size(width, "acts.shape[3]")
+        raise ValueError(f"{names.width} (vocabulary size V) must be >= 1, got {width}")
+    opts.lattice.check_vocab_size(width, names.width)
     return LabelRule(
         num_labels=width,
         blank_ids=opts.all_blank_ids,
-        vocab_text=f"V = {width}",
+        vocab_text=f"V = {names.width} = {width}",
         blank_text=(
             f"standard blank {opts.blank}, big blanks {list(opts.big_blank_ids)}"
         ),
@@ -81,24 +93,17 @@ def _multiblank_labels(opts: LossOptions, width: int) -> LabelRule:
 
 
 @_cached
-def _tdt_labels(opts: TDTOptions, width: int) -> LabelRule:
-    opts.lattice.check_vocab_size(width, "acts.shape[3]")
+def _tdt_labels(
+    opts: TDTOptions, width: int, names: ArgNames = DENSE_NAMES
+) -> LabelRule:
+    opts.lattice.check_vocab_size(width, names.width)
     V = width - opts.num_durations
     return LabelRule(
         num_labels=V,
         blank_ids=(opts.blank,),
-        vocab_text=f"V = acts.shape[3] - len(durations) = {V}",
+        vocab_text=f"V = {names.width} - {names.durations} = {V}",
         blank_text=f"blank {opts.blank}",
     )
-
-
-def _multiblank_parts(opts: LossOptions, width: int) -> Tuple[Tuple[int, int], ...]:
-    return ((0, width),)
-
-
-def _tdt_parts(opts: TDTOptions, width: int) -> Tuple[Tuple[int, int], ...]:
-    V = width - opts.num_durations
-    return ((0, V), (V, width))
 
 
 def _tdt_rnnt_branch(opts: TDTOptions) -> Optional[LossOptions]:
@@ -114,7 +119,7 @@ def _tdt_rnnt_branch(opts: TDTOptions) -> Optional[LossOptions]:
 
 @dataclass(frozen=True)
 class LatticeFamily:
-    """What one lattice family brings to the shared loss path.
+    """What one lattice family brings to the shared loss paths.
 
     Attributes:
         kind: the lattice's ``kind`` (``"multiblank"`` or ``"tdt"``).
@@ -122,15 +127,18 @@ class LatticeFamily:
         options_type: the frozen options class; ``make_options`` validates user
             arguments into it.
         acts_what: what ``acts`` must be, for the messages.
-        label_rule: ``(opts, acts.shape[3]) -> LabelRule``: checks the row width
-            against the options (ValueError naming ``acts.shape[3]`` or ``blank``)
-            and says which label ids are valid.
-        softmax_parts: ``(opts, width) -> ((lo, hi), ...)``: the ranges of a row that
-            have their own softmax (a range of only -inf has no distribution).
+        label_rule: ``(opts, width, names=DENSE_NAMES) -> LabelRule``: checks the
+            width V' of a row of logits against the options (ValueError naming
+            ``names.width`` or ``blank``) and says which label ids are valid.
+        layout: ``opts -> RowsLayout``: the rows the stages pass between them
+            (``espnet_multiblank.loss.rows``), on every device.
         reference: the PyTorch costs ``(acts, labels, act_lens, label_lens, opts,
             clamp=0.0) -> (B,)`` (the torch backend; the tests' oracle).
+        rows_log_likelihood: ``(opts, steps, act_lens, label_lens) -> (B,) log P``
+            of the PyTorch recursion on the occupancy slots ``steps`` (B, T, U,
+            num_steps) of rows (the torch lattice runner, :meth:`torch_lattice`).
         cpu_driver, cuda_driver: return the Numba kernel driver of that device
-            (imported on first use).
+            (imported on first use); each runs the dense loss and the lattice stage.
         rnnt_branch: ``opts -> LossOptions or None``: when it returns options, the
             call computes the standard RNN-T loss on the first V logits with them
             instead (TDT's omega), else None.
@@ -142,8 +150,9 @@ class LatticeFamily:
     make_options: Callable
     acts_what: str
     label_rule: Callable[..., LabelRule]
-    softmax_parts: Callable[..., Sequence[Tuple[int, int]]]
+    layout: Callable[..., RowsLayout]
     reference: Callable[..., torch.Tensor]
+    rows_log_likelihood: Callable[..., torch.Tensor]
     cpu_driver: Callable
     cuda_driver: Callable
     rnnt_branch: Callable[..., Optional[LossOptions]] = lambda opts: None
@@ -157,6 +166,19 @@ class LatticeFamily:
             return self.cuda_driver()
         return None
 
+    def torch_lattice(self, opts, rows, act_lens, label_lens, need_grad):
+        """The lattice stage in PyTorch on rows of any device (the contract of
+        ``rows.py``), occupancies by autograd: ``-> log_p`` (B,) float64."""
+        return rows_lattice(
+            self.layout(opts),
+            rows,
+            act_lens,
+            label_lens,
+            need_grad,
+            functools.partial(self.rows_log_likelihood, opts),
+            opts.fastemit_lambda,
+        )
+
 
 MULTIBLANK = LatticeFamily(
     kind="multiblank",
@@ -165,8 +187,9 @@ MULTIBLANK = LatticeFamily(
     make_options=make_options,
     acts_what="raw logits of shape (B, T, U, V)",
     label_rule=_multiblank_labels,
-    softmax_parts=_multiblank_parts,
+    layout=multiblank_rows,
     reference=reference_costs,
+    rows_log_likelihood=multiblank_rows_log_likelihood,
     cpu_driver=_cpu_multiblank,
     cuda_driver=_cuda_multiblank,
 )
@@ -178,8 +201,9 @@ TDT = LatticeFamily(
     make_options=make_tdt_options,
     acts_what="raw logits of shape (B, T, U, V + len(durations))",
     label_rule=_tdt_labels,
-    softmax_parts=_tdt_parts,
+    layout=tdt_rows,
     reference=tdt_reference_costs,
+    rows_log_likelihood=tdt_rows_log_likelihood,
     cpu_driver=_cpu_tdt,
     cuda_driver=_cuda_tdt,
     rnnt_branch=_tdt_rnnt_branch,

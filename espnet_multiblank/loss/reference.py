@@ -45,6 +45,10 @@ label with duration 0, so a diagonal depends only on earlier diagonals.
 In both, rows of padding (t >= T_b or u > L_b) are replaced by zeros before the
 log-softmax, so that whatever they hold (NaN included) never reaches the result or
 the gradient.
+
+The same recursions run the lattice stage on rows (:func:`rows_lattice`, the torch
+lattice runner of the family records): log P from the rows' log-probs, the
+occupancies by autograd.
 """
 
 from typing import List, Sequence
@@ -53,6 +57,7 @@ import torch
 
 from espnet_multiblank.autograd import LogSoftmaxGradModification
 from espnet_multiblank.loss.options import LossOptions, TDTOptions
+from espnet_multiblank.loss.rows import RowsLayout, fill_coefficients
 
 _NEG = -1e30  # "log 0" that stays finite under addition
 
@@ -351,3 +356,84 @@ def tdt_reference_costs(
     )
     cost = _fastemit_costs(log_p, tok_label, opts.fastemit_lambda)
     return cost + 0.0  # no -0.0 for the empty path
+
+
+# ---------------------------------------------------------- the lattice on rows
+def multiblank_rows_log_likelihood(opts: LossOptions, steps, act_lens, label_lens):
+    """log P of a multi-blank lattice from the step slots (B, T, U, N + 2) of rows
+    (``loss/rows.py``: blank, label, big blanks; sigma included)."""
+    return log_likelihood(
+        steps[..., 0],
+        steps[..., 1],
+        [steps[..., 2 + i] for i in range(opts.num_big_blanks)],
+        opts.big_blank_durations,
+        act_lens,
+        label_lens,
+    )
+
+
+def tdt_rows_log_likelihood(opts: TDTOptions, steps, act_lens, label_lens):
+    """log P of a TDT lattice from the step slots (B, T, U, D + 2) of rows (blank,
+    label, then the D duration log-probs)."""
+    dur = steps[..., 2:]
+    return tdt_log_likelihood(
+        steps[..., :1] + dur,
+        steps[..., 1:2] + dur,
+        opts.durations,
+        act_lens,
+        label_lens,
+    )
+
+
+def rows_lattice(
+    layout: RowsLayout,
+    rows: torch.Tensor,
+    act_lens: torch.Tensor,
+    label_lens: torch.Tensor,
+    need_grad: bool,
+    log_likelihood_of,
+    fastemit_lambda: float,
+) -> torch.Tensor:
+    """The lattice stage on rows (the contract of ``loss/rows.py``) by the recursions
+    of this module, on any device; the occupancies by autograd: W of a step = d log P
+    / d (its log-prob).
+
+    Args:
+        layout: the rows' layout; rows: (B, T, U, width) float64 tensor, its valid
+            rows overwritten as the contract says when ``need_grad``.
+        act_lens, label_lens: (B,) int64 tensors on its device.
+        log_likelihood_of: ``(steps, act_lens, label_lens) -> (B,) log P`` of the
+            lattice from the step slots (B, T, U, num_steps).
+        fastemit_lambda: for the coefficient slots.
+    Returns:
+        log_p: (B,) float64 tensor (0 for T_b = 0 = L_b, -inf when impossible).
+    """
+    B, T, U, _ = rows.shape
+    if T == 0:  # every T_b = 0: the empty path (log P = 0) or impossible
+        zero = torch.zeros((B,), dtype=torch.float64, device=rows.device)
+        return torch.where(label_lens == 0, zero, float("-inf"))
+    K = layout.num_steps
+    t = torch.arange(T, device=rows.device)
+    u = torch.arange(U, device=rows.device)
+    valid = (t.view(1, T, 1) < act_lens.view(B, 1, 1)) & (
+        u.view(1, 1, U) <= label_lens.view(B, 1, 1)
+    )
+    # padding may hold anything (NaN included) and -inf marks the missing label of the
+    # last row: both become the finite "log 0" of the recursions
+    lp = torch.where(valid[..., None], rows[..., :K], _NEG).clamp(min=_NEG)
+    with torch.enable_grad():
+        lp = lp.detach().requires_grad_(need_grad)
+        log_p = log_likelihood_of(lp, act_lens, label_lens)
+        possible = log_p > _NEG / 2
+        if need_grad:
+            (occ,) = torch.autograd.grad(
+                torch.where(possible, log_p, 0.0).sum(), lp, allow_unused=True
+            )
+    log_p = torch.where(possible, log_p.detach(), float("-inf"))
+    if need_grad:
+        keep = (valid & possible.view(B, 1, 1))[..., None]
+        rows[..., :K] = torch.where(
+            keep, occ if occ is not None else 0.0, rows[..., :K]
+        )
+        fill_coefficients(layout, rows, log_p, fastemit_lambda)
+    return log_p

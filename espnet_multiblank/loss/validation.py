@@ -1,8 +1,12 @@
-"""Checks of the losses' tensor inputs, with messages that name the argument.
+"""Checks of the loss's tensor inputs, with messages that name the argument.
 
-One set of checks for every lattice family: what differs (the width of a row of
-logits, which ids are blanks, how the messages name them) comes from the family
-record (``espnet_multiblank.loss.families``). Every message is written once, here.
+One set of checks for every lattice family and for both callers (the dense losses,
+the fused joint + loss): what differs (which ids are labels, how the messages name
+the blanks and the arguments) comes in as a
+:class:`~espnet_multiblank.loss.label_rules.LabelRule` (from the family record,
+``espnet_multiblank.loss.families``) and an
+:class:`~espnet_multiblank.loss.label_rules.ArgNames`. Every message is written once,
+here and in ``label_rules.py``.
 
 All checks on values (lengths, label ids) run on the tensors' own device: on CUDA as
 reductions (nothing logits-sized is copied to the host; the few booleans that decide
@@ -16,17 +20,22 @@ from typing import Sequence, Tuple
 import numpy as np
 import torch
 
+from espnet_multiblank.loss.label_rules import (
+    ACT_LEN_ABOVE_T,
+    ACT_LEN_NEGATIVE,
+    DENSE_NAMES,
+    LABEL_IS_BLANK,
+    LABEL_LEN_NEGATIVE,
+    LABEL_LEN_TOO_LARGE,
+    LABEL_OUT_OF_RANGE,
+    OK,
+    ArgNames,
+    LabelRule,
+    input_error,
+)
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-
-# the value checks, in the order they run (``loss/cpu/host_checks.py`` returns them)
-OK = 0
-ACT_LEN_NEGATIVE = 1
-ACT_LEN_ABOVE_T = 2
-LABEL_LEN_NEGATIVE = 3
-LABEL_LEN_TOO_LARGE = 4
-LABEL_OUT_OF_RANGE = 5
-LABEL_IS_BLANK = 6
 
 
 def nonfinite_logits_message(b: int) -> str:
@@ -38,7 +47,9 @@ def nonfinite_logits_message(b: int) -> str:
     )
 
 
-def _check_tensor(name: str, x, ndim: int, dtypes, what: str) -> None:
+def check_tensor(name: str, x, ndim: int, dtypes, what: str) -> None:
+    """TypeError / ValueError unless ``x`` is a ``ndim``-D tensor of one of
+    ``dtypes`` (``what``: what it should be, for the message)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor ({what}), got {type(x).__name__}"
@@ -60,30 +71,37 @@ def validate_inputs(
     act_lens: torch.Tensor,
     label_lens: torch.Tensor,
     opts,
+    family,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check shapes, dtypes, devices and values of a batch for the loss of ``opts``
     (either family); return int64 labels and lengths.
 
+    Args:
+        acts, labels, act_lens, label_lens: as the losses take them.
+        opts: validated options; family: their
+            :class:`~espnet_multiblank.loss.families.LatticeFamily`.
     Returns:
         labels: (B, L) int64 on acts.device, with padding (positions >= label_lens[b])
             replaced by 0 so that every backend may gather with it safely.
         act_lens: (B,) int64.  label_lens: (B,) int64.
     """
-    from espnet_multiblank.loss.families import family_of
+    check_tensor("acts", acts, 4, FLOAT_DTYPES, family.acts_what)
+    B, T, U, width = acts.shape
+    check_label_tensors(labels, act_lens, label_lens, B, acts.device, DENSE_NAMES)
+    if U < 1:
+        raise ValueError(f"acts.shape[2] (U = max labels + 1) must be >= 1, got {U}")
+    rule = family.label_rule(opts, width, DENSE_NAMES)
+    return check_lengths_and_labels(T, U, labels, act_lens, label_lens, rule)
 
-    family = family_of(opts)
-    check_tensors(acts, labels, act_lens, label_lens, family.acts_what)
-    rule = family.label_rule(opts, acts.shape[3])
-    return check_lengths_and_labels(acts, labels, act_lens, label_lens, rule)
 
-
-def check_tensors(acts, labels, act_lens, label_lens, acts_what: str) -> None:
-    """Types, ranks, dtypes, batch sizes and devices of the four tensor inputs."""
-    _check_tensor("acts", acts, 4, FLOAT_DTYPES, acts_what)
-    _check_tensor("labels", labels, 2, INT_DTYPES, "label ids of shape (B, U - 1)")
-    _check_tensor("act_lens", act_lens, 1, INT_DTYPES, "frames per utterance, (B,)")
-    _check_tensor("label_lens", label_lens, 1, INT_DTYPES, "labels per utterance, (B,)")
-    B = acts.shape[0]
+def check_label_tensors(
+    labels, act_lens, label_lens, B: int, device, names: ArgNames
+) -> None:
+    """Types, ranks, dtypes, batch sizes (B) and devices (``device``) of the labels
+    and lengths; ``names`` says how the messages name the tensor they follow."""
+    check_tensor("labels", labels, 2, INT_DTYPES, "label ids of shape (B, U - 1)")
+    check_tensor("act_lens", act_lens, 1, INT_DTYPES, "frames per utterance, (B,)")
+    check_tensor("label_lens", label_lens, 1, INT_DTYPES, "labels per utterance, (B,)")
     for name, x in (
         ("labels", labels),
         ("act_lens", act_lens),
@@ -91,80 +109,40 @@ def check_tensors(acts, labels, act_lens, label_lens, acts_what: str) -> None:
     ):
         if x.shape[0] != B:
             raise ValueError(
-                f"{name}.shape[0] must equal the batch size acts.shape[0] = {B}, "
+                f"{name}.shape[0] must equal the batch size {names.batch} = {B}, "
                 f"got {x.shape[0]}"
             )
-        if x.device != acts.device:
+        if x.device != device:
             raise ValueError(
-                f"{name} must be on the same device as acts ({acts.device}), "
+                f"{name} must be on the same device as {names.tensor} ({device}), "
                 f"got {x.device}"
             )
-    if acts.shape[2] < 1:
-        raise ValueError(
-            f"acts.shape[2] (U = max labels + 1) must be >= 1, got {acts.shape[2]}"
-        )
-
-
-class LabelRule:
-    """Which label ids are valid: ``[0, num_labels)`` minus ``blank_ids``, and how the
-    messages name the bound (``vocab_text``) and the blanks (``blank_text``)."""
-
-    __slots__ = ("num_labels", "blank_ids", "vocab_text", "blank_text")
-
-    def __init__(self, num_labels: int, blank_ids, vocab_text: str, blank_text: str):
-        self.num_labels = num_labels
-        self.blank_ids = tuple(blank_ids)
-        self.vocab_text = vocab_text
-        self.blank_text = blank_text
-
-
-def _raise_input_error(code, T, U, labels_width, act_lens, label_lens, rule, b, j, v):
-    """Raise the ValueError of a failed value check (a code of this module; the
-    lengths as Python lists, ``v`` the offending label id)."""
-    if code == ACT_LEN_NEGATIVE:
-        raise ValueError(f"act_lens must be >= 0, got {act_lens}")
-    if code == ACT_LEN_ABOVE_T:
-        raise ValueError(f"act_lens must be <= acts.shape[1] (T = {T}), got {act_lens}")
-    if code == LABEL_LEN_NEGATIVE:
-        raise ValueError(f"label_lens must be >= 0, got {label_lens}")
-    if code == LABEL_LEN_TOO_LARGE:
-        raise ValueError(
-            f"label_lens must be <= acts.shape[2] - 1 (U - 1 = {U - 1}) and <= "
-            f"labels.shape[1] = {labels_width}, got {label_lens}"
-        )
-    if code == LABEL_OUT_OF_RANGE:
-        raise ValueError(
-            f"labels must be ids in [0, {rule.vocab_text}) within label_lens; "
-            f"labels[{b}, {j}] = {v}"
-        )
-    if code == LABEL_IS_BLANK:
-        raise ValueError(
-            f"labels must not contain a blank id ({rule.blank_text}); "
-            f"labels[{b}, {j}] = {v}"
-        )
 
 
 def check_lengths_and_labels(
-    acts: torch.Tensor,
+    T: int,
+    U: int,
     labels: torch.Tensor,
     act_lens: torch.Tensor,
     label_lens: torch.Tensor,
     rule: LabelRule,
+    names: ArgNames = DENSE_NAMES,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lengths within (T, U - 1) and label ids in [0, rule.num_labels) and not a
     blank.
 
     Args:
-        acts: (B, T, U, *) logits (only the shape is used).
-        rule: the family's :class:`LabelRule`.
+        T, U: the batch's frames and label positions (U = max labels + 1).
+        labels, act_lens, label_lens: checked by :func:`check_label_tensors`.
+        rule: the family's :class:`LabelRule`; names: how to name the arguments.
     Returns:
         As :func:`validate_inputs`.
     """
-    B, T, U = acts.shape[:3]
+    B = act_lens.shape[0]
     if B > 0 and labels.device.type == "cpu":
         # the same checks compiled: a torch op costs microseconds, and a small
         # problem's whole loss well under a millisecond
-        return _check_on_host(T, U, labels, act_lens, label_lens, rule)
+        return _check_on_host(T, U, labels, act_lens, label_lens, rule, names)
     act_lens = act_lens.long()
     label_lens = label_lens.long()
     labels = labels.long()
@@ -190,7 +168,7 @@ def check_lengths_and_labels(
     )
     for failed, code in zip(bad, length_codes):
         if failed:
-            _raise_input_error(
+            raise input_error(
                 code,
                 T,
                 U,
@@ -198,9 +176,7 @@ def check_lengths_and_labels(
                 act_lens.tolist(),
                 label_lens.tolist(),
                 rule,
-                0,
-                0,
-                0,
+                names,
             )
 
     labels = labels[:, :max_label]
@@ -219,9 +195,8 @@ def check_lengths_and_labels(
         ):
             if failed:
                 b, j = where.nonzero()[0].tolist()
-                _raise_input_error(
-                    code, T, U, 0, None, None, rule, b, j, labels[b, j].item()
-                )
+                v = labels[b, j].item()
+                raise input_error(code, T, U, 0, None, None, rule, names, (b, j, v))
     labels = torch.where(
         valid, labels, torch.zeros((), dtype=labels.dtype, device=labels.device)
     )
@@ -229,7 +204,7 @@ def check_lengths_and_labels(
 
 
 def _check_on_host(
-    T, U, labels, act_lens, label_lens, rule: LabelRule
+    T, U, labels, act_lens, label_lens, rule: LabelRule, names: ArgNames
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`check_lengths_and_labels` for CPU tensors (B > 0), the checks compiled
     (``espnet_multiblank.loss.cpu.host_checks``)."""
@@ -250,7 +225,7 @@ def _check_on_host(
         host_checks.blank_id_array(rule.blank_ids),
     )
     if code != OK:
-        _raise_input_error(
+        raise input_error(
             code,
             T,
             U,
@@ -258,9 +233,8 @@ def _check_on_host(
             act_lens.tolist(),
             label_lens.tolist(),
             rule,
-            b,
-            j,
-            int(lab[b, j]) if lab.size else 0,
+            names,
+            (b, j, int(lab[b, j]) if lab.size else 0),
         )
     return (
         torch.from_numpy(lab),

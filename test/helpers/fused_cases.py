@@ -5,8 +5,9 @@ The oracles:
 * :func:`dense_loss`: the DENSE path the fused loss must reproduce: the logits
   ``act(enc[:, :, None] + pred[:, None]) @ weight.T + bias`` materialised (float64 by
   default), then the project's dense loss (``multiblank_rnnt_loss`` / ``tdt_loss``,
-  validated by its own tests against brute force, ESPnet and gradcheck), autograd
-  for the four gradients;
+  validated by its own tests against brute force, ESPnet and gradcheck; by default
+  its float64 PyTorch backend, which shares no kernel with the fused path on any
+  device), autograd for the four gradients;
 * :func:`brute_force_loss`: the path enumeration of ``oracles.py`` /
   ``tdt_oracles.py`` (written from docs/lattice.md, tiny shapes) on the materialised
   float64 logits, chained by autograd into enc, pred, weight and bias;
@@ -182,7 +183,7 @@ def dense_loss(
     reduction="none",
     grad_out=None,
     dtype=torch.float64,
-    backend="numba",
+    backend="torch",
     activation=None,
     **over,
 ):

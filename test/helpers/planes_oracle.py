@@ -1,7 +1,7 @@
 """Brute-force oracle of the lattice stage: log P and the occupancy of every step
-straight from planes (the contract of ``espnet_multiblank/fused/loss_package.py``), by
+straight from rows (the contract of ``espnet_multiblank/loss/rows.py``), by
 enumerating the paths of ``oracles.py`` / ``tdt_oracles.py`` (written from
-docs/lattice.md). Tiny shapes only. :func:`random_planes` makes test planes."""
+docs/lattice.md). Tiny shapes only. :func:`random_planes` makes test rows."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch
 from oracles import enumerate_paths
 from tdt_oracles import enumerate_tdt_paths
 
-from espnet_multiblank.fused import loss_package as lp
+from espnet_multiblank.loss.families import family_of
 
 
 def brute_force_planes(case_kind, rows, act_lens, label_lens, labels, durations):
@@ -61,13 +61,14 @@ def random_planes(opts, act_lens, label_lens, T, U, seed):
     distribution), -inf label on the last row, random r > 0, NaN in padding."""
     gen = torch.Generator().manual_seed(seed)
     B = len(act_lens)
-    width = lp.planes_width(opts)
+    layout = family_of(opts).layout(opts)
+    width = layout.width
     rows = torch.full((B, T, U, width), math.nan, dtype=torch.float64)
-    K = lp.num_steps(opts)
+    K = layout.num_steps
     for b, (T_b, L_b) in enumerate(zip(act_lens, label_lens)):
         n = (T_b, L_b + 1)
         vals = -3.0 * torch.rand(*n, width, generator=gen, dtype=torch.float64)
-        if lp.is_tdt(opts):
+        if layout.num_durations:  # a distribution over the durations
             vals[..., 2:K] = torch.log_softmax(vals[..., 2:K] * 2, dim=-1)
         vals[:, L_b, 1] = -math.inf
         vals[..., K:] = 0.5 + torch.rand(*n, width - K, generator=gen)

@@ -46,8 +46,7 @@ from espnet_multiblank.espnet.model.model_conf import (
 )
 from espnet_multiblank.espnet.model.no_path import NoPathWarnings, reduce_over_paths
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
-from espnet_multiblank.loss.api import MultiblankRNNTLoss
-from espnet_multiblank.loss.tdt_api import TDTLoss
+from espnet_multiblank.loss.api import MultiblankRNNTLoss, TDTLoss
 
 #: ctc_conf.ctc_type values whose blank index can be set (torch.nn.CTCLoss).
 _CTC_TYPES_WITH_BLANK = ("builtin", "builtin2")

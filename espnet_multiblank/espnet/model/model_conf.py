@@ -34,9 +34,9 @@ from espnet_multiblank.loss.api import BACKENDS
 from espnet_multiblank.loss.options import (
     REDUCTIONS,
     check_nonneg_float,
+    check_probability,
     check_reduction,
 )
-from espnet_multiblank.loss.tdt_options import check_probability
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,14 @@
 """CPU backend: fused Numba kernels (kernels.py: multi-blank, tdt_kernels.py: TDT;
-driver.py: their drivers, one class)."""
+common.py: what they share; driver.py: their drivers, one class).
 
-from espnet_multiblank.loss.cpu.driver import compute, tdt_compute
+Numba's on-disk cache of the kernels is stamped with their helpers' sources
+(``numba_cache.py``) before any kernel module is imported.
+"""
+
+from espnet_multiblank.loss.cpu import numba_cache
+
+numba_cache.install()
+
+from espnet_multiblank.loss.cpu.driver import compute, tdt_compute  # noqa: E402
 
 __all__ = ["compute", "tdt_compute"]

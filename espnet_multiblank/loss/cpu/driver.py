@@ -13,8 +13,10 @@ Two entry points (see ``espnet_multiblank.loss.function`` for how autograd uses 
 * ``compute`` = ``begin`` + ``finish(grad_weights)``: the plain contract
   ``(costs, grads)`` shared with the CUDA backend.
 
+and the lattice stage alone on rows a caller extracted itself (``lattice``, which
+``espnet_multiblank.loss.stages.run_lattice`` calls for rows on the CPU).
 :class:`KernelDriver` implements them once; the three stages it runs are those of
-``espnet_multiblank.loss.stages``.
+``espnet_multiblank.loss.stages``, on the rows of ``espnet_multiblank.loss.rows``.
 """
 
 import functools
@@ -28,6 +30,7 @@ import torch
 
 from espnet_multiblank.loss.cpu import kernels, tdt_kernels
 from espnet_multiblank.loss.options import LossOptions, TDTOptions
+from espnet_multiblank.loss.rows import check_rows, multiblank_rows, tdt_rows
 
 
 def _serial_twin(dispatcher):
@@ -63,6 +66,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # Below this many logits a parallel launch costs more than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 18
+# the lattice stage alone (rows extracted by a caller) picks serial or parallel
+# kernels as for this many logits per node: about a node's share of the work
+LOGITS_PER_NODE = 64
 
 
 def _pick(num_elements: int):
@@ -100,22 +106,40 @@ class KernelDriver:
 
     ``symbols`` tells the kernels which logits are what (the big blank ids; the
     number of token logits for TDT). The family-specific parts come in as functions
-    of the options: ``width(opts)``, ``symbols(opts, acts_shape)``,
-    ``durations(opts)`` (an int64 array) and ``lattice_extra(opts, B, U, parallel)``.
+    of the options: ``layout(opts)`` (the rows, ``espnet_multiblank.loss.rows``),
+    ``symbols(opts, acts_shape)``, ``durations(opts)`` (an int64 array) and
+    ``lattice_extra(opts, B, U, parallel)``.
     """
 
-    def __init__(self, parallel, width, symbols, durations, lattice_extra=None):
+    #: the kernels run on the host: numpy arrays (or CPU tensors viewed as them)
+    device_type = "cpu"
+
+    def __init__(self, parallel, layout, symbols, durations, lattice_extra=None):
         self.parallel = tuple(parallel)
         self.serial = tuple(_serial_twin(k) for k in self.parallel)
-        self.width = width
+        self.layout = layout
         self.symbols = symbols
         self.durations = durations
         self.lattice_extra = lattice_extra or (lambda opts, B, U, parallel: ())
+
+    def width(self, opts) -> int:
+        """The width of the rows of ``opts``' lattice."""
+        return self.layout(opts).width
 
     def pick(self, num_elements: int):
         """(kernels, Numba thread count to restore or None), as :func:`_pick`."""
         parallel, prev = _pick(num_elements)
         return (self.parallel if parallel else self.serial), prev
+
+    def run_stage(self, num_elements: int, stage, *args) -> None:
+        """``stage(kernels, *args)`` with the serial or parallel kernels picked for
+        ``num_elements`` (Numba's thread count restored afterwards)."""
+        kernels, prev = self.pick(num_elements)
+        try:
+            stage(kernels, *args)
+        finally:
+            if prev is not None:
+                numba.set_num_threads(prev)
 
     def extract(
         self,
@@ -162,6 +186,33 @@ class KernelDriver:
             log_p,
         )
 
+    def lattice(self, opts, rows, act_lens, label_lens, need_grad: bool):
+        """The lattice stage on rows extracted by the caller, serial or parallel
+        kernels as the size says (Numba's thread count restored afterwards).
+
+        Args:
+            rows: (B, T, U, width) float64 C-contiguous (``loss/rows.py``), a numpy
+                array or a CPU tensor (viewed as one); the valid rows of the possible
+                utterances are overwritten when ``need_grad``.
+            act_lens, label_lens: (B,) int64 numpy arrays or CPU tensors.
+        Returns:
+            log_p (B,) float64, a numpy array for numpy rows, else a tensor.
+        Raises:
+            TypeError / ValueError when the arrays break the contract.
+        """
+        as_tensor = isinstance(rows, torch.Tensor)
+        if as_tensor:
+            rows, act_lens, label_lens = (
+                x.numpy() if isinstance(x, torch.Tensor) else x
+                for x in (rows, act_lens, label_lens)
+            )
+        check_rows(self.layout(opts), rows, act_lens, label_lens)
+        B, T, U, _ = rows.shape
+        log_p = np.empty(B, np.float64)
+        args = (rows, act_lens, label_lens, opts, need_grad, log_p)
+        self.run_stage(B * T * U * LOGITS_PER_NODE, self.sweep, *args)
+        return torch.from_numpy(log_p) if as_tensor else log_p
+
     def apply(
         self, kernels, labels, act_lens, label_lens, opts, rows, log_p, factors, buffer
     ) -> None:
@@ -195,22 +246,18 @@ class KernelDriver:
                 gradient, any sign): a CPU tensor or a numpy array.
         """
         buffer, rows, log_p, labels, act_lens, label_lens = tensors
-        kernels, prev = self.pick(buffer.numel())
-        try:
-            self.apply(
-                kernels,
-                labels.numpy(),
-                act_lens.numpy(),
-                label_lens.numpy(),
-                opts,
-                rows.numpy(),
-                log_p.numpy(),
-                np.ascontiguousarray(factors, dtype=np.float64),
-                buffer.numpy(),
-            )
-        finally:
-            if prev is not None:
-                numba.set_num_threads(prev)
+        self.run_stage(
+            buffer.numel(),
+            self.apply,
+            labels.numpy(),
+            act_lens.numpy(),
+            label_lens.numpy(),
+            opts,
+            rows.numpy(),
+            log_p.numpy(),
+            np.ascontiguousarray(factors, dtype=np.float64),
+            buffer.numpy(),
+        )
         return buffer
 
     def begin(
@@ -330,7 +377,7 @@ def _option_arrays(opts: LossOptions) -> Tuple[np.ndarray, np.ndarray]:
 # (standard blank, label, N big blanks) and the softmax coefficient
 compute = KernelDriver(
     (kernels.rows_forward, kernels.lattice, kernels.rows_backward),
-    width=lambda opts: opts.num_big_blanks + 3,
+    layout=multiblank_rows,
     symbols=lambda opts, shape: _option_arrays(opts)[0],
     durations=lambda opts: _option_arrays(opts)[1],
 )
@@ -365,7 +412,7 @@ tdt_compute = KernelDriver(
         tdt_kernels.tdt_lattice,
         tdt_kernels.tdt_rows_backward,
     ),
-    width=lambda opts: opts.num_durations + 4,
+    layout=tdt_rows,
     symbols=lambda opts, shape: shape[3] - opts.num_durations,
     durations=_tdt_durations,
     lattice_extra=lambda opts, B, U, parallel: (_tdt_groups(B, U, parallel),),

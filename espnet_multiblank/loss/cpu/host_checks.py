@@ -2,14 +2,14 @@
 
 The same checks in numpy are a dozen small array operations, each with a fixed cost
 that is a noticeable part of a small loss; compiled, they are one pass over the
-lengths and the labels. ``espnet_multiblank.loss.validation`` turns the
-returned code (defined there) into the error message.
+lengths and the labels. The returned codes are those of
+``espnet_multiblank.loss.label_rules``, which turns them into the error messages.
 """
 
 import numpy as np
 from numba import njit
 
-from espnet_multiblank.loss.validation import (
+from espnet_multiblank.loss.label_rules import (
     ACT_LEN_ABOVE_T,
     ACT_LEN_NEGATIVE,
     LABEL_IS_BLANK,
@@ -33,7 +33,7 @@ def scan_lengths_and_labels(T, max_label, act_lens, label_lens, labels, V, blank
         blank_ids: (N,) int64.
     Returns:
         (code, b, j): the first failed check (a code of
-        ``espnet_multiblank.loss.validation``; OK when none) and, for the label
+        ``espnet_multiblank.loss.label_rules``; OK when none) and, for the label
         checks, the offending position.
     """
     B = act_lens.shape[0]

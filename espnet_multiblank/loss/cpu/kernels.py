@@ -64,6 +64,19 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from espnet_multiblank.loss.cpu.common import (
+    CHUNKS,
+    FRAME_WIDE_BELOW_V,
+    KERNEL_OPTS,
+    LANES,
+    MIN_ROW_SUM,
+    NEG_INF,
+    U0,
+    U1,
+    U2,
+    chunk,
+    diag_range,
+)
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
     exp64,
@@ -78,36 +91,12 @@ from espnet_multiblank.loss.cpu.row_ops import (
     zero_range,
 )
 
-_NEG_INF = -np.inf
-# a row whose exps (shifted by the frame maximum) sum below this is redone with its own
-# maximum, so that no exp of a row is flushed to 0 while it is above e**-46 of the
-# row's largest one
-_MIN_ROW_SUM = 2.0**-60
-_U0 = np.uint64(0)
-_U1 = np.uint64(1)
-_U2 = np.uint64(2)
-_LANES = 8
 #: spare columns of the workspaces: column 0, column U + 1 and the tail of the last
-#: _LANES-wide group of an anti-diagonal
-COLUMN_PAD = _LANES + 2
-# frames are handed to threads in this many chunks per call at most (per-chunk scratch)
-_CHUNKS = 64
-#: below this many logits per row, pass 1 computes the exps of a frame's valid rows in
-#: one loop and then sums each row (reading back from L1), instead of one fused
-#: exp-and-sum loop per row: a short loop's set-up and reduction cost more than the
-#: second read from L1 (pass 1 alone is faster so below this width, slower above)
-FRAME_WIDE_BELOW_V = 256
-
-_OPTS = dict(cache=True, error_model="numpy", fastmath={"nsz", "contract"})
+#: LANES-wide group of an anti-diagonal
+COLUMN_PAD = LANES + 2
 
 
-@njit(cache=True)
-def _chunk(c, nchunks, total):
-    """Frames [lo, hi) of chunk c."""
-    return c * total // nchunks, (c + 1) * total // nchunks
-
-
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **KERNEL_OPTS)
 def rows_forward(
     acts,
     labels,
@@ -142,15 +131,15 @@ def rows_forward(
     uU = np.uint64(U)
     uK1 = np.uint64(K1)
     total = B * T
-    nch = min(total, _CHUNKS)
+    nch = min(total, CHUNKS)
     frame_wide = V < FRAME_WIDE_BELOW_V
     for ch in prange(nch):
-        lo, hi = _chunk(ch, nch, total)
+        lo, hi = chunk(ch, nch, total)
         scratch = np.empty(1 if store else U * V, acts.dtype)
         # per row of a frame: sum of exps, then its log; padded for the vector loop
-        sums = np.ones(U + _LANES)
-        shifts = np.zeros(U + _LANES)
-        inv = np.empty(U + _LANES)
+        sums = np.ones(U + LANES)
+        shifts = np.zeros(U + LANES)
+        inv = np.empty(U + LANES)
         for bt in range(lo, hi):
             b = bt // T
             t = bt - b * T
@@ -169,9 +158,9 @@ def rows_forward(
                 o0 = f0
             else:
                 out = scratch
-                o0 = np.uint64(0)
+                o0 = U0
             c, isbad = max_and_check(xf, f0, fe)
-            if isbad or c == _NEG_INF:
+            if isbad or c == NEG_INF:
                 bad[b] = 1
                 continue
             if frame_wide:
@@ -185,9 +174,9 @@ def rows_forward(
                 else:
                     s = exp_sum(xf, r0, r0 + uV, c, out, q0)
                 shifts[u] = c
-                if s < _MIN_ROW_SUM:
+                if s < MIN_ROW_SUM:
                     m, _ = max_and_check(xf, r0, r0 + uV)
-                    if m == _NEG_INF:
+                    if m == NEG_INF:
                         bad[b] = 1
                         break
                     s = exp_sum(xf, r0, r0 + uV, m, out, q0)
@@ -195,7 +184,7 @@ def rows_forward(
                 sums[u] = s
             if bad[b]:
                 continue
-            for u in range(((Ub + _LANES - 1) // _LANES) * _LANES):  # vectorised
+            for u in range(((Ub + LANES - 1) // LANES) * LANES):  # vectorised
                 s = sums[u]
                 inv[u] = 1.0 / s
                 sums[u] = shifts[u] + log64(s) + sigma
@@ -205,29 +194,18 @@ def rows_forward(
                 d = sums[u]
                 STf[p] = np.float64(xf[r0 + np.uint64(blank)]) - d
                 if u < Ub - 1:
-                    STf[p + _U1] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
+                    STf[p + U1] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
                 else:
-                    STf[p + _U1] = _NEG_INF
+                    STf[p + U1] = NEG_INF
                 for i in range(N):
                     STf[p + np.uint64(2 + i)] = (
                         np.float64(xf[r0 + np.uint64(big_ids[i])]) - d
                     )
-                STf[p + uK1 - _U1] = inv[u]
+                STf[p + uK1 - U1] = inv[u]
                 p += uK1
 
 
-@njit(cache=True)
-def _diag_range(n, Tb, Ub):
-    """(first, last, end) columns j = u + 1 (np.uint64): the valid nodes (t < Tb,
-    u < Ub) of anti-diagonal n are first..last; loops run first..end-1 (a multiple of
-    _LANES columns)."""
-    jlo = max(0, n - Tb + 1) + 1
-    jhi = min(n, Ub - 1) + 1
-    jend = jlo + ((jhi - jlo + _LANES) // _LANES) * _LANES
-    return np.uint64(jlo), np.uint64(jhi), np.uint64(jend)
-
-
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **KERNEL_OPTS)
 def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp):
     """Pass 2: log P per utterance and, when need_grad, the occupancies.
 
@@ -259,7 +237,7 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
         Tb = act_lens[b]
         Ub = label_lens[b] + 1
         if Tb == 0:
-            lp[b] = 0.0 if Ub == 1 else _NEG_INF
+            lp[b] = 0.0 if Ub == 1 else NEG_INF
             continue
         nd = Tb + Ub - 1  # anti-diagonals of valid nodes: 0 .. nd - 1
         uD = np.uint64(nd * C)  # one plane of nd anti-diagonals
@@ -297,7 +275,7 @@ def lattice(ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, lp)
         )
         lP = _log_p(A, L, durations, Tb, Ub, nd, uD, uC)
         lp[b] = lP
-        if lP == _NEG_INF or not need_grad:
+        if lP == NEG_INF or not need_grad:
             continue
         G = np.zeros((nd + dmax + 1) * C)
         _gamma_sweep(G, L, Q, A, mx, durations, Tb, Ub, nd, uD, uDQ, uC, lP)
@@ -315,24 +293,24 @@ def _alpha_sweep(
     from vectorising the loop around it). ``a_new``, ``mx``, ``acc``, ``v_*``: scratch
     rows of C columns (``v_big``: N of them)."""
     N = durations.size
-    A[_U1] = 0.0
+    A[U1] = 0.0
     for n in range(1, nd):
-        jlo, jhi, jend = _diag_range(n, Tb, Ub)
+        jlo, jhi, jend = diag_range(n, Tb, Ub)
         un = np.uint64(n)
-        rp = (un - _U1) * uC  # anti-diagonal n - 1 (blank and label sources)
+        rp = (un - U1) * uC  # anti-diagonal n - 1 (blank and label sources)
         rq = un * uC
         if N == 0:
             for j in range(jlo, jend):
                 v0 = A[rp + j] + L[rp + j]  # blank from (t - 1, u): needs t >= 1
-                v0 = v0 if j <= un else _NEG_INF
-                v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]  # label from (t, u-1)
-                v1 = v1 if j >= _U2 else _NEG_INF
+                v0 = v0 if j <= un else NEG_INF
+                v1 = A[rp + j - U1] + L[uD + rp + j - U1]  # label from (t, u-1)
+                v1 = v1 if j >= U2 else NEG_INF
                 hi = v0 if v0 > v1 else v1
-                ok = hi > _NEG_INF
+                ok = hi > NEG_INF
                 lo = v1 if v0 > v1 else v0
                 # LSE = hi + log(1 + e); no call under a condition (LLVM would
                 # not if-convert it, and the loop would not vectorise)
-                e = exp64(lo - hi if ok else _NEG_INF)
+                e = exp64(lo - hi if ok else NEG_INF)
                 s = 1.0 + e
                 a_new[j] = hi + log64(s)  # -inf when hi is
                 q_hi = 1.0 / s
@@ -345,9 +323,9 @@ def _alpha_sweep(
             continue
         for j in range(jlo, jend):
             v0 = A[rp + j] + L[rp + j]
-            v0 = v0 if j <= un else _NEG_INF
-            v1 = A[rp + j - _U1] + L[uD + rp + j - _U1]
-            v1 = v1 if j >= _U2 else _NEG_INF
+            v0 = v0 if j <= un else NEG_INF
+            v1 = A[rp + j - U1] + L[uD + rp + j - U1]
+            v1 = v1 if j >= U2 else NEG_INF
             v_blank[j] = v0
             v_label[j] = v1
             mx[j] = v0 if v0 > v1 else v1
@@ -356,18 +334,18 @@ def _alpha_sweep(
             vo = np.uint64(i) * uC
             if n < d:
                 for j in range(jlo, jend):
-                    v_big[vo + j] = _NEG_INF
+                    v_big[vo + j] = NEG_INF
                 continue
             rs = np.uint64(n - d) * uC  # big blank from (t - d, u): needs t >= d
             rg = np.uint64(2 + i) * uD + rs
             lim = np.uint64(n - d + 1)
             for j in range(jlo, jend):
                 v = A[rs + j] + L[rg + j]
-                v = v if j <= lim else _NEG_INF
+                v = v if j <= lim else NEG_INF
                 v_big[vo + j] = v
                 mx[j] = v if v > mx[j] else mx[j]
         for j in range(jlo, jend):
-            m = mx[j] if mx[j] > _NEG_INF else 0.0
+            m = mx[j] if mx[j] > NEG_INF else 0.0
             mx[j] = m
             e0 = exp64(v_blank[j] - m)
             e1 = exp64(v_label[j] - m)
@@ -409,8 +387,8 @@ def _log_p(A, L, durations, Tb, Ub, nd, uD, uC):
         if Tb >= d:
             r = np.uint64(nd - d) * uC + jl
             m = max(m, A[r] + L[np.uint64(2 + i) * uD + r])
-    if m == _NEG_INF:
-        return _NEG_INF
+    if m == NEG_INF:
+        return NEG_INF
     s = math.exp(v_end - m)
     for i in range(N):
         d = durations[i]
@@ -445,9 +423,9 @@ def _gamma_sweep(G, L, Q, A, mx, durations, Tb, Ub, nd, uD, uDQ, uC, lP):
         Q[np.uint64(2 + i) * uDQ + r_fin] = q
     G[r_fin] = 1.0
     for n in range(nd - 1, -1, -1):
-        jlo, jhi, jend = _diag_range(n, Tb, Ub)
+        jlo, jhi, jend = diag_range(n, Tb, Ub)
         un = np.uint64(n)
-        rn = (un + _U1) * uC  # anti-diagonal n + 1: blank and label destinations
+        rn = (un + U1) * uC  # anti-diagonal n + 1: blank and label destinations
         rc = un * uC
         for j in range(jlo, jend):
             g = G[rn + j]  # blank -> (t + 1, u)
@@ -455,8 +433,8 @@ def _gamma_sweep(G, L, Q, A, mx, durations, Tb, Ub, nd, uD, uDQ, uC, lP):
             w = w if g > 0.0 else 0.0
             L[rc + j] = w
             gam = w
-            g = G[rn + j + _U1]  # label -> (t, u + 1)
-            w = g * Q[uDQ + rn + j + _U1]
+            g = G[rn + j + U1]  # label -> (t, u + 1)
+            w = g * Q[uDQ + rn + j + U1]
             w = w if g > 0.0 else 0.0
             L[uD + rc + j] = w
             mx[j] = gam + w
@@ -476,7 +454,7 @@ def _gamma_sweep(G, L, Q, A, mx, durations, Tb, Ub, nd, uD, uDQ, uC, lP):
             G[rc + j] = mx[j]
 
 
-@njit(**_OPTS)
+@njit(**KERNEL_OPTS)
 def _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC):
     """Slots 0 .. K - 1 of utterance b's valid rows (row-major, K1 slots per node, from
     ``STf[sb:]``) to the K anti-diagonal planes of ``L`` (exact ranges: the loads
@@ -487,25 +465,25 @@ def _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC):
     step = np.uint64((U - 1) * K1)
     if K > 2:  # big blanks: a node's K slots at once (contiguous loads)
         for n in range(Tb + Ub - 1):
-            jlo, jhi, jend = _diag_range(n, Tb, Ub)
+            jlo, jhi, jend = diag_range(n, Tb, Ub)
             # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
             src = sb + np.uint64(n * U) * np.uint64(K1) + step  # j = 0
             dst = np.uint64(n) * uC
-            for j in range(jlo, jhi + _U1):
+            for j in range(jlo, jhi + U1):
                 r = src - j * step
                 for k in range(K):
                     L[np.uint64(k) * uD + dst + j] = STf[r + np.uint64(k)]
         return
     for k in range(K):  # one plane at a time (vectorised strided loads)
         for n in range(Tb + Ub - 1):
-            jlo, jhi, jend = _diag_range(n, Tb, Ub)
+            jlo, jhi, jend = diag_range(n, Tb, Ub)
             src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)  # j = 0
             dst = np.uint64(k) * uD + np.uint64(n) * uC
-            for j in range(jlo, jhi + _U1):
+            for j in range(jlo, jhi + U1):
                 L[dst + j] = STf[src - j * step]
 
 
-@njit(**_OPTS)
+@njit(**KERNEL_OPTS)
 def _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1):
     """The occupancies in ``L`` back to utterance b's row-major rows (slot k < K), and
     the softmax coefficient (gamma + lambda W_label) / S in slot K, which still holds
@@ -514,7 +492,7 @@ def _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1):
     K = K1 - 1
     for t in range(Tb):
         dst = sb + np.uint64(t * U) * uK1
-        cell = np.uint64(t) * uC + _U1  # node (t, 0); (t, u) is u (C + 1) further
+        cell = np.uint64(t) * uC + U1  # node (t, 0); (t, u) is u (C + 1) further
         for u in range(Ub):
             gam = 0.0
             for k in range(K):
@@ -522,12 +500,12 @@ def _diagonals_to_rows(L, uD, uC, Tb, Ub, fastemit_lambda, STf, sb, U, K1):
                 STf[dst + np.uint64(k)] = w
                 gam += w
             coef = gam + fastemit_lambda * L[uD + cell]
-            STf[dst + uK1 - _U1] = coef * STf[dst + uK1 - _U1]
+            STf[dst + uK1 - U1] = coef * STf[dst + uK1 - U1]
             dst += uK1
-            cell += uC + _U1
+            cell += uC + U1
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **KERNEL_OPTS)
 def rows_backward(
     labels,
     act_lens,
@@ -557,9 +535,9 @@ def rows_backward(
     uK1 = np.uint64(K1)
     lam1 = 1.0 + fastemit_lambda
     total = B * T
-    nch = min(total, _CHUNKS)
+    nch = min(total, CHUNKS)
     for ch in prange(nch):
-        lo, hi = _chunk(ch, nch, total)
+        lo, hi = chunk(ch, nch, total)
         # the symbols' exps are read before the row is scaled and written after it: a
         # scalar load right after the vector stores to the same line would stall
         keep = np.empty(max(N, 1), np.float64)
@@ -580,12 +558,12 @@ def rows_backward(
             p = np.uint64(bt) * uU * uK1
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uV
-                c = STf[p + uK1 - _U1] * f
+                c = STf[p + uK1 - U1] * f
                 kb = r0 + np.uint64(blank)
                 g_blank = gf[kb] * c - STf[p] * f
                 has_label = u < Ub - 1
                 kl = r0 + np.uint64(labels[b, u]) if has_label else kb
-                g_label = gf[kl] * c - lam1 * STf[p + _U1] * f
+                g_label = gf[kl] * c - lam1 * STf[p + U1] * f
                 for i in range(N):
                     keep[i] = (
                         gf[r0 + np.uint64(big_ids[i])] * c

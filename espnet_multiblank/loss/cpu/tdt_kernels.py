@@ -44,16 +44,17 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from espnet_multiblank.loss.cpu.kernels import (
-    _CHUNKS,
-    _LANES,
-    _MIN_ROW_SUM,
-    _OPTS,
-    _U0,
-    _U1,
+from espnet_multiblank.loss.cpu.common import (
+    CHUNKS,
     FRAME_WIDE_BELOW_V,
-    _chunk,
-    _diag_range,
+    KERNEL_OPTS,
+    LANES,
+    MIN_ROW_SUM,
+    NEG_INF,
+    U0,
+    U1,
+    chunk,
+    diag_range,
 )
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
@@ -69,24 +70,22 @@ from espnet_multiblank.loss.cpu.row_ops import (
     zero_range,
 )
 
-_NEG_INF = -np.inf
 
-
-@njit(**_OPTS)
+@njit(**KERNEL_OPTS)
 def _part_exps(xf, lo, hi, c, out, o0):
     """(sum of exps, shift) of x[lo:hi] written to out[o0:]: with shift ``c`` unless
-    the sum falls below _MIN_ROW_SUM, then with the part's own maximum (sum 0 when the
+    the sum falls below MIN_ROW_SUM, then with the part's own maximum (sum 0 when the
     part holds only -inf)."""
     s = exp_sum(xf, lo, hi, c, out, o0)
-    if s >= _MIN_ROW_SUM:
+    if s >= MIN_ROW_SUM:
         return s, c
     m, _ = max_and_check(xf, lo, hi)
-    if m == _NEG_INF:
+    if m == NEG_INF:
         return 0.0, m
     return exp_sum(xf, lo, hi, m, out, o0), m
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **KERNEL_OPTS)
 def tdt_rows_forward(
     acts, labels, act_lens, label_lens, blank, V, sigma, store, exps, ST, bad
 ):
@@ -111,17 +110,17 @@ def tdt_rows_forward(
     uK1 = np.uint64(K1)
     uDs = np.uint64(D + 2)
     total = B * T
-    nch = min(total, _CHUNKS)
+    nch = min(total, CHUNKS)
     frame_wide = VD < FRAME_WIDE_BELOW_V
     for ch in prange(nch):
-        lo, hi = _chunk(ch, nch, total)
+        lo, hi = chunk(ch, nch, total)
         scratch = np.empty(1 if store else U * VD, acts.dtype)
-        sums = np.ones(U + _LANES)
-        shifts = np.zeros(U + _LANES)
-        dsums = np.ones(U + _LANES)
-        dshifts = np.zeros(U + _LANES)
-        inv = np.empty(U + _LANES)
-        dinv = np.empty(U + _LANES)
+        sums = np.ones(U + LANES)
+        shifts = np.zeros(U + LANES)
+        dsums = np.ones(U + LANES)
+        dshifts = np.zeros(U + LANES)
+        inv = np.empty(U + LANES)
+        dinv = np.empty(U + LANES)
         dbuf = np.empty(U * D, acts.dtype)
         ebuf = np.empty(U * D, acts.dtype)
         for bt in range(lo, hi):
@@ -129,7 +128,7 @@ def tdt_rows_forward(
             t = bt - b * T
             Tb = act_lens[b]
             Ub = label_lens[b] + 1
-            f0 = np.uint64(bt) * uU * uVD
+            f0 = np.uint64(bt) * uU * uVD  # frame start
             f1 = f0 + uU * uVD
             if t >= Tb:
                 if store:
@@ -142,9 +141,9 @@ def tdt_rows_forward(
                 o0 = f0
             else:
                 out = scratch
-                o0 = np.uint64(0)
+                o0 = U0
             c, isbad = max_and_check(xf, f0, fe)
-            if isbad or c == _NEG_INF:
+            if isbad or c == NEG_INF:
                 bad[b] = 1
                 continue
             if frame_wide:  # all exps of the frame in one loop (see kernels.py)
@@ -157,7 +156,7 @@ def tdt_rows_forward(
                     r0 = f0 + np.uint64(u) * uVD + uV
                     for j in range(D):
                         dbuf[u * D + j] = xf[r0 + np.uint64(j)]
-                exp_sum(dbuf, _U0, np.uint64(Ub * D), c, ebuf, _U0)
+                exp_sum(dbuf, U0, np.uint64(Ub * D), c, ebuf, U0)
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uVD
                 q0 = o0 + np.uint64(u) * uVD
@@ -166,7 +165,7 @@ def tdt_rows_forward(
                 else:
                     s = exp_sum(xf, r0, r0 + uV, c, out, q0)
                 sh = c
-                if s < _MIN_ROW_SUM:
+                if s < MIN_ROW_SUM:
                     s, sh = _part_exps(xf, r0, r0 + uV, c, out, q0)
                 ds = 0.0
                 for j in range(D):
@@ -177,7 +176,7 @@ def tdt_rows_forward(
                         out[q0 + uV + np.uint64(j)] = e
                     ds += e
                 dsh = c
-                if ds < _MIN_ROW_SUM:
+                if ds < MIN_ROW_SUM:
                     ds, dsh = _part_exps(xf, r0 + uV, r0 + uVD, c, out, q0 + uV)
                 if s == 0.0 or ds == 0.0:
                     bad[b] = 1
@@ -188,7 +187,7 @@ def tdt_rows_forward(
                 dshifts[u] = dsh
             if bad[b]:
                 continue
-            for u in range(((Ub + _LANES - 1) // _LANES) * _LANES):  # vectorised
+            for u in range(((Ub + LANES - 1) // LANES) * LANES):  # vectorised
                 inv[u] = 1.0 / sums[u]
                 sums[u] = shifts[u] + log64(sums[u]) + sigma
                 dinv[u] = 1.0 / dsums[u]
@@ -199,20 +198,20 @@ def tdt_rows_forward(
                 d = sums[u]
                 STf[p] = np.float64(xf[r0 + np.uint64(blank)]) - d
                 if u < Ub - 1:
-                    STf[p + _U1] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
+                    STf[p + U1] = np.float64(xf[r0 + np.uint64(labels[b, u])]) - d
                 else:
-                    STf[p + _U1] = _NEG_INF
+                    STf[p + U1] = NEG_INF
                 dd = dsums[u]
                 for j in range(D):
                     STf[p + np.uint64(2 + j)] = (
                         np.float64(xf[r0 + uV + np.uint64(j)]) - dd
                     )
                 STf[p + uDs] = inv[u]
-                STf[p + uDs + _U1] = dinv[u]
+                STf[p + uDs + U1] = dinv[u]
                 p += uK1
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **KERNEL_OPTS)
 def tdt_lattice(
     ST, act_lens, label_lens, durations, fastemit_lambda, need_grad, groups, lp
 ):
@@ -256,12 +255,12 @@ def tdt_lattice(
             Tb = act_lens[b]
             Ub = label_lens[b] + 1
             if Tb == 0:
-                lp[b] = 0.0 if Ub == 1 else _NEG_INF
+                lp[b] = 0.0 if Ub == 1 else NEG_INF
             else:
                 nmax = max(nmax, Tb + Ub - 1)
         if nmax == 0:
             continue
-        W = ((nb * C + 2 + _LANES - 1) // _LANES) * _LANES
+        W = ((nb * C + 2 + LANES - 1) // LANES) * LANES
         cend = np.uint64(W)
         uW = np.uint64(W)
         nq = nmax + dmax + 2  # anti-diagonals of Q and H (destinations beyond nmax)
@@ -338,8 +337,8 @@ def _tdt_alpha_sweep(A, R, L, Q, mx, acc, lo, hi, durations, nmax, cend, uW, uP,
     for n in range(1, nmax + 1):
         fn = np.float64(n)
         rq = np.uint64(n) * uW
-        for c in range(_U0, cend):
-            mx[c] = _NEG_INF
+        for c in range(U0, cend):
+            mx[c] = NEG_INF
         for k in range(D):
             e = durations[k]
             rd = np.uint64(2 + k) * uP
@@ -347,40 +346,40 @@ def _tdt_alpha_sweep(A, R, L, Q, mx, acc, lo, hi, durations, nmax, cend, uW, uP,
                 rs = np.uint64(n - e) * uW
                 qb = np.uint64(k) * uPQ + rq
                 fs = np.float64(n - e)
-                for c in range(_U0, cend):
+                for c in range(U0, cend):
                     v = A[rs + c] + L[rs + c] + L[rd + rs + c]
-                    v = v if fs >= lo[c] else _NEG_INF
+                    v = v if fs >= lo[c] else NEG_INF
                     Q[qb + c] = v
                     mx[c] = v if v > mx[c] else mx[c]
             if n >= e + 1:  # label from (t - e, u - 1); never into the end
-                rs = np.uint64(n - e - 1) * uW - _U1
+                rs = np.uint64(n - e - 1) * uW - U1
                 ql = np.uint64(D + k) * uPQ + rq
                 fs = np.float64(n - e)
-                for c in range(_U1, cend):
+                for c in range(U1, cend):
                     v = A[rs + c] + L[uP + rs + c] + L[rd + rs + c]
                     ok = (lo[c] >= 1.0) & (fs >= lo[c]) & (fn <= hi[c])
-                    v = v if ok else _NEG_INF
+                    v = v if ok else NEG_INF
                     Q[ql + c] = v
                     mx[c] = v if v > mx[c] else mx[c]
-        for c in range(_U0, cend):
+        for c in range(U0, cend):
             m = mx[c]
-            mx[c] = m if m > _NEG_INF else 0.0
+            mx[c] = m if m > NEG_INF else 0.0
             acc[c] = 0.0
         for k in range(D):
             e = durations[k]
             if e >= 1 and n >= e:
                 qb = np.uint64(k) * uPQ + rq
-                for c in range(_U0, cend):
+                for c in range(U0, cend):
                     x = exp64(Q[qb + c] - mx[c])
                     Q[qb + c] = x
                     acc[c] += x
             if n >= e + 1:
                 ql = np.uint64(D + k) * uPQ + rq
-                for c in range(_U1, cend):
+                for c in range(U1, cend):
                     x = exp64(Q[ql + c] - mx[c])
                     Q[ql + c] = x
                     acc[c] += x
-        for c in range(_U0, cend):
+        for c in range(U0, cend):
             s = acc[c]
             A[rq + c] = mx[c] + log64(s)  # -inf when s = 0
             r = 1.0 / s
@@ -401,18 +400,18 @@ def _tdt_gamma_sweep(
         fn = np.float64(n)
         un = np.uint64(n)
         rc = un * uW
-        for c in range(_U0, cend):
+        for c in range(U0, cend):
             mx[c] = 0.0  # W_blank
             wl[c] = 0.0  # W_label
         for k in range(D):
             e = np.uint64(durations[k])
             rw = np.uint64(2 + k) * uP + rc
-            rl = (un + e + _U1) * uW + _U1  # label -> (t + e, u + 1)
+            rl = (un + e + U1) * uW + U1  # label -> (t + e, u + 1)
             ql = np.uint64(D + k) * uPQ + rl
-            if e >= _U1:
+            if e >= U1:
                 rb = (un + e) * uW  # blank -> (t + e, u)
                 qb = np.uint64(k) * uPQ + rb
-                for c in range(_U0, cend - _U1):
+                for c in range(U0, cend - U1):
                     h = H[rb + c]
                     w = h * Q[qb + c]
                     w = w if h > 0.0 else 0.0
@@ -423,13 +422,13 @@ def _tdt_gamma_sweep(
                     mx[c] += w
                     wl[c] += w2
             else:
-                for c in range(_U0, cend - _U1):
+                for c in range(U0, cend - U1):
                     h2 = H[rl + c]
                     w2 = h2 * Q[ql + c]
                     w2 = w2 if h2 > 0.0 else 0.0
                     L[rw + c] = w2
                     wl[c] += w2
-        for c in range(_U0, cend - _U1):
+        for c in range(U0, cend - U1):
             gam = mx[c] + wl[c]
             ok = (fn >= lo[c]) & (fn <= hi[c])
             g = gam if ok else 0.0
@@ -468,22 +467,22 @@ def _tdt_group_to_rows(
         )
 
 
-@njit(**_OPTS)
+@njit(**KERNEL_OPTS)
 def _tdt_rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uP, uW, c0):
     """Slots 0 .. K - 1 of an utterance's valid rows (row-major, from ``STf[sb:]``) to
     the K planes of ``L``, columns c0 + j (strided loads, contiguous stores)."""
     step = np.uint64((U - 1) * K1)
     for k in range(K):
         for n in range(Tb + Ub - 1):
-            jlo, jhi, _ = _diag_range(n, Tb, Ub)
+            jlo, jhi, _ = diag_range(n, Tb, Ub)
             # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
             src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)
             dst = np.uint64(k) * uP + np.uint64(n) * uW + np.uint64(c0)
-            for j in range(jlo, jhi + _U1):
+            for j in range(jlo, jhi + U1):
                 L[dst + j] = STf[src - j * step]
 
 
-@njit(**_OPTS)
+@njit(**KERNEL_OPTS)
 def _tdt_diagonals_to_rows(L, uP, uW, c0, Tb, Ub, D, fastemit_lambda, STf, sb, U, K1):
     """The occupancies in ``L`` (columns c0 + j) back to an utterance's row-major rows
     (slots 0 .. D + 1) and the two softmax coefficients (slots D + 2, D + 3, which
@@ -492,7 +491,7 @@ def _tdt_diagonals_to_rows(L, uP, uW, c0, Tb, Ub, D, fastemit_lambda, STf, sb, U
     uDs = np.uint64(D + 2)
     for t in range(Tb):
         dst = sb + np.uint64(t * U) * uK1
-        cell = np.uint64(t) * uW + c0 + _U1  # node (t, 0); (t, u) is u (W + 1) further
+        cell = np.uint64(t) * uW + c0 + U1  # node (t, 0); (t, u) is u (W + 1) further
         for u in range(Ub):
             for k in range(D + 2):
                 STf[dst + np.uint64(k)] = L[np.uint64(k) * uP + cell]
@@ -500,12 +499,12 @@ def _tdt_diagonals_to_rows(L, uP, uW, c0, Tb, Ub, D, fastemit_lambda, STf, sb, U
             w_label = L[uP + cell]
             gam = w_blank + w_label
             STf[dst + uDs] = (gam + fastemit_lambda * w_label) * STf[dst + uDs]
-            STf[dst + uDs + _U1] = gam * STf[dst + uDs + _U1]
+            STf[dst + uDs + U1] = gam * STf[dst + uDs + U1]
             dst += uK1
-            cell += uW + _U1
+            cell += uW + U1
 
 
-@njit(parallel=True, **_OPTS)
+@njit(parallel=True, **KERNEL_OPTS)
 def tdt_rows_backward(
     labels,
     act_lens,
@@ -537,9 +536,9 @@ def tdt_rows_backward(
     uDs = np.uint64(D + 2)
     lam1 = 1.0 + fastemit_lambda
     total = B * T
-    nch = min(total, _CHUNKS)
+    nch = min(total, CHUNKS)
     for ch in prange(nch):
-        lo, hi = _chunk(ch, nch, total)
+        lo, hi = chunk(ch, nch, total)
         for bt in range(lo, hi):
             b = bt // T
             t = bt - b * T
@@ -558,12 +557,12 @@ def tdt_rows_backward(
             for u in range(Ub):
                 r0 = f0 + np.uint64(u) * uVD
                 c = STf[p + uDs] * f
-                cd = STf[p + uDs + _U1] * f
+                cd = STf[p + uDs + U1] * f
                 kb = r0 + np.uint64(blank)
                 g_blank = gf[kb] * c - STf[p] * f
                 has_label = u < Ub - 1
                 kl = r0 + np.uint64(labels[b, u]) if has_label else kb
-                g_label = gf[kl] * c - lam1 * STf[p + _U1] * f
+                g_label = gf[kl] * c - lam1 * STf[p + U1] * f
                 scale_flush_range(gf, r0, r0 + uV, c, lim)
                 gf[kb] = flushed(g_blank, gf, lim)
                 if has_label:

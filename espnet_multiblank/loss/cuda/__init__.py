@@ -26,7 +26,10 @@ logits (B, T, U, V + D)) offers the autograd Function's two contracts
   ``(costs (B,) float64 numpy, pending)`` and ``compute.finish(pending.tensors(),
   opts, factors (B,) float64 numpy)`` -> the gradient, written into the one
   logits-sized buffer that ``begin`` allocated, with the factors (reduction weight
-  times incoming gradient) folded in by the gradient kernel itself.
+  times incoming gradient) folded in by the gradient kernel itself;
+* ``compute.lattice(opts, rows, act_lens, label_lens, need_grad)`` -> ``log_p``: the
+  lattice stage alone on rows a caller extracted (``espnet_multiblank.loss.rows``;
+  ``espnet_multiblank.loss.stages.run_lattice`` on CUDA tensors).
 
 ``compute.begin_dtypes``: the logits dtypes both read directly (float64, float32,
 float16, bfloat16; no float32 copy of half-precision logits is ever made).
@@ -52,6 +55,7 @@ class LazyCudaDriver:
     ``launch.py`` imported on first use; same contracts."""
 
     begin_dtypes = DTYPES
+    device_type = "cuda"
 
     def __init__(self, name: str):
         self.name = name
@@ -81,6 +85,9 @@ class LazyCudaDriver:
 
     def finish(self, tensors, opts, factors):
         return self.driver().finish(tensors, opts, factors)
+
+    def lattice(self, opts, rows, act_lens, label_lens, need_grad):
+        return self.driver().lattice(opts, rows, act_lens, label_lens, need_grad)
 
 
 compute = LazyCudaDriver("compute")

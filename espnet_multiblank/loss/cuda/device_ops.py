@@ -116,6 +116,45 @@ def make_io(storage: str):
 
 
 @cuda.jit(device=True, inline=True)
+def row_node(row, T, U, act_lens, label_lens):
+    """The lattice node of row ``row = (b T + t) U + u`` of a row kernel's (B, T, U)
+    grid (row < B T U): ``(b, t, u, U_b, valid)``, U_b = label_lens[b] + 1, valid =
+    ``t < act_lens[b] and u < U_b`` (a row of the lattice, not padding)."""
+    u = row % U
+    bt = row // U
+    t = bt % T
+    b = bt // T
+    Ub = label_lens[b] + 1
+    return b, t, u, Ub, (t < act_lens[b]) & (u < Ub)
+
+
+@cuda.jit(device=True, inline=True)
+def fill_row(out, b, t, u, n, lane, team, value):
+    """``out[b, t, u, :n] = value``, the ``team`` threads of the row striding."""
+    k = lane
+    while k < n:
+        out[b, t, u, k] = value
+        k += team
+
+
+def make_step_loads(load, CT):
+    """Device function ``step_loads(acts, labels, b, t, u, Ub, blank) -> (x_blank,
+    x_label)``: the logits of the blank and of the label y_u of a row (-inf on the
+    last row, u = U_b - 1: no label left), in CT. Row kernels issue these loads
+    before their row loop, so that their latency overlaps it."""
+
+    @cuda.jit(device=True, inline=True)
+    def step_loads(acts, labels, b, t, u, Ub, blank):
+        x_blank = load(acts[b, t, u, blank])
+        x_label = CT(NEG_INF)
+        if u < Ub - 1:
+            x_label = load(acts[b, t, u, labels[b, u]])
+        return x_blank, x_label
+
+    return step_loads
+
+
+@cuda.jit(device=True, inline=True)
 def nan_max(a, b):
     """max(a, b) that returns NaN when either is NaN (so a NaN logit can never be
     dropped by a max and is always seen by the NaN checks)."""

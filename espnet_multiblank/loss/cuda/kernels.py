@@ -98,11 +98,14 @@ from espnet_multiblank.loss.cuda.device_ops import (
     NEG_INF,
     POS_INF,
     compute_type,
+    fill_row,
     log_add,
     log_sum_exp,
     make_io,
     make_row_lse,
+    make_step_loads,
     row_denominator,
+    row_node,
     split_hi_lo,
 )
 
@@ -131,13 +134,18 @@ def get_kernels(storage: str, lattice: MultiblankLattice, row_cfg):
     key += (team, block, unroll)
     if key not in _KERNEL_CACHE:
         row_stats, grad = _make_row_kernels(*key)
-        # The two DP kernels depend only on the durations (numba specialises them on
-        # the costs' dtype by itself): compiled once, shared by every row layout.
-        dp_key = ("dp", lattice.big_blank_durations)
-        if dp_key not in _KERNEL_CACHE:
-            _KERNEL_CACHE[dp_key] = _make_dp_kernels(lattice.big_blank_durations)
-        alpha_beta, weights = _KERNEL_CACHE[dp_key]
+        alpha_beta, weights = get_dp_kernels(lattice)
         _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
+    return _KERNEL_CACHE[key]
+
+
+def get_dp_kernels(lattice):
+    """The two lattice kernels (alpha_beta, weights) of ``lattice``: they depend
+    only on the durations (numba specialises them on the costs' dtype by itself), so
+    they are compiled once and shared by every storage kind and row layout."""
+    key = ("dp", lattice.big_blank_durations)
+    if key not in _KERNEL_CACHE:
+        _KERNEL_CACHE[key] = _make_dp_kernels(lattice.big_blank_durations)
     return _KERNEL_CACHE[key]
 
 
@@ -147,6 +155,7 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
     CT = compute_type(storage)
     load, store = make_io(storage)
     row_lse = make_row_lse(load, CT, team, unroll)
+    step_loads = make_step_loads(load, CT)
     N = len(durations)
     NB1 = max(N, 1)  # local array sizes must be >= 1
     BIG = tuple(int(k) for k in big_ids) + (0,)  # (0,): never empty (typing BIG[i])
@@ -187,12 +196,7 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
         Ub = 1
         active = False
         if row < acts.shape[0] * T * U:
-            u = row % U
-            bt = row // U
-            t = bt % T
-            b = bt // T
-            Ub = label_lens[b] + 1
-            active = t < act_lens[b] and u < Ub
+            b, t, u, Ub, active = row_node(row, T, U, act_lens, label_lens)
         # lane 0 fetches the N + 2 logits the lattice needs now: in flight during
         # the row loop instead of after it
         lead = active and lane == 0
@@ -200,9 +204,7 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
         x_label = CT(NEG_INF)
         xbig = cuda.local.array(NB1, CT)
         if lead:
-            x_blank = load(acts[b, t, u, blank])
-            if u < Ub - 1:
-                x_label = load(acts[b, t, u, labels[b, u]])
+            x_blank, x_label = step_loads(acts, labels, b, t, u, Ub, blank)
             for i in range(N):
                 xbig[i] = load(acts[b, t, u, BIG[i]])
         m, s = row_lse(acts, b, t, u, V, lane, active, sm_m, sm_s, tid)
@@ -252,18 +254,9 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
         row = cuda.blockIdx.x * RPB + tid // TS
         if row >= acts.shape[0] * T * U:
             return
-        u = row % U
-        bt = row // U
-        t = bt % T
-        b = bt // T
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        if t >= Tb or u >= Ub or not (abs(logp[b]) < POS_INF):
-            zero = store(CT(0.0))
-            k = lane
-            while k < V:
-                grads[b, t, u, k] = zero
-                k += TS
+        b, t, u, Ub, valid = row_node(row, T, U, act_lens, label_lens)
+        if not (valid and abs(logp[b]) < POS_INF):
+            fill_row(grads, b, t, u, V, lane, TS, store(CT(0.0)))
             return
         w_blank = wts[b, t, u, 0]
         w_label = wts[b, t, u, 1]

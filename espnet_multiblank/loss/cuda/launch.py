@@ -19,7 +19,12 @@ Two contracts (see ``espnet_multiblank.loss.function``):
   is needed; one host synchronisation, to hand the costs over as numpy) and
   ``finish`` (kernel 4, in the autograd backward, with the per-utterance factors
   = reduction weight x incoming gradient folded in), so that any incoming gradient
-  costs no more than the one logits-sized gradient buffer.
+  costs no more than the one logits-sized gradient buffer;
+
+and the lattice stage alone (kernels 2 and 3) on rows a caller extracted itself
+(``lattice``: ``espnet_multiblank.loss.stages.run_lattice`` on CUDA rows, the fused
+joint + loss), launched by the same code as in ``begin`` / ``compute``
+(:meth:`CudaKernelDriver._launch_lattice`).
 
 Memory (per (b, t, u) row; the logits themselves are the caller's): the gradient
 buffer, the size and dtype of the logits, allocated by ``begin`` / ``compute`` when the
@@ -49,8 +54,9 @@ except ImportError:  # pragma: no cover - older numba-cuda / numba's built-in cu
     _CudaPerfWarning = NumbaPerformanceWarning
 
 from espnet_multiblank.loss.cuda.device_ops import SIMULATOR
-from espnet_multiblank.loss.cuda.kernels import get_kernels
-from espnet_multiblank.loss.cuda.tdt_kernels import get_tdt_kernels
+from espnet_multiblank.loss.cuda.kernels import get_dp_kernels, get_kernels
+from espnet_multiblank.loss.cuda.tdt_kernels import get_tdt_dp_kernels, get_tdt_kernels
+from espnet_multiblank.loss.rows import fill_coefficients, multiblank_rows, tdt_rows
 
 #: logits dtypes the kernels read directly
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -230,22 +236,67 @@ class CudaKernelDriver:
     """One loss's four CUDA kernels behind both contracts; calling it is ``compute``.
 
     A kernel family (``get_kernels(storage, lattice, row_config) -> (row_stats,
-    alpha_beta, weights, grad)``; the multi-blank and the TDT family share the
-    calling convention) differs only in:
+    alpha_beta, weights, grad)`` and ``get_dp_kernels(lattice) -> (alpha_beta,
+    weights)``; the multi-blank and the TDT family share the calling convention)
+    differs only in:
 
-    * ``denom_tail``: per-row shape of ``denom`` (() for one log-sum-exp, (2,) for
-      TDT's token and duration parts); ``weights_width(opts)``: transitions per node;
-    * ``num_tokens(opts, width)``: the logits a row kernel reduces (V of V + D);
+    * ``layout(opts)``: its rows (``espnet_multiblank.loss.rows``): the transitions
+      per node (``lpw``'s width), the logits a row kernel reduces (V of V + D) and
+      the softmax parts of a row (``denom`` holds one log-sum-exp per part, (B, T, U)
+      for one part, (B, T, U, 2) for a TDT's token and duration parts);
     * ``tdt``: the TDT kernels also take V after ``blank`` and a (B,) int32 flag of
       bad rows (row_stats sets it, alpha_beta reads it).
     """
 
-    def __init__(self, get_kernels, denom_tail, weights_width, num_tokens, tdt):
+    #: the kernels run on a GPU (on the host in the simulator)
+    device_type = "cuda"
+
+    def __init__(self, get_kernels, get_dp_kernels, layout, tdt):
         self.get_kernels = get_kernels
-        self.denom_tail = tuple(denom_tail)
-        self.weights_width = weights_width
-        self.num_tokens = num_tokens
+        self.get_dp_kernels = get_dp_kernels
+        self.layout = layout
         self.tdt = tdt
+
+    @staticmethod
+    def _no_frames(label_lens, logp, costs, fastemit_lambda) -> None:
+        """Every T_b = 0: the empty path (cost 0) or impossible (+inf)."""
+        lp0 = torch.where(label_lens == 0, 0.0, float("-inf")).to(logp)
+        logp.copy_(lp0)
+        costs.copy_(-(1.0 + fastemit_lambda) * lp0 + 0.0)
+
+    def _launch_lattice(
+        self, cfg, opts, lpw, act_lens, label_lens, flags, need_grad, work
+    ) -> None:
+        """Kernels 2 and 3 (3 only when need_grad) on ``lpw`` (B, T, U, >= num
+        steps) float64, in a launch body of :func:`run_on_stream`: ``work`` =
+        ``(alphas, betas, logp, costs)`` tensors; ``flags``: the TDT kernels' bad
+        rows (as kernel arrays) or ()."""
+        B, T, U = lpw.shape[:3]
+        alpha_beta, weights_k = self.get_dp_kernels(opts.lattice)
+        alphas, betas, logp, costs = (kernel_array(x) for x in work)
+        do_beta = 1 if need_grad else 0
+        cfg(alpha_beta, (B, 1 + do_beta), diag_threads(T, U))(
+            lpw,
+            act_lens,
+            label_lens,
+            *flags,
+            float(opts.fastemit_lambda),
+            do_beta,
+            alphas,
+            betas,
+            logp,
+            costs,
+        )
+        if need_grad:
+            cfg(weights_k, -(-(B * T * U) // CELL_BLOCK), CELL_BLOCK)(
+                lpw, act_lens, label_lens, alphas, betas, logp
+            )
+
+    def _lattice_work(self, B, T, U, need_grad, costs, ws):
+        """(alphas, betas, logp, costs) workspaces of :meth:`_launch_lattice`."""
+        alphas = torch.empty((B, T, U), **ws)
+        betas = torch.empty((B, T, U) if need_grad else (1, 1, 1), **ws)
+        return alphas, betas, torch.empty((B,), **ws), costs
 
     def forward(self, acts, labels, act_lens, label_lens, opts, need_grad: bool):
         """Kernels 1-3 (3 only when need_grad): ``(costs, pending or None)``, queued
@@ -254,16 +305,19 @@ class CudaKernelDriver:
         check_device(acts)
         acts = acts.detach().contiguous()
         B, T, U, width = acts.shape
-        V = self.num_tokens(opts, width)
+        layout = self.layout(opts)
+        V = layout.num_tokens(width)
         dev = acts.device
         costs = torch.empty((B,), dtype=cost_dtype(acts.dtype), device=dev)
         labels, act_lens, label_lens = prepare_ints(
             labels, act_lens, label_lens, B, dev
         )
         ws = dict(dtype=torch.float64, device=dev)
-        denom = torch.empty((B, T, U) + self.denom_tail, **ws)
-        lpw = torch.empty((B, T, U, self.weights_width(opts)), **ws)
-        logp = torch.empty((B,), **ws)
+        denom_tail = () if layout.num_parts == 1 else (layout.num_parts,)
+        denom = torch.empty((B, T, U) + denom_tail, **ws)
+        lpw = torch.empty((B, T, U, layout.num_steps), **ws)
+        work = self._lattice_work(B, T, U, need_grad, costs, ws) if T else None
+        logp = work[2] if T else torch.empty((B,), **ws)
         pending = None
         if need_grad:
             pending = PendingCudaGradient(
@@ -278,31 +332,22 @@ class CudaKernelDriver:
             )
         if B == 0:
             return costs, pending
-        if T == 0:  # every T_b = 0: the empty path (cost 0) or impossible (+inf)
-            lp0 = torch.where(label_lens == 0, 0.0, float("-inf")).to(**ws)
-            logp.copy_(lp0)
-            costs.copy_(-(1.0 + opts.fastemit_lambda) * lp0 + 0.0)
+        if T == 0:
+            self._no_frames(label_lens, logp, costs, opts.fastemit_lambda)
             return costs, pending
 
-        rows = B * T * U
-        alphas = torch.empty((B, T, U), **ws)
-        betas = torch.empty((B, T, U) if need_grad else (1, 1, 1), **ws)
         cfg_row = row_config(V)
         lattice = opts.lattice
-        row_stats, alpha_beta, weights_k, _ = self.get_kernels(
-            storage_of(acts.dtype), lattice, cfg_row
-        )
+        row_stats = self.get_kernels(storage_of(acts.dtype), lattice, cfg_row)[0]
         k = kernel_array
-        do_beta = 1 if need_grad else 0
         # the TDT kernels take V after the blank and flag bad rows for alpha_beta
         tokens = (V,) if self.tdt else ()
         bad = torch.zeros((B,), dtype=torch.int32, device=dev) if self.tdt else None
-        flags = (k(bad),) if self.tdt else ()
 
         def body(cfg):
+            flags = (k(bad),) if self.tdt else ()
             a_lens, a_llens, a_lpw = k(act_lens), k(label_lens), k(lpw)
-            a_alphas, a_betas, a_logp = k(alphas), k(betas), k(logp)
-            cfg(row_stats, row_grid(rows, cfg_row), cfg_row[1])(
+            cfg(row_stats, row_grid(B * T * U, cfg_row), cfg_row[1])(
                 k(acts),
                 k(labels),
                 a_lens,
@@ -314,32 +359,56 @@ class CudaKernelDriver:
                 a_lpw,
                 *flags,
             )
-            cfg(alpha_beta, (B, 1 + do_beta), diag_threads(T, U))(
-                a_lpw,
-                a_lens,
-                a_llens,
-                *flags,
-                float(opts.fastemit_lambda),
-                do_beta,
-                a_alphas,
-                a_betas,
-                a_logp,
-                k(costs),
+            self._launch_lattice(
+                cfg, opts, a_lpw, a_lens, a_llens, flags, need_grad, work
             )
-            if need_grad:
-                cfg(weights_k, -(-rows // CELL_BLOCK), CELL_BLOCK)(
-                    a_lpw, a_lens, a_llens, a_alphas, a_betas, a_logp
-                )
 
         run_on_stream(dev, body)
         return costs, pending
+
+    def lattice(self, opts, rows, act_lens, label_lens, need_grad: bool):
+        """The lattice stage on rows extracted by the caller (the contract of
+        ``espnet_multiblank.loss.rows``), queued on torch's current stream without
+        a host synchronisation.
+
+        Args:
+            rows: (B, T, U, width) float64 contiguous CUDA tensor (a CPU tensor in
+                the simulator); when ``need_grad``, the valid rows of the possible
+                utterances are overwritten with the occupancies and coefficients.
+            act_lens, label_lens: (B,) int64 tensors on the same device.
+        Returns:
+            log_p: (B,) float64 tensor on the device.
+        """
+        B, T, U, _ = rows.shape
+        ws = dict(dtype=torch.float64, device=rows.device)
+        costs = torch.empty((B,), **ws)
+        if B == 0:
+            return costs
+        if T == 0:
+            log_p = torch.empty((B,), **ws)
+            self._no_frames(label_lens, log_p, costs, opts.fastemit_lambda)
+            return log_p
+        work = self._lattice_work(B, T, U, need_grad, costs, ws)
+        k = kernel_array
+        bad = torch.zeros((B,), dtype=torch.int32, device=rows.device)
+
+        def body(cfg):  # the arrays are made in the device's context
+            flags = (k(bad),) if self.tdt else ()
+            lens = (k(act_lens), k(label_lens))
+            self._launch_lattice(cfg, opts, k(rows), *lens, flags, need_grad, work)
+
+        run_on_stream(rows.device, body)
+        log_p = work[2]
+        if need_grad:
+            fill_coefficients(self.layout(opts), rows, log_p, opts.fastemit_lambda)
+        return log_p
 
     def gradient(self, tensors, opts, factors: torch.Tensor) -> torch.Tensor:
         """Kernel 4 into the pending buffer (returned): ``factors`` (B,) float64
         tensor on the logits' device."""
         buffer, acts, labels, act_lens, label_lens, denom, wts, logp = tensors
         B, T, U, width = acts.shape
-        V = self.num_tokens(opts, width)
+        V = self.layout(opts).num_tokens(width)
         rows = B * T * U
         if rows == 0 or width == 0:
             return buffer
@@ -399,21 +468,9 @@ class CudaKernelDriver:
 
 
 # the multi-blank family: one log-sum-exp per row, N + 2 transitions per node
-compute = CudaKernelDriver(
-    get_kernels,
-    denom_tail=(),
-    weights_width=lambda opts: opts.num_big_blanks + 2,
-    num_tokens=lambda opts, width: width,
-    tdt=False,
-)
+compute = CudaKernelDriver(get_kernels, get_dp_kernels, multiblank_rows, tdt=False)
 
 # the TDT family: token and duration log-sum-exps per row; W_blank, W_label and D
 # duration weights per node; the row kernels reduce the V token logits (the D
 # duration logits follow)
-tdt_compute = CudaKernelDriver(
-    get_tdt_kernels,
-    denom_tail=(2,),
-    weights_width=lambda opts: 2 + opts.lattice.num_durations,
-    num_tokens=lambda opts, width: width - opts.lattice.num_durations,
-    tdt=True,
-)
+tdt_compute = CudaKernelDriver(get_tdt_kernels, get_tdt_dp_kernels, tdt_rows, tdt=True)

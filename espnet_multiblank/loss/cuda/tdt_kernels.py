@@ -72,11 +72,14 @@ from espnet_multiblank.loss.cuda.device_ops import (
     NEG_INF,
     POS_INF,
     compute_type,
+    fill_row,
     log_sum_exp,
     make_io,
     make_row_lse,
+    make_step_loads,
     nan_max,
     row_denominator,
+    row_node,
     split_hi_lo,
 )
 
@@ -100,11 +103,18 @@ def get_tdt_kernels(storage: str, lattice: TDTLattice, row_cfg):
     key = (storage, lattice.durations, team, block, unroll)
     if key not in _KERNEL_CACHE:
         row_stats, grad = _make_row_kernels(*key)
-        dp_key = ("dp", lattice.durations)
-        if dp_key not in _KERNEL_CACHE:
-            _KERNEL_CACHE[dp_key] = _make_dp_kernels(lattice.durations)
-        alpha_beta, weights = _KERNEL_CACHE[dp_key]
+        alpha_beta, weights = get_tdt_dp_kernels(lattice)
         _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
+    return _KERNEL_CACHE[key]
+
+
+def get_tdt_dp_kernels(lattice):
+    """The two lattice kernels (alpha_beta, weights) of ``lattice``: they depend
+    only on the durations (numba specialises them on the costs' dtype by itself), so
+    they are compiled once and shared by every storage kind and row layout."""
+    key = ("dp", lattice.durations)
+    if key not in _KERNEL_CACHE:
+        _KERNEL_CACHE[key] = _make_dp_kernels(lattice.durations)
     return _KERNEL_CACHE[key]
 
 
@@ -114,6 +124,7 @@ def _make_row_kernels(storage, durations, team, block, unroll):
     CT = compute_type(storage)
     load, store = make_io(storage)
     row_lse = make_row_lse(load, CT, team, unroll)
+    step_loads = make_step_loads(load, CT)
     D = len(durations)
     TS = team
     NB = block
@@ -151,20 +162,13 @@ def _make_row_kernels(storage, durations, team, block, unroll):
         Ub = 1
         active = False
         if row < acts.shape[0] * T * U:
-            u = row % U
-            bt = row // U
-            t = bt % T
-            b = bt // T
-            Ub = label_lens[b] + 1
-            active = t < act_lens[b] and u < Ub
+            b, t, u, Ub, active = row_node(row, T, U, act_lens, label_lens)
         lead = active and lane == 0
         x_blank = CT(0.0)
         x_label = CT(NEG_INF)
         xd = cuda.local.array(D, CT)
         if lead:  # in flight during the row loop
-            x_blank = load(acts[b, t, u, blank])
-            if u < Ub - 1:
-                x_label = load(acts[b, t, u, labels[b, u]])
+            x_blank, x_label = step_loads(acts, labels, b, t, u, Ub, blank)
             for j in range(D):
                 xd[j] = load(acts[b, t, u, V + j])
         m, s = row_lse(acts, b, t, u, V, lane, active, sm_m, sm_s, tid)
@@ -224,18 +228,9 @@ def _make_row_kernels(storage, durations, team, block, unroll):
         row = cuda.blockIdx.x * RPB + tid // TS
         if row >= acts.shape[0] * T * U:
             return
-        u = row % U
-        bt = row // U
-        t = bt % T
-        b = bt // T
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        if t >= Tb or u >= Ub or not (abs(logp[b]) < POS_INF):
-            zero = store(CT(0.0))
-            k = lane
-            while k < VD:
-                grads[b, t, u, k] = zero
-                k += TS
+        b, t, u, Ub, valid = row_node(row, T, U, act_lens, label_lens)
+        if not (valid and abs(logp[b]) < POS_INF):
+            fill_row(grads, b, t, u, VD, lane, TS, store(CT(0.0)))
             return
         w_blank = wts[b, t, u, 0]
         w_label = wts[b, t, u, 1]

@@ -1,0 +1,348 @@
+"""This checkout against a reference commit, side by side, in pairs of processes.
+
+    .venv/bin/python bench/compare_commits.py --ref 93a0062              # dense loss
+    .venv/bin/python bench/compare_commits.py --ref main --bench step    # joint + loss
+    .venv/bin/python bench/compare_commits.py --ref HEAD~3 --shapes 16,100,20,64 \\
+        --lattices standard,multiblank --rounds 5 --threads 1
+
+The reference commit is checked out with ``git worktree add --detach`` into a
+temporary folder (removed at the end); this checkout is measured as it is on disk,
+uncommitted changes included. Both run this script's ``--worker`` under the same
+python, each with its own checkout first on ``PYTHONPATH`` (checked: each worker
+reports the package it imported). A *round* runs one worker process per checkout, the
+order alternating from round to round (A B, B A, A B, ...), so that a load change
+on a noisy machine hits both alike; each worker runs every case: a warm-up call, then
+``--reps`` timed calls.
+
+Benches (``--bench``):
+
+* ``loss`` (default): the dense loss, forward + backward w.r.t. float32 logits of
+  shape (B, T, U, V) (TDT: V + 5), reduction "mean", as ``bench/loss_cpu.py`` builds
+  them, timed against one ``torch.log_softmax`` over the same logits in the same
+  process, interleaved call by call: the number reported per round is median(loss) /
+  median(log_softmax) (the yardstick absorbs most of the machine's load);
+* ``step``: one training step of the joint + loss from the joint's inputs, dense
+  (``tanh(enc + pred) @ W^T + b`` then the dense loss) and fused
+  (``fused_transducer_loss``, where the checkout has it), as ``bench/joint_loss.py``
+  builds them; the number per round is the median step time in seconds.
+
+``--clock cpu`` times with the process's CPU time instead of the wall clock: on a
+machine that other processes load, waiting for a core then does not count (the
+caches they share still do).
+
+Output: per case, the number of each round for both checkouts, their medians over the
+rounds, and two ratios this / reference: of the medians, and the median of the
+per-round ratios (each round's pair measured back to back). Below 1: this checkout is
+faster. ``--out`` also writes every round as JSON lines.
+
+Lattices: ``standard`` (blank 0), ``multiblank`` (big blanks [2, 4, 8], blank V - 1),
+``tdt`` (durations [0, 1, 2, 3, 4], blank 0). Shapes: (B, T, U, V) for ``loss`` (U =
+label positions, labels + 1), (B, T, U, J, V) for ``step`` (U = labels).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+LATTICES = {
+    "standard": dict(big=(), tdt=None),
+    "multiblank": dict(big=(2, 4, 8), tdt=None),
+    "tdt": dict(big=(), tdt=(0, 1, 2, 3, 4)),
+}
+DEFAULT_SHAPES = {
+    "loss": ["16,100,20,64", "4,150,40,128"],
+    "step": ["8,300,60,320,1024"],
+}
+
+
+# ------------------------------------------------------------------------ the worker
+def _loss_case(shape, lattice):
+    """(loss run, yardstick run) of the dense loss on float32 logits."""
+    import torch
+
+    from espnet_multiblank import multiblank_rnnt_loss, tdt_loss
+
+    B, T, U, V = shape
+    spec = LATTICES[lattice]
+    gen = torch.Generator().manual_seed(0)
+    D = len(spec["tdt"]) if spec["tdt"] else 0
+    logits = torch.randn(B, T, U, V + D, generator=gen)
+    if spec["big"]:
+        blank = V - 1
+        labels = torch.randint(0, V - 4, (B, U - 1), generator=gen, dtype=torch.int32)
+    else:
+        blank = 0
+        labels = torch.randint(1, V, (B, U - 1), generator=gen, dtype=torch.int32)
+    act_lens = torch.full((B,), T, dtype=torch.int32)
+    label_lens = torch.full((B,), U - 1, dtype=torch.int32)
+
+    def loss_fn(x):
+        if spec["tdt"]:
+            return tdt_loss(
+                x, labels, act_lens, label_lens, blank, spec["tdt"], reduction="mean"
+            )
+        return multiblank_rnnt_loss(
+            x, labels, act_lens, label_lens, blank, spec["big"], "mean"
+        )
+
+    def run():
+        x = logits.detach().requires_grad_(True)
+        loss_fn(x).backward()
+
+    def yardstick():
+        torch.log_softmax(logits, dim=-1)
+
+    return run, yardstick
+
+
+def _step_case(shape, lattice, path):
+    """A training step (forward + backward from the joint's inputs), dense or
+    fused."""
+    import torch
+
+    import espnet_multiblank as em
+
+    B, T, U, J, V = shape
+    spec = LATTICES[lattice]
+    Vp = V + (len(spec["tdt"]) if spec["tdt"] else 0)
+    gen = torch.Generator().manual_seed(0)
+    enc = torch.randn(B, T, J, generator=gen)
+    pred = torch.randn(B, U + 1, J, generator=gen)
+    weight = torch.randn(Vp, J, generator=gen) / J**0.5
+    bias = torch.randn(Vp, generator=gen) * 0.1
+    if spec["big"]:
+        blank = V - 1
+        labels = torch.randint(0, V - 4, (B, U), generator=gen)
+    else:
+        blank = 0
+        labels = torch.randint(1, V, (B, U), generator=gen)
+    leaves = [x.requires_grad_(True) for x in (enc, pred, weight, bias)]
+    enc, pred, weight, bias = leaves
+    act_lens, label_lens = torch.full((B,), T), torch.full((B,), U)
+
+    if path == "fused":
+        if not hasattr(em, "fused_transducer_loss"):
+            return None
+
+        def run():
+            for x in leaves:
+                x.grad = None
+            em.fused_transducer_loss(
+                enc,
+                pred,
+                weight,
+                bias,
+                labels,
+                act_lens,
+                label_lens,
+                blank=blank,
+                big_blank_durations=spec["big"],
+                tdt_durations=spec["tdt"],
+            ).backward()
+
+        return run
+
+    def run():
+        for x in leaves:
+            x.grad = None
+        h = torch.tanh(enc[:, :, None] + pred[:, None])
+        z = torch.nn.functional.linear(h, weight, bias)
+        del h
+        if spec["tdt"]:
+            loss = em.tdt_loss(z, labels, act_lens, label_lens, blank, spec["tdt"])
+        else:
+            loss = em.multiblank_rnnt_loss(
+                z, labels, act_lens, label_lens, blank, spec["big"]
+            )
+        del z
+        loss.backward()
+
+    return run
+
+
+#: the clock of the timings: wall time, or the process's CPU time (user + system,
+#: all its threads: less sensitive to other processes on a loaded machine)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
+
+
+def _time(fn) -> float:
+    t0 = _clock()
+    fn()
+    return _clock() - t0
+
+
+def worker(cases, threads: int, reps: int) -> None:
+    """Run every case (warm-up, then ``reps`` timed calls) and print one JSON line
+    per case: ``{"case", "value"}`` (None: not available in this checkout)."""
+    import torch
+
+    import espnet_multiblank
+
+    torch.set_num_threads(threads)
+    print(json.dumps({"package": os.path.dirname(espnet_multiblank.__file__)}))
+    for case in cases:
+        bench, lattice, shape = case["bench"], case["lattice"], tuple(case["shape"])
+        if bench == "loss":
+            run, yardstick = _loss_case(shape, lattice)
+            run(), yardstick()
+            t_run, t_ls = [], []
+            for _ in range(reps):
+                t_ls.append(_time(yardstick))
+                t_run.append(_time(run))
+            value = statistics.median(t_run) / statistics.median(t_ls)
+        else:
+            run = _step_case(shape, lattice, case["path"])
+            value = None
+            if run is not None:
+                run()
+                value = statistics.median(_time(run) for _ in range(reps))
+        print(json.dumps({"case": case["name"], "value": value}), flush=True)
+
+
+# ------------------------------------------------------------------------ the parent
+def _git(*args, cwd=ROOT) -> str:
+    out = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def _cases(args):
+    cases = []
+    for lattice in args.lattices.split(","):
+        for text in args.shapes or DEFAULT_SHAPES[args.bench]:
+            shape = [int(v) for v in text.split(",")]
+            want = 4 if args.bench == "loss" else 5
+            if len(shape) != want:
+                raise SystemExit(f"--shapes: {args.bench} shapes have {want} numbers")
+            paths = ["loss"] if args.bench == "loss" else ["dense", "fused"]
+            for path in paths:
+                name = f"{lattice} {tuple(shape)}"
+                if args.bench == "step":
+                    name += f" {path}"
+                cases.append(
+                    dict(
+                        name=name,
+                        bench=args.bench,
+                        lattice=lattice,
+                        shape=shape,
+                        path=path,
+                    )
+                )
+    return cases
+
+
+def _run_worker(checkout: str, cases, args):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = checkout + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker"]
+    cmd += ["--threads", str(args.threads), "--reps", str(args.reps)]
+    cmd += ["--clock", args.clock]
+    proc = subprocess.run(
+        cmd,
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=checkout,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"worker for {checkout} failed:\n{proc.stderr[-3000:]}")
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    package = lines[0]["package"]
+    if os.path.dirname(os.path.realpath(package)) != os.path.realpath(checkout):
+        raise SystemExit(f"the worker for {checkout} imported {package}")
+    return {x["case"]: x["value"] for x in lines[1:]}
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ref", help="the reference commit (any git ref; required)")
+    ap.add_argument("--bench", choices=("loss", "step"), default="loss")
+    ap.add_argument("--shapes", nargs="*", help="B,T,U,V (loss) or B,T,U,J,V (step)")
+    ap.add_argument("--lattices", default="standard,multiblank")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=None, help="timed calls per worker")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall", help="wall or CPU time"
+    )
+    ap.add_argument("--out", help="JSON lines of every round")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.reps is None:
+        args.reps = 15 if args.bench == "loss" else 3
+    if args.worker:
+        global _clock
+        _clock = CLOCKS[args.clock]
+        worker(json.load(sys.stdin), args.threads, args.reps)
+        return
+    if not args.ref:
+        ap.error("--ref is required")
+
+    cases = _cases(args)
+    sha = _git("rev-parse", "--short", args.ref)
+    head = _git("rev-parse", "--short", "HEAD")
+    dirty = " + uncommitted changes" if _git("status", "--porcelain", "-uno") else ""
+    tmp = tempfile.mkdtemp(prefix="compare_commits_")
+    ref_dir = os.path.join(tmp, "ref")
+    _git("worktree", "add", "--detach", ref_dir, sha)
+    print(f"this checkout: {ROOT} (HEAD {head}{dirty}); reference: {sha}")
+    print(f"load average before: {os.getloadavg()}")
+    out = open(args.out, "a") if args.out else None
+    results = {"this": [], "ref": []}
+    try:
+        for r in range(args.rounds):
+            order = [("this", ROOT), ("ref", ref_dir)]
+            if r % 2:
+                order.reverse()
+            for who, checkout in order:
+                res = _run_worker(checkout, cases, args)
+                results[who].append(res)
+                if out:
+                    out.write(json.dumps(dict(round=r, who=who, results=res)) + "\n")
+            print(f"round {r + 1}/{args.rounds} done, load {os.getloadavg()[0]:.2f}")
+    finally:
+        _git("worktree", "remove", "--force", ref_dir)
+        os.rmdir(tmp)
+        if out:
+            out.close()
+    unit = "x log_softmax" if args.bench == "loss" else "s"
+    print(f"load average after: {os.getloadavg()}")
+    print(
+        f"\n{args.bench}, {args.threads} thread(s), {args.clock} clock, {args.rounds} "
+        f"rounds x {args.reps} calls; per round: median ({unit}); this / ref < 1: "
+        "faster\n"
+    )
+    print("| case | this, rounds | ref, rounds | this | ref | this/ref | pairs |")
+    print("|---|---|---|---|---|---|---|")
+    for case in cases:
+        name = case["name"]
+        a = [res[name] for res in results["this"]]
+        b = [res[name] for res in results["ref"]]
+        if None in a or None in b:
+            print(f"| {name} | not available in one checkout |||||")
+            continue
+        ma, mb = statistics.median(a), statistics.median(b)
+        pairs = statistics.median(x / y for x, y in zip(a, b))
+        print(
+            f"| {name} | {' '.join(map(_fmt, a))} | {' '.join(map(_fmt, b))} | "
+            f"{ma:.3f} | {mb:.3f} | {ma / mb:.3f} | {pairs:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

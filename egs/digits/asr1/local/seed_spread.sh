@@ -10,6 +10,9 @@
 #       [--train_args "..."] [--out FILE]
 #
 # BASE is a run dir of run.sh whose stages 1-5 are done (data, token list, stats).
+# The configs' own seed (--base_seed, 0: `seed: 0` in conf/train_*.yaml) is BASE's own
+# training when its stages 6-8 are done and --train_args is empty: its models and its
+# scored stage-10 decodings are used, not trained again (one thread: the same models).
 # Each seed trains the three models side by side exactly as run.sh's stages 6-8 do
 # (--train_jobs 3, one torch thread each), in BASE/seeds/S/ (data and stats are links
 # into BASE); --train_args goes to every training (e.g. a configuration to compare).
@@ -22,13 +25,14 @@ recipe=$(cd "$(dirname "$0")/.." && pwd)
 repo=$(cd "$recipe/../../.." && pwd)
 dir=""
 seeds="0 1 2"
+base_seed=0
 train_args=""
 python=$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")
 inference_model=valid.loss.ave.pth
 out_md=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --dir|--seeds|--python|--inference_model|--train_args)
+    --dir|--seeds|--python|--inference_model|--train_args|--base_seed)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     --out)
@@ -53,8 +57,44 @@ searches="standard:greedy multiblank:mb_greedy tdt:tdt_greedy"
 
 log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [seed_spread] $*"; }
 
+decode_greedy() {  # decode_greedy RUN MODEL SEARCH SEED: decode (unless scored), record
+  local run=$1 model=$2 search=$3 seed=$4 out
+  out=$run/exp/asr_$model/decode_${search}_${inference_model%.pth}/$test_set
+  if [ ! -f "$out/score.json" ]; then
+    rm -rf "$out" "$out.tmp"
+    mkdir -p "$out.tmp"
+    log "decoding $test_set with $model / $search (seed $seed)"
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -m espnet_multiblank.bin.asr_inference \
+      --ngpu 0 --config "$repo/conf/decode/$search.yaml" --batch_size 32 \
+      --data_path_and_name_and_type "$dir/data/$test_set/wav.scp,speech,sound" \
+      --key_file "$dir/data/$test_set/wav.scp" \
+      --asr_train_config "$run/exp/asr_$model/config.yaml" \
+      --asr_model_file "$run/exp/asr_$model/$inference_model" \
+      --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
+      || { tail -n 30 "$out.tmp.log" >&2; log "ERROR: decoding failed"; exit 1; }
+    mv "$out.tmp.log" "$out.tmp/decode.log"
+    "$python" "$recipe/local/score.py" "$dir/data/$test_set/text" \
+      "$out.tmp/1best_recog/text" "$out.tmp"
+    mv "$out.tmp" "$out"
+  fi
+  runs+=("$model=$search=$seed=$out")
+}
+
+base_trained() {
+  [ -z "$train_args" ] && [ -e "$dir/exp/.done/6" ] && [ -e "$dir/exp/.done/7" ] &&
+    [ -e "$dir/exp/.done/8" ]
+}
+
 runs=()
 for seed in $seeds; do
+  if [ "$seed" = "$base_seed" ] && base_trained; then
+    log "seed $seed: the models of $dir (run.sh's own training)"
+    run=$dir
+    for pair in $searches; do
+      decode_greedy "$run" "${pair%%:*}" "${pair#*:}" "$seed"
+    done
+    continue
+  fi
   run=$dir/seeds/$seed
   mkdir -p "$run/exp/.done"
   for d in data wav; do
@@ -68,27 +108,7 @@ for seed in $seeds; do
   bash "$recipe/run.sh" --dir "$run" --python "$python" --stage 6 --stop_stage 8 \
     --inference_model "$inference_model" --train_args "--seed $seed $train_args"
   for pair in $searches; do
-    model=${pair%%:*}
-    search=${pair#*:}
-    out=$run/exp/asr_$model/decode_${search}_${inference_model%.pth}/$test_set
-    if [ ! -f "$out/score.json" ]; then
-      rm -rf "$out" "$out.tmp"
-      mkdir -p "$out.tmp"
-      log "decoding $test_set with $model / $search (seed $seed)"
-      OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -m espnet_multiblank.bin.asr_inference \
-        --ngpu 0 --config "$repo/conf/decode/$search.yaml" --batch_size 32 \
-        --data_path_and_name_and_type "$dir/data/$test_set/wav.scp,speech,sound" \
-        --key_file "$dir/data/$test_set/wav.scp" \
-        --asr_train_config "$run/exp/asr_$model/config.yaml" \
-        --asr_model_file "$run/exp/asr_$model/$inference_model" \
-        --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
-        || { tail -n 30 "$out.tmp.log" >&2; log "ERROR: decoding failed"; exit 1; }
-      mv "$out.tmp.log" "$out.tmp/decode.log"
-      "$python" "$recipe/local/score.py" "$dir/data/$test_set/text" \
-        "$out.tmp/1best_recog/text" "$out.tmp"
-      mv "$out.tmp" "$out"
-    fi
-    runs+=("$model=$search=$seed=$out")
+    decode_greedy "$run" "${pair%%:*}" "${pair#*:}" "$seed"
   done
 done
 PYTHONPATH=$recipe/local "$python" -m report.seeds --test_set "$test_set" \

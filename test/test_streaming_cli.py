@@ -87,6 +87,8 @@ def test_streaming_cli_writes_the_streaming_decoders_hypotheses(setup):
             str(batch),
             "--streaming_chunk_size",
             "3",
+            "--write_ctm",
+            str(size == 400).lower(),
         )
         assert stats["streaming"] is True and stats["chunk_frames"] == 3
         assert stats["num_utterances"] == 3 and stats["num_failed"] == 0
@@ -111,9 +113,20 @@ def test_streaming_cli_writes_the_streaming_decoders_hypotheses(setup):
         "3",
         "--batch_size",
         "2",
+        "--write_ctm",
+        "true",
     )
     assert "streaming" not in stats and stats["batch_size"] == 2
     assert read(offline, "token_int") == outs[0, 1][0]
+    # word times: the streamed 1-best's equal the offline search's (confidences to
+    # the rounding of another batch size)
+    ctms = [
+        [line.split() for line in (d / "1best_recog" / "ctm").read_text().splitlines()]
+        for d in (root / "out_400_1", offline)
+    ]
+    assert ctms[0] and [r[:5] for r in ctms[0]] == [r[:5] for r in ctms[1]]
+    for a, b in zip(*ctms):
+        assert float(a[5]) == pytest.approx(float(b[5]), abs=1e-3)
     # the piece length changes nothing at all; other batch sizes round differently
     assert outs[400, 1] == outs[0, 1] and outs[1111, 1] == outs[0, 1]
     assert outs[700, 2][0] == outs[0, 1][0]

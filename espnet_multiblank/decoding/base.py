@@ -36,6 +36,24 @@ def check_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def check_batch(enc_out: torch.Tensor, enc_lens: torch.Tensor) -> torch.Tensor:
+    """The batched searches' inputs checked: ``enc_out`` (B, T_max, D_enc) and
+    ``enc_lens`` (B,) in [0, T_max]; returns ``enc_lens`` as long on ``enc_out``'s
+    device."""
+    if enc_out.dim() != 3 or enc_lens.shape != (enc_out.size(0),):
+        raise ValueError(
+            "enc_out must be (B, T_max, D_enc) and enc_lens (B,), got "
+            f"{tuple(enc_out.shape)} and {tuple(enc_lens.shape)}"
+        )
+    B, T_max = enc_out.shape[:2]
+    lens = enc_lens.to(device=enc_out.device, dtype=torch.long)
+    if B and bool(((lens < 0) | (lens > T_max)).any()):
+        raise ValueError(
+            f"enc_lens must be in [0, T_max = {T_max}], got {enc_lens.tolist()}"
+        )
+    return lens
+
+
 class TransducerSearch(ABC):
     """Base class of the transducer searches.
 

@@ -23,7 +23,7 @@ from typing import List
 
 import torch
 
-from espnet_multiblank.decoding.base import TransducerSearch
+from espnet_multiblank.decoding.base import TransducerSearch, check_batch
 from espnet_multiblank.decoding.frame_sync_beam import FrameSyncRun
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.step_sync_beam import StepSyncRun
@@ -68,18 +68,8 @@ class BatchedBeamSearch(TransducerSearch):
             on the utterance alone); an empty list when no path survived (e.g.
             non-finite network outputs).
         """
-        if enc_out.dim() != 3 or enc_lens.shape != (enc_out.size(0),):
-            raise ValueError(
-                "enc_out must be (B, T_max, D_enc) and enc_lens (B,), got "
-                f"{tuple(enc_out.shape)} and {tuple(enc_lens.shape)}"
-            )
-        B, T_max = enc_out.shape[:2]
-        lens = enc_lens.to(device=enc_out.device, dtype=torch.long)
-        if B and bool(((lens < 0) | (lens > T_max)).any()):
-            raise ValueError(
-                f"enc_lens must be in [0, T_max = {T_max}], got {enc_lens.tolist()}"
-            )
-        if B == 0:
+        lens = check_batch(enc_out, enc_lens)
+        if enc_out.size(0) == 0:
             return []
         run = RUNS[self.beam_sync](self, enc_out, lens)
         while run.step():

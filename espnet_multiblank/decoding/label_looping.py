@@ -63,7 +63,11 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 import torch
 
 from espnet_multiblank.decoding.arcs import Arcs
-from espnet_multiblank.decoding.base import TransducerSearch, check_positive_int
+from espnet_multiblank.decoding.base import (
+    TransducerSearch,
+    check_batch,
+    check_positive_int,
+)
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.multiblank_table import check_blank_decision
 from espnet_multiblank.decoding.row_step import MultiblankRowStep, TDTRowStep
@@ -384,23 +388,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
             them (``frame == T_b``; ``dec_state`` / ``dec_proj`` after the last
             label).
         """
-        lens = self._check_batch(enc_out, enc_lens)
+        lens = check_batch(enc_out, enc_lens)
         return self.search_projected(self.stepper.project_enc(enc_out), lens)
-
-    def _check_batch(self, enc_out: torch.Tensor, enc_lens: torch.Tensor):
-        """``enc_lens`` as (B,) long on ``enc_out``'s device, checked."""
-        if enc_out.dim() != 3 or enc_lens.shape != (enc_out.size(0),):
-            raise ValueError(
-                "enc_out must be (B, T_max, D_enc) and enc_lens (B,), got "
-                f"{tuple(enc_out.shape)} and {tuple(enc_lens.shape)}"
-            )
-        B, T_max = enc_out.shape[:2]
-        lens = enc_lens.to(device=enc_out.device, dtype=torch.long)
-        if B and bool(((lens < 0) | (lens > T_max)).any()):
-            raise ValueError(
-                f"enc_lens must be in [0, T_max = {T_max}], got {enc_lens.tolist()}"
-            )
-        return lens
 
     @torch.no_grad()
     def search_projected(

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from espnet_cases import TOKENS
+from streaming_cases import config as streaming_config
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
@@ -227,48 +228,6 @@ def test_bad_chunk_arguments():
         enc.forward_chunk(torch.zeros(1, enc.input_frames(3), IDIM), stream)
 
 
-def chunk_config(stats_file):
-    """A tiny multi-blank model with ``encoder: chunk_conformer`` (global MVN)."""
-    return dict(
-        model="multiblank_espnet",
-        model_conf=dict(
-            transducer_multi_blank_durations=[2, 4],
-            ctc_weight=0.3,
-            report_cer=False,
-            report_wer=False,
-        ),
-        frontend="default",
-        frontend_conf=dict(
-            fs="8k", n_fft=128, win_length=100, hop_length=40, n_mels=12
-        ),
-        normalize="global_mvn",
-        normalize_conf=dict(stats_file=str(stats_file)),
-        encoder="chunk_conformer",
-        encoder_conf=dict(
-            output_size=16,
-            attention_heads=2,
-            linear_units=16,
-            num_blocks=1,
-            cnn_module_kernel=3,
-            dropout_rate=0.0,
-            positional_dropout_rate=0.0,
-            attention_dropout_rate=0.0,
-            chunk_size_range=[1, 4],
-        ),
-        decoder="transducer",
-        decoder_conf=dict(rnn_type="lstm", num_layers=1, hidden_size=16),
-        joint_net_conf=dict(joint_space_size=16),
-    )
-
-
-def stats_file(root, dim=12):
-    rng = np.random.default_rng(dim)
-    mean, var = rng.normal(-5.0, 2.0, dim), rng.uniform(1.0, 9.0, dim)
-    path = root / "stats.npz"
-    np.savez(path, count=1000.0, sum=mean * 1000, sum_square=(var + mean**2) * 1000)
-    return path
-
-
 def build(root, config):
     (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
     (root / "config.yaml").write_text(yaml.safe_dump(config))
@@ -285,7 +244,7 @@ def build(root, config):
 
 
 def test_selectable_from_a_config_and_batch_exact_from_the_waveform(tmp_path):
-    model = build(tmp_path, chunk_config(stats_file(tmp_path)))
+    model = build(tmp_path, streaming_config(tmp_path, "multiblank", 12, 1))
     assert type(model.encoder) is ChunkConformerEncoder
     assert make_batch_exact(model).exact
     model.eval()

@@ -27,7 +27,8 @@ KINDS = {
 }
 
 
-def _stats_file(root: Path, dim: int) -> Path:
+def stats_file(root: Path, dim: int) -> Path:
+    """A global-MVN statistics file of ``dim`` features (random, seeded by dim)."""
     rng = np.random.default_rng(dim)
     mean, var = rng.normal(-5.0, 2.0, dim), rng.uniform(1.0, 9.0, dim)
     path = root / "feats_stats.npz"
@@ -35,7 +36,8 @@ def _stats_file(root: Path, dim: int) -> Path:
     return path
 
 
-def config(root: Path, kind: str) -> dict:
+def config(root: Path, kind: str, n_mels: int = 10, num_blocks: int = 2) -> dict:
+    """The training config of a tiny chunk-conformer model of ``kind``."""
     return dict(
         token_type="char",
         model="multiblank_espnet",
@@ -44,16 +46,16 @@ def config(root: Path, kind: str) -> dict:
         ),
         frontend="default",
         frontend_conf=dict(
-            fs="8k", n_fft=128, win_length=100, hop_length=40, n_mels=10
+            fs="8k", n_fft=128, win_length=100, hop_length=40, n_mels=n_mels
         ),
         normalize="global_mvn",
-        normalize_conf=dict(stats_file=str(_stats_file(root, 10))),
+        normalize_conf=dict(stats_file=str(stats_file(root, n_mels))),
         encoder="chunk_conformer",
         encoder_conf=dict(
             output_size=16,
             attention_heads=2,
             linear_units=16,
-            num_blocks=2,
+            num_blocks=num_blocks,
             cnn_module_kernel=3,
             dropout_rate=0.0,
             positional_dropout_rate=0.0,

@@ -9,7 +9,9 @@
 * :mod:`~espnet_multiblank.espnet.inference.inputs`: the utterances of a run read one
   by one, and what cannot be decoded correctly refused with a reason.
 * :mod:`~espnet_multiblank.espnet.inference.loop`: the decoding loop (``inference``),
-  ESPnet's output layout, failed utterances reported by key.
+  failed utterances reported by key; :mod:`~.stream_loop`: its ``--streaming true``
+  run; :mod:`~.outputs`: what both write (ESPnet's output layout, the statistics,
+  ``failed_utterances``, the CTM of ``--write_ctm``).
 * :mod:`~espnet_multiblank.espnet.inference.arguments`: the entry points' additions to
   ESPnet's ``asr_inference`` parser.
 * :mod:`~espnet_multiblank.espnet.inference.stock_inference`: ESPnet's stock

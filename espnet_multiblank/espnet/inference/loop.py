@@ -33,13 +33,17 @@ from espnet_multiblank.espnet.inference.inputs import (
     input_checks,
     read_utterances,
 )
+from espnet_multiblank.espnet.inference.outputs import (
+    CtmWriter,
+    result_problem,
+    write_outputs,
+    write_results,
+)
 
 logger = logging.getLogger("espnet_multiblank.asr_inference")
 
 #: batched decoding sorts this many batches' worth of utterances by length at a time
 SORT_WINDOW = 32
-#: ``<output_dir>/failed_utterances``: one ``key reason`` line per failed utterance
-FAILED_FILE = "failed_utterances"
 
 
 def inference(
@@ -131,59 +135,6 @@ def inference(
     stats = run.stats(time.perf_counter() - start, device, entry_point)
     write_outputs(output_dir, stats, run.failed)
     return stats
-
-
-class CtmWriter:
-    """``<output_dir>/1best_recog/ctm``: the words of each 1-best with their start,
-    duration and confidence (:mod:`.timestamps`), in input order.
-
-    Raises:
-        ValueError: the search gives no label timing (ESPnet's own searches), or the
-            encoder frame shift cannot be measured.
-    """
-
-    def __init__(self, speech2text: Any, output_dir: str):
-        from pathlib import Path
-
-        from espnet_multiblank.decoding import TransducerSearch
-        from espnet_multiblank.espnet.inference.inputs import model_sample_rate
-        from espnet_multiblank.espnet.inference.timestamps import (
-            encoder_frame_shift,
-        )
-
-        search = speech2text.beam_search_transducer
-        if not isinstance(search, TransducerSearch):
-            raise ValueError(
-                f"--write_ctm: word times come from the plug-in's searches; "
-                f"{type(search).__name__} gives none (use search_type mb_greedy, "
-                "mb_beam, tdt_greedy or tdt_beam)"
-            )
-        args = speech2text.asr_train_args
-        self.token_type = getattr(args, "token_type", None)
-        self.frame_shift = encoder_frame_shift(
-            speech2text.asr_model,
-            model_sample_rate(args),
-            speech2text.device,
-            speech2text.input_dtype,
-        )
-        path = Path(output_dir) / "1best_recog" / "ctm"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "w", encoding="utf-8")
-
-    def write(self, key: str, result: Tuple) -> None:
-        """The lines of one utterance's 1-best ``(text, token, token_int, hyp)``."""
-        from espnet_multiblank.espnet.inference.timestamps import (
-            ctm_lines,
-            word_times,
-        )
-
-        _, token, _, hyp = result
-        words = word_times(token, hyp.timing, self.token_type, self.frame_shift)
-        for line in ctm_lines(key, words):
-            self.file.write(line + "\n")
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def streaming_options(
@@ -333,7 +284,7 @@ class DecodingRun:
             for i, result in zip(rows, per_utt):
                 results[i] = result
         for (key, _, seconds), result in zip(window, results):  # input order
-            reason = _result_problem(result) if result is not None else None
+            reason = result_problem(result) if result is not None else None
             if reason is not None:
                 self.fail(key, reason)
             elif result is not None:
@@ -393,19 +344,6 @@ class DecodingRun:
         return stats
 
 
-def _result_problem(results: List) -> Optional[str]:
-    """Why an n-best list must not be written (None when it can)."""
-    if not results:
-        return "the search returned no hypothesis"
-    scores = [float(r[3].score) for r in results]
-    if not all(map(torch.isfinite, torch.tensor(scores))):
-        return (
-            f"non-finite score {scores[0]} (the model's outputs are not finite for "
-            "this input)"
-        )
-    return None
-
-
 def length_sorted_batches(utterances: List[Tuple[str, torch.Tensor]], size: int):
     """Batches of utterances of similar length (longest first: least padding); only
     inputs of the same shape but for their length share a batch.
@@ -444,54 +382,6 @@ def feature_seconds(frames: int, train_args: Any) -> float:
         fs = humanfriendly.parse_size(fs)
     hop = conf.get("hop_length", None)
     return frames * (float(hop) / float(fs) if hop else 0.01)
-
-
-def write_results(writer: Any, key: str, results: List, nbest: int) -> None:
-    """ESPnet's ``{n}best_recog/{token,token_int,score,text}`` lines of one
-    utterance (scores as plain numbers)."""
-    for n, (text, token, token_int, hyp) in zip(range(1, nbest + 1), results):
-        ibest = writer[f"{n}best_recog"]
-        ibest["token"][key] = " ".join(token)
-        ibest["token_int"][key] = " ".join(map(str, token_int))
-        ibest["score"][key] = str(float(hyp.score))
-        if text is not None:
-            ibest["text"][key] = text
-
-
-def write_outputs(output_dir: str, stats: Dict[str, Any], failed: Dict[str, str]):
-    """``decoding_stats.json``, ``failed_utterances`` and the summary log line."""
-    from pathlib import Path
-
-    from espnet_multiblank.espnet.inference.speech2text import write_decoding_stats
-
-    write_decoding_stats(output_dir, stats)
-    path = Path(output_dir) / FAILED_FILE
-    if failed:
-        with open(path, "w", encoding="utf-8") as f:
-            for key, reason in failed.items():
-                f.write(f"{key} {reason}\n")
-        logger.error(
-            "%d of %d utterances could not be decoded (%s)",
-            len(failed),
-            stats["num_utterances"],
-            path,
-        )
-    elif path.exists():
-        path.unlink()
-    total = stats["total_frames"]
-    skipped = 100.0 * stats["frames_skipped"] / total if total else 0.0
-    logger.info(
-        "decoding_stats: %d utts, %.2f s audio, %.2f s wall, RTF %.4f, %d frames, "
-        "%d big blanks, %d frames skipped (%.1f%%)",
-        stats["num_utterances"] - stats["num_failed"],
-        stats["audio_seconds"],
-        stats["decode_seconds"],
-        stats["rtf"] or 0.0,
-        total,
-        stats["big_blank_emissions"],
-        stats["frames_skipped"],
-        skipped,
-    )
 
 
 def exit_status(stats: Dict[str, Any], allow_failed: bool) -> int:

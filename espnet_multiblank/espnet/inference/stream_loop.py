@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from espnet_multiblank.espnet.inference.inputs import Utterance
-from espnet_multiblank.espnet.inference.loop import _result_problem, write_results
+from espnet_multiblank.espnet.inference.outputs import result_problem, write_results
 from espnet_multiblank.espnet.inference.streaming import StreamingDecoder
 
 logger = logging.getLogger("espnet_multiblank.asr_inference")
@@ -112,7 +112,7 @@ class StreamingRun:
                 if not result.is_final:
                     continue
                 speech = self._speech.pop(key)[0]
-                problem = result.error or _result_problem(result.results)
+                problem = result.error or result_problem(result.results)
                 if problem is not None:
                     self.fail(key, problem)
                 else:

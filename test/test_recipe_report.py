@@ -524,7 +524,10 @@ def test_emission_delay_file(tmp_path):
 
     delay = _emission_delay()
     (tmp_path / "text").write_text("u1 one two three\nu2 five\n")
-    (tmp_path / "times").write_text("u1\t0.1-0.5 0.7-1.0 1.2-1.6\nu2\t0.2-0.6\n")
+    # word_times (make_real_digits.py): <utt> <word> <start> <end> ...
+    (tmp_path / "times").write_text(
+        "u1 one 0.1 0.5 two 0.7 1.0 three 1.2 1.6\nu2 five 0.2 0.6\n"
+    )
     best = tmp_path / "dec" / "1best_recog"
     best.mkdir(parents=True)
     (best / "text").write_text("u1 one four three\nu2 five zero\n")
@@ -536,6 +539,11 @@ def test_emission_delay_file(tmp_path):
     assert result["matched_words"] == 3
     assert result["emission"]["mean"] == pytest.approx((0.12 + 0.3 + 0.3) / 3)
     assert result["decided"]["median"] == pytest.approx(0.5)
+    (tmp_path / "times").write_text("u1 one 0.1 0.5 two 0.7\n")
+    with pytest.raises(ValueError, match="triples"):
+        delay.main(
+            str(tmp_path / "text"), str(tmp_path / "times"), str(tmp_path / "dec")
+        )
 
 
 def test_streaming_section(tmp_path):

@@ -64,6 +64,7 @@ for seed in $seeds; do
 done
 
 log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [compare_procs] $*"; }
+source "$recipe/local/decode_scored.sh"
 
 runs=()
 for seed in $seeds; do
@@ -83,23 +84,8 @@ for seed in $seeds; do
       --stop_stage "$stage" --train_jobs 1 --train_procs "$n" \
       --inference_model "$inference_model" --train_args "--seed $seed"
     out=$run/exp/asr_$model/decode_${search}_${inference_model%.pth}/$test_set
-    if [ ! -f "$out/score.json" ]; then
-      rm -rf "$out" "$out.tmp"
-      mkdir -p "$out.tmp"
-      log "decoding $test_set with $model / $search"
-      OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -m espnet_multiblank.bin.asr_inference \
-        --ngpu 0 --config "$decode_conf" --batch_size 1 \
-        --data_path_and_name_and_type "$dir/data/$test_set/wav.scp,speech,sound" \
-        --key_file "$dir/data/$test_set/wav.scp" \
-        --asr_train_config "$run/exp/asr_$model/config.yaml" \
-        --asr_model_file "$run/exp/asr_$model/$inference_model" \
-        --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
-        || { tail -n 30 "$out.tmp.log" >&2; log "ERROR: decoding failed"; exit 1; }
-      mv "$out.tmp.log" "$out.tmp/decode.log"
-      "$python" "$recipe/local/score.py" "$dir/data/$test_set/text" \
-        "$out.tmp/1best_recog/text" "$out.tmp"
-      mv "$out.tmp" "$out"
-    fi
+    decode_scored "$out" "$decode_conf" 1 "$run/exp/asr_$model" "$inference_model" \
+      "$model / $search"
     runs+=("$n=$seed=$run/exp/asr_$model=$out")
   done
 done

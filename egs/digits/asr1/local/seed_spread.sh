@@ -57,26 +57,13 @@ searches="standard:greedy multiblank:mb_greedy tdt:tdt_greedy"
 
 log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [seed_spread] $*"; }
 
+source "$recipe/local/decode_scored.sh"
+
 decode_greedy() {  # decode_greedy RUN MODEL SEARCH SEED: decode (unless scored), record
   local run=$1 model=$2 search=$3 seed=$4 out
   out=$run/exp/asr_$model/decode_${search}_${inference_model%.pth}/$test_set
-  if [ ! -f "$out/score.json" ]; then
-    rm -rf "$out" "$out.tmp"
-    mkdir -p "$out.tmp"
-    log "decoding $test_set with $model / $search (seed $seed)"
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -m espnet_multiblank.bin.asr_inference \
-      --ngpu 0 --config "$repo/conf/decode/$search.yaml" --batch_size 32 \
-      --data_path_and_name_and_type "$dir/data/$test_set/wav.scp,speech,sound" \
-      --key_file "$dir/data/$test_set/wav.scp" \
-      --asr_train_config "$run/exp/asr_$model/config.yaml" \
-      --asr_model_file "$run/exp/asr_$model/$inference_model" \
-      --output_dir "$out.tmp" > "$out.tmp.log" 2>&1 \
-      || { tail -n 30 "$out.tmp.log" >&2; log "ERROR: decoding failed"; exit 1; }
-    mv "$out.tmp.log" "$out.tmp/decode.log"
-    "$python" "$recipe/local/score.py" "$dir/data/$test_set/text" \
-      "$out.tmp/1best_recog/text" "$out.tmp"
-    mv "$out.tmp" "$out"
-  fi
+  decode_scored "$out" "$repo/conf/decode/$search.yaml" 32 "$run/exp/asr_$model" \
+    "$inference_model" "$model / $search (seed $seed)"
   runs+=("$model=$search=$seed=$out")
 }
 

@@ -617,3 +617,22 @@ def test_streaming_section(tmp_path):
     assert any("**4.00x** (goal >= 1.8x: yes)" in r for r in lines)
     batched = [r for r in lines if r.startswith("| standard | mb_greedy | 16 |")]
     assert batched and "| 0.0100 | 5.00x | 4.00 s | 1 / 2 |" in batched[0]
+
+
+def test_header_names_the_cpu_and_its_vector_extension(tmp_path):
+    """Times in the report depend on the CPU: its model and AVX-512 / AVX2 are named."""
+    sys.path.insert(0, str(LOCAL))
+    try:
+        report = importlib.import_module("make_report")
+    finally:
+        sys.path.remove(str(LOCAL))
+    info = tmp_path / "cpuinfo"
+    for flags, isa in (("fpu avx2 avx512f sse", "AVX-512"), ("fpu avx2", "AVX2")):
+        info.write_text(
+            f"processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: {flags}\n"
+        )
+        assert report.cpu_description(str(info)) == f"Some CPU 9000 ({isa})"
+    info.write_text("processor\t: 0\nflags\t\t: sse2\n")
+    assert report.cpu_description(str(info)) == "CPU (no AVX2)"
+    missing = report.cpu_description(str(tmp_path / "none"))
+    assert isinstance(missing, str) and missing

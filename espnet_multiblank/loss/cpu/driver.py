@@ -89,15 +89,10 @@ def _pick(num_elements: int):
 
 _MAX_THREADS = numba.config.NUMBA_NUM_THREADS
 
-# Gradient buffers larger than this come from torch (4 kB pages), smaller ones from
-# numpy. Both are fresh mappings on every call above glibc's largest heap block (32
-# MB); numpy's are transparent huge pages, and freed huge pages are whole 2 MB blocks,
-# which a virtual machine's free page reporting hands back to the host after about
-# 2 s idle, so that the next call touches them again at a high cost: at (B, T, U, V)
-# = (8, 300, 61, 1024), float32 (600 MB), the dense joint + loss step's loss forward
-# took 0.55-0.63 s of system time with numpy's buffer and 0.37-0.45 s with torch's
-# back to back, 1.1-1.2 s and 0.43-0.47 s after 10 s idle (bench/RESULTS.md, issue 26)
-TORCH_BUFFER_ABOVE_BYTES = 32 << 20
+# Gradient buffers come from numpy at every size. (Buffers above 32 MB from
+# torch.empty, tried for the page-reporting cost of freed huge pages after idle gaps
+# on one virtual machine, made back-to-back dense losses 2x slower on another:
+# bench/RESULTS.md, issue 26.)
 
 
 class KernelDriver:
@@ -305,15 +300,7 @@ class KernelDriver:
         rows = np.empty((B, T, U, self.width(opts)), np.float64)
         log_p = np.empty(B, np.float64)
         bad = np.zeros(B, np.uint8)
-        grad_buffer = None
-        if not need_grad:
-            buffer = x
-        elif acts.numel() * acts.element_size() > TORCH_BUFFER_ABOVE_BYTES:
-            # pass 1 writes every element: the allocator changes no value
-            grad_buffer = torch.empty(acts.shape, dtype=acts.dtype)
-            buffer = grad_buffer.numpy()
-        else:
-            buffer = np.empty(acts.shape, x.dtype)
+        buffer = np.empty(acts.shape, x.dtype) if need_grad else x
         al = act_lens.numpy()
         ll = label_lens.numpy()
         kernels, prev = self.pick(acts.numel())
@@ -343,7 +330,7 @@ class KernelDriver:
             return costs, None
         from_numpy = torch.from_numpy
         pending = (
-            from_numpy(buffer) if grad_buffer is None else grad_buffer,
+            from_numpy(buffer),
             from_numpy(rows),
             from_numpy(log_p),
             labels,

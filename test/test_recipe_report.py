@@ -11,6 +11,16 @@ import pytest
 LOCAL = Path(__file__).resolve().parents[1] / "egs/digits/asr1/local"
 
 
+def import_local(name: str):
+    """A module of the recipe's local/ (``make_report``, ``report.*``), imported as
+    make_report.py does: with local/ first on sys.path."""
+    sys.path.insert(0, str(LOCAL))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(LOCAL))
+
+
 @pytest.fixture(scope="module")
 def make_report():
     """The stage-times section (its run_span), imported as make_report.py does."""
@@ -213,11 +223,7 @@ def test_half_precision_section(tmp_path):
     """Utterances whose float16 hypothesis differs from float32's, counted by hand."""
     import json
 
-    sys.path.insert(0, str(LOCAL))
-    try:
-        precision = importlib.import_module("report.precision")
-    finally:
-        sys.path.remove(str(LOCAL))
+    precision = import_local("report.precision")
     im = "valid.loss.ave"
     for name, lines, wer in (
         (f"decode_g_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0),
@@ -242,11 +248,7 @@ def test_throughput_section(tmp_path):
     ratio to the first (stock, batch 1) row and the goal line, computed by hand."""
     import json
 
-    sys.path.insert(0, str(LOCAL))
-    try:
-        throughput = importlib.import_module("report.throughput")
-    finally:
-        sys.path.remove(str(LOCAL))
+    throughput = import_local("report.throughput")
     jobs = [
         ("standard", "greedy", "1", "stock"),
         ("multiblank", "mb_greedy", "32", "plugin"),
@@ -278,11 +280,7 @@ def test_procs_section(tmp_path):
     logs."""
     import json
 
-    sys.path.insert(0, str(LOCAL))
-    try:
-        procs = importlib.import_module("report.procs")
-    finally:
-        sys.path.remove(str(LOCAL))
+    procs = import_local("report.procs")
     runs = []
     for n, seed, times, losses, wer in (
         (1, 0, [(30.0, 2.0), (31.0, 2.0), (40.0, 3.0)], [5.0, 4.0, 4.5], 8.0),
@@ -329,11 +327,7 @@ def test_procs_section(tmp_path):
 def test_training_section_says_how_many_ddp_processes(tmp_path):
     """A run with --train_procs 2 says its models were trained with 2 DDP processes;
     a 1-process run keeps the plain wording."""
-    sys.path.insert(0, str(LOCAL))
-    try:
-        training = importlib.import_module("report.training")
-    finally:
-        sys.path.remove(str(LOCAL))
+    training = import_local("report.training")
     line = (
         "[vm] 2026 (trainer:394) INFO: 1epoch results: [train] loss=9.0, "
         "total_count=10, [valid] loss=4.0, total_count=2\n"
@@ -390,11 +384,7 @@ def test_score_times_against_hand_computed_errors(tmp_path):
 def test_batched_beam_section_goals():
     """Ratios to batched greedy and to the one-at-a-time beam, WER differences and
     the multi-blank / TDT vs standard lines, from hand-made decoding results."""
-    sys.path.insert(0, str(LOCAL))
-    try:
-        batched = importlib.import_module("report.batched")
-    finally:
-        sys.path.remove(str(LOCAL))
+    batched = import_local("report.batched")
 
     def entry(wer, secs, search=1.0):
         return ({"wer": wer}, {"decode_seconds": secs, "search_seconds": search})
@@ -436,11 +426,7 @@ def test_seed_spread_section(tmp_path):
     hand-written score files."""
     import json
 
-    sys.path.insert(0, str(LOCAL))
-    try:
-        seeds = importlib.import_module("report.seeds")
-    finally:
-        sys.path.remove(str(LOCAL))
+    seeds = import_local("report.seeds")
     wers = {  # (model, seed) -> WER %
         ("standard", 0): 7.0,
         ("standard", 1): 8.0,
@@ -551,11 +537,7 @@ def test_streaming_section(tmp_path):
     lines and the batched table, from hand-made decoding outputs."""
     import json
 
-    sys.path.insert(0, str(LOCAL))
-    try:
-        streaming = importlib.import_module("report.streaming")
-    finally:
-        sys.path.remove(str(LOCAL))
+    streaming = import_local("report.streaming")
     jobs = [("standard", "mb_greedy"), ("multiblank", "mb_greedy")]
     im = "valid.loss.ave"
 
@@ -621,11 +603,7 @@ def test_streaming_section(tmp_path):
 
 def test_header_names_the_cpu_and_its_vector_extension(tmp_path):
     """Times in the report depend on the CPU: its model and AVX-512 / AVX2 are named."""
-    sys.path.insert(0, str(LOCAL))
-    try:
-        report = importlib.import_module("make_report")
-    finally:
-        sys.path.remove(str(LOCAL))
+    report = import_local("make_report")
     info = tmp_path / "cpuinfo"
     for flags, isa in (("fpu avx2 avx512f sse", "AVX-512"), ("fpu avx2", "AVX2")):
         info.write_text(

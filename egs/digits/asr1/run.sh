@@ -175,15 +175,14 @@ if $smoke; then
     --keep_nbest_models 1 $train_args"
   lm_args="--max_epoch 2 --num_iters_per_epoch 5 $lm_args"
   lm_weights="0.2"; lm_known_weights="0.4 0.8"
-  # one beam search with the LMs, one search in half precision (each decoding is a
-  # process start: the smoke run stays short; the tests cover the other searches)
+  # one beam search with the LMs, one search in half precision (the smoke run stays
+  # short; the tests cover the other searches)
   lm_searches="tdt:tdt_beam:32"
   lm_extra_jobs="tdt:tdt_beam:1 tdt:tdt_beam_step:32"
   dtype_jobs="multiblank:mb_greedy"
   # of the batched beams, one of each rule
   batched_jobs="tdt:tdt_beam:32 multiblank:mb_beam_step:32"
-  # streaming: the two lattices that jump frames, one chunk (each decoding is a
-  # process start)
+  # streaming: the two lattices that jump frames, one chunk
   stream_jobs="multiblank:mb_greedy tdt:tdt_greedy"
   stream_chunks="4"; stream_batch=4; stream_batch_chunk=4; stream_utts=20
 fi
@@ -569,32 +568,69 @@ decode_dir() {  # decode_dir MODEL TAG [LM WEIGHT]: the parent of the per-set di
     echo "$exp/asr_$1/decode_${2}_${inference_model%.pth}"
   fi
 }
-# decode OUT ENTRY MODEL SEARCH SET BATCH [EXTRA...]: one data set into OUT (written as
-# OUT.tmp, renamed when complete); ENTRY "plugin" or "stock"; $decode_threads torch
-# threads, so that the times of one-at-a-time runs compare
-decode() {
-  local out=$1 entry=$2 name=$3 search=$4 s=$5 bs=$6 cmd
-  shift 6
-  [ -f "$decode_conf_dir/$search.yaml" ] || die "missing decode config $decode_conf_dir/$search.yaml"
-  case $entry in
-    stock) cmd=("$python" -m espnet2.bin.asr_inference) ;;
-    plugin) cmd=("${infer_cmd[@]}") ;;
-    *) die "unknown entry point $entry" ;;
-  esac
-  rm -rf "$out" "$out.tmp"
-  mkdir -p "$out.tmp"
-  OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
-    "${cmd[@]}" --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size "$bs" \
+# decoding_args MODEL SEARCH SET BATCH [EXTRA...]: the inference arguments of one
+# decoding (both entry points), --output_dir excluded
+decoding_args() {
+  local name=$1 search=$2 s=$3 bs=$4
+  shift 4
+  printf '%s\n' --ngpu 0 --config "$decode_conf_dir/$search.yaml" --batch_size "$bs" \
     --data_path_and_name_and_type "$data/$s/wav.scp,speech,sound" \
     --key_file "$data/$s/wav.scp" \
     --asr_train_config "$exp/asr_$name/config.yaml" \
-    --asr_model_file "$exp/asr_$name/$inference_model" \
-    --output_dir "$out.tmp" "$@" > "$out.tmp.log" 2>&1 \
+    --asr_model_file "$exp/asr_$name/$inference_model" "$@"
+}
+check_conf() {  # check_conf SEARCH: its decoding config exists
+  [ -f "$decode_conf_dir/$1.yaml" ] || die "missing decode config $decode_conf_dir/$1.yaml"
+}
+# decode_stock OUT MODEL SEARCH SET BATCH: one data set with ESPnet's own entry point
+# (`python -m espnet2.bin.asr_inference`, the start-up hook), in a process of its own,
+# into OUT (written as OUT.tmp, renamed when complete); $decode_threads torch threads
+decode_stock() {
+  local out=$1 args
+  check_conf "$3"
+  mapfile -t args < <(decoding_args "${@:2}")
+  rm -rf "$out" "$out.tmp"
+  mkdir -p "$out.tmp"
+  OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
+    "$python" -m espnet2.bin.asr_inference "${args[@]}" --output_dir "$out.tmp" \
+    > "$out.tmp.log" 2>&1 \
     || { tail -n 30 "$out.tmp.log" >&2; die "decoding failed: $out.tmp.log"; }
   mv "$out.tmp.log" "$out.tmp/decode.log"
   [ -f "$out.tmp/1best_recog/text" ] || die "no 1best_recog/text in $out.tmp"
   [ -f "$out.tmp/decoding_stats.json" ] || die "no decoding_stats.json in $out.tmp"
   mv "$out.tmp" "$out"
+}
+# The plug-in's decodings go through a queue: queue_decode OUT MODEL SEARCH SET BATCH
+# [EXTRA...] adds one (into OUT, as decode_stock), queue_score SET OUT has OUT scored
+# once decoded, queue_run N WHAT decodes the queued jobs in N processes
+# (local/decode_many.py: each process imports ESPnet once, not once per decoding; with
+# N = 1 the jobs run one after the other, so their times compare), scores and empties
+# the queue. Each process has $decode_threads torch threads.
+queue=""  # set by stage_decode etc. (under $exp)
+queue_reset() { queue=$exp/decode_queue; rm -rf "$queue" "$queue.claims" "$queue.score"; }
+queue_decode() {
+  local out=$1 args
+  check_conf "$3"
+  mapfile -t args < <(decoding_args "${@:2}")
+  ( IFS=$'\t'; echo "$out"$'\t'"${args[*]}" ) >> "$queue"
+}
+queue_score() { echo "$1 $2" >> "$queue.score"; }
+queue_run() {
+  local n=$1 what=$2 i rc=0 pids=() s out
+  [ -s "$queue" ] || return 0
+  log "$what: $(wc -l < "$queue") decodings in $n process(es)"
+  rm -rf "$queue.claims"
+  for ((i = 0; i < n; i++)); do
+    OMP_NUM_THREADS=$decode_threads MKL_NUM_THREADS=$decode_threads \
+      "$python" "$recipe/local/decode_many.py" "$queue" --worker "$i" &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  [ $rc = 0 ] || die "$what: decoding failed (the end of its log is above)"
+  if [ -f "$queue.score" ]; then
+    while read -r s out; do score "$s" "$out" > /dev/null; done < "$queue.score"
+  fi
+  queue_reset
 }
 score() {  # score SET DECODE_DIR (and its word times against known boundaries)
   "$python" "$recipe/local/score.py" "$data/$1/text" "$2/1best_recog/text" "$2"
@@ -603,61 +639,46 @@ score() {  # score SET DECODE_DIR (and its word times against known boundaries)
       "$2/1best_recog/ctm" "$2"
   fi
 }
-# a small job pool: pool_run N CMD... runs CMD in the background, at most N at a time;
-# pool_finish waits for all of them and fails if any failed
-POOL_PIDS=()
-POOL_RC=0
-pool_run() {
-  local max=$1
-  shift
-  if [ "${#POOL_PIDS[@]}" -ge "$max" ]; then
-    wait "${POOL_PIDS[0]}" || POOL_RC=1
-    POOL_PIDS=("${POOL_PIDS[@]:1}")
-  fi
-  "$@" &
-  POOL_PIDS+=($!)
-}
-pool_finish() {
-  local p rc
-  for p in "${POOL_PIDS[@]}"; do wait "$p" || POOL_RC=1; done
-  rc=$POOL_RC
-  POOL_PIDS=()
-  POOL_RC=0
-  return "$rc"
-}
-
 # ------------------------------------------------------------ stage 10: decode
 stage_decode() {
-  local job name search s out bs entry tag
+  local job name search s bs entry tag dtype
+  queue_reset
   for job in $decode_jobs; do
     parse_job "$job"
     for s in $test_sets; do
       [ -f "$data/$s/wav.scp" ] || { log "no $s data: skipped"; continue; }
-      log "decoding $s with $name / $search, batch $bs"
-      # one process, $decode_threads torch threads: the decoding times are
-      # comparable between searches (batch 1, or the batched searches' batch)
       # shellcheck disable=SC2046
-      decode "$(decode_dir "$name" "$tag")/$s" plugin "$name" "$search" "$s" "$bs" \
+      queue_decode "$(decode_dir "$name" "$tag")/$s" "$name" "$search" "$s" "$bs" \
         $(ctm_args "$search" "$s")
     done
   done
   s=${test_sets%% *}
   for job in $throughput_jobs; do
     IFS=: read -r name search bs entry <<< "$job"
+    if [ "$entry" = plugin ]; then
+      queue_decode "$(throughput_dir "$name" "$search" "$bs" "$entry")/$s" "$name" \
+        "$search" "$s" "$bs"
+    fi
+  done
+  # one process, $decode_threads torch threads, one decoding at a time: the decoding
+  # times are comparable between searches (batch 1, or the batched searches' batch)
+  queue_run 1 "decoding $test_sets (timed)"
+  for job in $throughput_jobs; do
+    IFS=: read -r name search bs entry <<< "$job"
+    [ "$entry" = plugin ] && continue
     log "throughput: $s with $name / $search, batch $bs, $entry entry point"
-    decode "$(throughput_dir "$name" "$search" "$bs" "$entry")/$s" "$entry" "$name" \
+    decode_stock "$(throughput_dir "$name" "$search" "$bs" "$entry")/$s" "$name" \
       "$search" "$s" "$bs"
   done
-  local dtype
   for job in $dtype_jobs; do
     name=${job%%:*}
     search=${job#*:}
     for dtype in $dtypes; do
-      pool_run "$lm_decode_jobs" decode "$(decode_dir "$name" "$search" "$dtype")/$s" \
-        plugin "$name" "$search" "$s" 1 --dtype "$dtype"
+      queue_decode "$(decode_dir "$name" "$search" "$dtype")/$s" "$name" "$search" \
+        "$s" 1 --dtype "$dtype"
     done
   done
-  pool_finish || die "half-precision decoding failed"
+  queue_run "$lm_decode_jobs" "half precision on $s"
 }
 
 # ----------------------------------------------------- stage 11: LM decoding
@@ -668,20 +689,20 @@ lm_candidates() { case $1 in train) echo "$lm_weights" ;; known) echo "$lm_known
 lm_weight_file() {  # lm_weight_file MODEL TAG LM: the weight chosen on dev
   echo "$exp/asr_$1/lm_${3}_weight_${2}_${inference_model%.pth}.json"
 }
-lm_decode() {  # lm_decode MODEL SEARCH BS LM WEIGHT SET: decode and score SET
+lm_decode() {  # lm_decode MODEL SEARCH BS LM WEIGHT SET: queue SET's decoding, scored
   local out tag=$2
   [ "$3" = 1 ] || tag=${2}_b$3
   out=$(decode_dir "$1" "$tag" "$4" "$5")/$6
-  decode "$out" plugin "$1" "$2" "$6" "$3" --lm_train_config "$exp/lm_$4/config.yaml" \
+  queue_decode "$out" "$1" "$2" "$6" "$3" --lm_train_config "$exp/lm_$4/config.yaml" \
     --lm_file "$exp/lm_$4/valid.loss.best.pth" --lm_weight "$5"
-  score "$6" "$out" > /dev/null
+  queue_score "$6" "$out"
 }
-plain_decode() {  # plain_decode MODEL SEARCH BS SET: without an LM, decode and score
+plain_decode() {  # plain_decode MODEL SEARCH BS SET: the same without an LM
   local out tag=$2
   [ "$3" = 1 ] || tag=${2}_b$3
   out=$(decode_dir "$1" "$tag")/$4
-  decode "$out" plugin "$1" "$2" "$4" "$3"
-  score "$4" "$out" > /dev/null
+  queue_decode "$out" "$1" "$2" "$4" "$3"
+  queue_score "$4" "$out"
 }
 chosen_weight() {  # chosen_weight MODEL LM: the weight lm_searches chose for MODEL
   local job name search bs tag
@@ -697,17 +718,18 @@ chosen_weight() {  # chosen_weight MODEL LM: the weight lm_searches chose for MO
 }
 stage_lm_decode() {
   local lm job name search bs tag dev s w weights
+  queue_reset
   for lm in train known; do
     dev=$(lm_dev $lm)
     log "LM $lm: weights $(lm_candidates $lm) on $dev, searches $lm_searches"
     for job in $lm_searches; do
       parse_job "$job"
-      pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$bs" "$dev"
+      plain_decode "$name" "$search" "$bs" "$dev"
       for w in $(lm_candidates $lm); do
-        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" "$dev"
+        lm_decode "$name" "$search" "$bs" $lm "$w" "$dev"
       done
     done
-    pool_finish || die "LM decoding on $dev failed"
+    queue_run "$lm_decode_jobs" "LM $lm on $dev"
     for job in $lm_searches; do
       parse_job "$job"
       weights=()
@@ -720,13 +742,10 @@ stage_lm_decode() {
       w=$(chosen_weight "$name" $lm)
       for s in $(lm_tests $lm); do
         [ -f "$data/$s/wav.scp" ] || continue
-        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" "$s"
-        if [ $lm = known ]; then
-          pool_run "$lm_decode_jobs" plain_decode "$name" "$search" "$bs" "$s"
-        fi
+        lm_decode "$name" "$search" "$bs" $lm "$w" "$s"
+        if [ $lm = known ]; then plain_decode "$name" "$search" "$bs" "$s"; fi
       done
     done
-    pool_finish || die "LM decoding of $(lm_tests $lm) failed"
     # at the chosen weights: the one-at-a-time reference (test_known only) and the
     # other batched searches (test_known with and without the known LM, test with
     # the train LM)
@@ -734,15 +753,13 @@ stage_lm_decode() {
       parse_job "$job"
       w=$(chosen_weight "$name" $lm)
       if [ $lm = known ]; then
-        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" test_known
-        [ "$bs" = 1 ] || pool_run "$lm_decode_jobs" plain_decode "$name" "$search" \
-          "$bs" test_known
+        lm_decode "$name" "$search" "$bs" $lm "$w" test_known
+        [ "$bs" = 1 ] || plain_decode "$name" "$search" "$bs" test_known
       elif [ "$bs" != 1 ]; then
-        pool_run "$lm_decode_jobs" lm_decode "$name" "$search" "$bs" $lm "$w" \
-          "${test_sets%% *}"
+        lm_decode "$name" "$search" "$bs" $lm "$w" "${test_sets%% *}"
       fi
     done
-    pool_finish || die "LM decoding of --lm_extra_jobs failed"
+    queue_run "$lm_decode_jobs" "LM $lm on $(lm_tests $lm) at the chosen weights"
   done
 }
 
@@ -756,13 +773,14 @@ stream_dir() {  # stream_dir MODEL SEARCH CHUNK STREAMS: the parent of the per-s
 stream_keys() {  # stream_keys SET: the key file of the streamed utterances
   echo "$exp/stream_keys_$1"
 }
-stream_decode() {  # stream_decode MODEL SEARCH CHUNK STREAMS SET
-  decode "$(stream_dir "$1" "$2" "$3" "$4")/$5" plugin "$1" "$2" "$5" "$4" \
+stream_decode() {  # stream_decode MODEL SEARCH CHUNK STREAMS SET: queue its streaming
+  queue_decode "$(stream_dir "$1" "$2" "$3" "$4")/$5" "$1" "$2" "$5" "$4" \
     --streaming true --streaming_chunk_size "$3" --sim_chunk_length "$stream_piece" \
     --key_file "$(stream_keys "$5")"
 }
 stage_stream() {
   local job name search c s n
+  queue_reset
   s=${test_sets%% *}
   # every k-th utterance (the sets are sorted by speaker): $stream_utts of each set
   for n in $test_sets; do
@@ -776,26 +794,26 @@ stage_stream() {
     search=${job#*:}
     for c in $stream_chunks; do
       # (a) the streams' hypotheses for all of test: offline, chunk-masked, batched
-      log "decoding $s with $name / $search at chunks of $c frames (offline, batched)"
-      decode "$(chunk_dir "$name" "$search" "$c")/$s" plugin "$name" "$search" "$s" 32 \
+      queue_decode "$(chunk_dir "$name" "$search" "$c")/$s" "$name" "$search" "$s" 32 \
         --streaming_chunk_size "$c"
-      # (b) timed: one decoding at a time, $decode_threads torch threads
-      log "streaming $s with $name / $search: chunk $c frames, one stream at a time"
+      # (b) timed: one stream at a time
       stream_decode "$name" "$search" "$c" 1 "$s"
     done
-    log "streaming $s with $name / $search: chunk $stream_batch_chunk, $stream_batch streams"
+    # $stream_batch streams at once at chunk $stream_batch_chunk (timed)
     stream_decode "$name" "$search" "$stream_batch_chunk" "$stream_batch" "$s"
   done
+  # one decoding at a time, $decode_threads torch threads: the times compare
+  queue_run 1 "streaming $s (timed)"
   # (c) emission delays against the known word boundaries: audio time, not wall time
   [ -f "$data/test_real/wav.scp" ] || { log "no test_real data: no emission delays"; return 0; }
   for job in $stream_jobs; do
     name=${job%%:*}
     search=${job#*:}
     for c in $stream_chunks; do
-      pool_run "$lm_decode_jobs" stream_decode "$name" "$search" "$c" 1 test_real
+      stream_decode "$name" "$search" "$c" 1 test_real
     done
   done
-  pool_finish || die "streaming test_real failed"
+  queue_run "$lm_decode_jobs" "streaming test_real"
 }
 
 # ------------------------------------------------------------ stage 13: score

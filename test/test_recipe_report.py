@@ -225,21 +225,22 @@ def test_half_precision_section(tmp_path):
 
     precision = import_local("report.precision")
     im = "valid.loss.ave"
-    for name, lines, wer in (
-        (f"decode_g_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0),
-        (f"decode_g_float16_{im}", "u1 4 5\nu2 7\nu3 \n", 12.5),
-        (f"decode_g_bfloat16_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0),
+    for name, lines, wer, batch in (
+        (f"decode_g_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0, 1),
+        (f"decode_g_float16_{im}", "u1 4 5\nu2 7\nu3 \n", 12.5, 32),
+        (f"decode_g_bfloat16_{im}", "u1 4 5\nu2 6\nu3 \n", 10.0, 1),
     ):
         d = tmp_path / "asr_m" / name / "test"
         (d / "1best_recog").mkdir(parents=True)
         (d / "1best_recog" / "token_int").write_text(lines)
         (d / "score.json").write_text(json.dumps({"wer": wer}))
-        (d / "decoding_stats.json").write_text(json.dumps({"num_failed": 0}))
+        stats = {"num_failed": 0, "batch_size": batch}
+        (d / "decoding_stats.json").write_text(json.dumps(stats))
     lines = precision.section(
         str(tmp_path), [("m", "g")], ["float16", "bfloat16"], im, "test"
     )
-    assert "| m | g | float16 | 10.00% | 12.50% | 1 / 3 | 0 |" in lines
-    assert "| m | g | bfloat16 | 10.00% | 10.00% | 0 / 3 | 0 |" in lines
+    assert "| m | g | float16 | 32 | 10.00% | 12.50% | 1 / 3 | 0 |" in lines
+    assert "| m | g | bfloat16 | 1 | 10.00% | 10.00% | 0 / 3 | 0 |" in lines
     assert any("every search and dtype: **no**" in line for line in lines)
 
 

@@ -37,7 +37,7 @@
 #      tdt_beam, one utterance at a time; the batched beam searches (both rules, batch
 #      32); the plug-in's searches write test_real's word times (1best_recog/ctm);
 #      then the throughput runs, and every plug-in search on test in float16 and
-#      bfloat16 (--dtype_jobs; not timed)
+#      bfloat16 (--dtype_jobs, batch --dtype_batch 32; not timed)
 #  11  LM fusion, the batched beam searches (--lm_searches): the weight of each LM
 #      chosen on its dev set (dev for "train", dev_known for "known"; --lm_weights,
 #      --lm_known_weights), then test, test_real with the "train" LM and test_known
@@ -107,6 +107,9 @@ batched_jobs="standard:mb_beam:32 standard:mb_beam_step:32 multiblank:mb_beam:32
 dtype_jobs="standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam tdt:tdt_greedy
   tdt:tdt_beam"
 dtypes="float16 bfloat16"
+# their batch: float32's batched decoding gives the hypotheses of batch 1, so half
+# precision at batch 32 is compared with float32 at batch 1 (stage 10's decodings)
+dtype_batch=32
 # streaming (stage 12): model:search decoded as streams, chunk sizes (encoder frames of
 # 40 ms), the piece length (samples: 640 = 80 ms at 8 kHz), the batched run's streams
 # and chunk
@@ -125,6 +128,7 @@ usage() {
   echo "         --decode_conf_dir D --num_accounts N --num_known_dev N --num_known_test N"
   echo "         --lm_args '...' --lm_searches 'model:search ...' --lm_weights 'W ...'"
   echo "         --lm_known_weights 'W ...' --lm_decode_jobs N --dtype_jobs 'model:search ...'"
+  echo "         --dtype_batch N"
   echo "         --decode_jobs 'model:search[:batch] ...' --lm_extra_jobs 'model:search:batch ...'"
   echo "         --stream_jobs 'model:search ...' --stream_chunks 'C ...' --stream_piece N"
   echo "         --stream_batch N --stream_batch_chunk C --stream_utts N"
@@ -136,7 +140,7 @@ while [ $# -gt 0 ]; do
     --train_args|--inference_model|--decode_conf_dir|--decode_threads|--train_jobs|\
     --train_procs|--num_accounts|--num_known_dev|--num_known_test|--lm_args|\
     --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs|\
-    --decode_jobs|--lm_extra_jobs|\
+    --dtype_batch|--decode_jobs|--lm_extra_jobs|\
     --stream_jobs|--stream_chunks|--stream_piece|--stream_batch|--stream_batch_chunk|\
     --stream_utts)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
@@ -522,9 +526,14 @@ train_lm() {
   mv "$out.tmp" "$out"
   sed -i "s#$out.tmp#$out#g" "$out/config.yaml"
 }
-stage_lms() {
-  train_lm train "$lm_config" "$data/train/text" "$data/dev/text"
-  train_lm known "$lm_known_config" "$data/accounts/text" "$data/dev_known/text"
+stage_lms() {  # the two LMs side by side (one torch thread each)
+  local pids=() rc=0 p
+  train_lm train "$lm_config" "$data/train/text" "$data/dev/text" &
+  pids+=($!)
+  train_lm known "$lm_known_config" "$data/accounts/text" "$data/dev_known/text" &
+  pids+=($!)
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ $rc = 0 ] || die "LM training failed (the end of its log is above)"
 }
 
 # ---------------------------------------------------------- decoding, shared
@@ -675,7 +684,7 @@ stage_decode() {
     search=${job#*:}
     for dtype in $dtypes; do
       queue_decode "$(decode_dir "$name" "$search" "$dtype")/$s" "$name" "$search" \
-        "$s" 1 --dtype "$dtype"
+        "$s" "$dtype_batch" --dtype "$dtype"
     done
   done
   queue_run "$lm_decode_jobs" "half precision on $s"
@@ -719,6 +728,8 @@ chosen_weight() {  # chosen_weight MODEL LM: the weight lm_searches chose for MO
 stage_lm_decode() {
   local lm job name search bs tag dev s w weights
   queue_reset
+  # the weight grids of both LMs on their dev sets, then the test sets at the weights
+  # chosen (two queues: each of its processes imports ESPnet once)
   for lm in train known; do
     dev=$(lm_dev $lm)
     log "LM $lm: weights $(lm_candidates $lm) on $dev, searches $lm_searches"
@@ -729,7 +740,10 @@ stage_lm_decode() {
         lm_decode "$name" "$search" "$bs" $lm "$w" "$dev"
       done
     done
-    queue_run "$lm_decode_jobs" "LM $lm on $dev"
+  done
+  queue_run "$lm_decode_jobs" "LM weights on $(lm_dev train), $(lm_dev known)"
+  for lm in train known; do
+    dev=$(lm_dev $lm)
     for job in $lm_searches; do
       parse_job "$job"
       weights=()
@@ -759,8 +773,8 @@ stage_lm_decode() {
         lm_decode "$name" "$search" "$bs" $lm "$w" "${test_sets%% *}"
       fi
     done
-    queue_run "$lm_decode_jobs" "LM $lm on $(lm_tests $lm) at the chosen weights"
   done
+  queue_run "$lm_decode_jobs" "the test sets at the chosen LM weights"
 }
 
 # --------------------------------------------------------- stage 12: streaming

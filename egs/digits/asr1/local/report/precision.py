@@ -22,7 +22,8 @@ def _hyps(path):
 
 def compare(exp, model, search, dtype, inference_model, test_set):
     """(WER float32, WER dtype, utterances with another hypothesis, utterances,
-    failed utterances) or None when either decoding is missing."""
+    failed utterances, the half-precision decoding's batch size) or None when either
+    decoding is missing."""
     base = os.path.join(exp, f"asr_{model}", f"decode_{search}_{inference_model}")
     half = os.path.join(
         exp, f"asr_{model}", f"decode_{search}_{dtype}_{inference_model}"
@@ -34,7 +35,14 @@ def compare(exp, model, search, dtype, inference_model, test_set):
     stats = load_json(os.path.join(half, test_set, "decoding_stats.json")) or {}
     scores = [load_json(os.path.join(d, test_set, "score.json")) for d in (base, half)]
     wers = [None if s is None else float(s["wer"]) for s in scores]
-    return wers[0], wers[1], differ, len(ref), stats.get("num_failed")
+    return (
+        wers[0],
+        wers[1],
+        differ,
+        len(ref),
+        stats.get("num_failed"),
+        stats.get("batch_size"),
+    )
 
 
 def section(exp, jobs, dtypes, inference_model, test_set):
@@ -49,20 +57,22 @@ def section(exp, jobs, dtypes, inference_model, test_set):
         return []
     L = ["## Half precision", ""]
     L.append(
-        f"`--dtype` of the plug-in's searches on `{test_set}` against float32 (the "
-        "model cast, its frontend and normalisation in float32; log-softmax and "
-        "scores in float32), one utterance at a time:"
+        f"`--dtype` of the plug-in's searches on `{test_set}` against float32 one "
+        "utterance at a time (the model cast, its frontend and normalisation in "
+        "float32; log-softmax and scores in float32). Batch: of the half-precision "
+        "decoding (float32's batched decoding gives the hypotheses of batch 1):"
     )
     L += [
         "",
-        "| model | search | dtype | WER float32 | WER | utterances with another "
-        "hypothesis | failed |",
-        "|---|---|---|---|---|---|---|",
+        "| model | search | dtype | batch | WER float32 | WER | utterances with "
+        "another hypothesis | failed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for m, search, dtype, w32, w, differ, n, failed in rows:
+    for m, search, dtype, w32, w, differ, n, failed, batch in rows:
         L.append(
-            f"| {m} | {search} | {dtype} | {fmt_pct(w32)} | {fmt_pct(w)} | "
-            f"{differ} / {n} | {failed if failed is not None else '-'} |"
+            f"| {m} | {search} | {dtype} | {batch if batch is not None else '-'} | "
+            f"{fmt_pct(w32)} | {fmt_pct(w)} | {differ} / {n} | "
+            f"{failed if failed is not None else '-'} |"
         )
     same = all(r[5] == 0 for r in rows)
     L += [

@@ -2,7 +2,7 @@
 # Connected digits, 8 kHz: standard vs multi-blank RNN-T vs TDT (espnet-multiblank), end
 # to end, with and without language models.
 #
-#   bash egs/digits/asr1/run.sh                 # everything (80 min on 2 idle cores, README.md)
+#   bash egs/digits/asr1/run.sh                 # everything (34-36 min on 2 idle cores, README.md)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
 #   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 14
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere

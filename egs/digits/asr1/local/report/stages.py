@@ -7,15 +7,13 @@ import os
 LAST_STAGE = 13
 
 
-def run_span(done_dir, last=LAST_STAGE):
-    """Seconds from the first stage's start to the last stage's finish (stages 1 to
-    ``last``).
+def stage_intervals(done_dir, last=LAST_STAGE):
+    """[(start, finish)] in seconds since the epoch of stages 1 to ``last``; None when
+    a marker is missing or unreadable.
 
-    Each ``exp/.done/<N>`` holds ``<finish time ISO>, <seconds> s``; None when a marker
-    is missing or unreadable (stages run in separate invocations still give a span,
-    which then includes the time between them).
+    Each ``exp/.done/<N>`` holds ``<finish time ISO>, <seconds> s``.
     """
-    starts, ends = [], []
+    out = []
     for k in range(1, last + 1):
         try:
             with open(os.path.join(done_dir, str(k))) as f:
@@ -24,9 +22,36 @@ def run_span(done_dir, last=LAST_STAGE):
             secs = float(secs.split()[0])
         except (OSError, ValueError):
             return None
-        starts.append(end - secs)
-        ends.append(end)
-    return max(ends) - min(starts)
+        out.append((end - secs, end))
+    return out
+
+
+def run_span(done_dir, last=LAST_STAGE):
+    """Seconds from the first stage's start to the last stage's finish (stages 1 to
+    ``last``); None when a marker is missing (stages run in separate invocations
+    still give a span, which then includes the time between them)."""
+    intervals = stage_intervals(done_dir, last)
+    if not intervals:
+        return None
+    return max(e for _, e in intervals) - min(s for s, _ in intervals)
+
+
+def busy_time(done_dir, last=LAST_STAGE):
+    """Seconds during which some stage of 1 to ``last`` ran: the union of their
+    intervals (side-by-side stages count once, the time between separate invocations
+    not at all); None when a marker is missing."""
+    intervals = stage_intervals(done_dir, last)
+    if not intervals:
+        return None
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    return total + (cur_end - cur_start)
 
 
 def section(exp):
@@ -40,11 +65,17 @@ def section(exp):
         L.append(f"| {k} | {open(os.path.join(done, k)).read().strip()} |")
     L.append("")
     L.append("(the report stage itself is not listed.)")
-    span = run_span(done)
+    span, busy = run_span(done), busy_time(done)
     if span:
         L.append("")
-        L.append(
+        line = (
             f"Stages 1-{LAST_STAGE}, first start to last finish: {span / 60:.1f} min."
         )
+        if busy is not None and span - busy > 60:
+            line += (
+                f" The stages ran in separate invocations: {busy / 60:.1f} min while "
+                "a stage ran (side-by-side stages counted once)."
+            )
+        L.append(line)
     L.append("")
     return L

@@ -11,7 +11,8 @@ printed:
   encoder runs once, untimed). Contenders at batch B (``--batch``, default 32):
 
   - ``greedy``: the frame-looping batched greedy search (``search_batch``);
-  - ``beam``: the batched beam search (``search_batch_nbest``), beam ``--beam``;
+  - ``beam-frame``, ``beam-step``, ``beam-label``: the batched beam search
+    (``search_batch_nbest``) of each ``beam_sync`` rule, beam ``--beam``;
   - ``beam-one``: the one-utterance beam search (``search``), what ``--batch_size 1``
     decoding runs;
 
@@ -26,7 +27,8 @@ printed:
   ``--lm DIR`` (an ``espnet2.bin.lm_train`` output: ``config.yaml``,
   ``valid.loss.best.pth``) beam at batch 32 and 1 with the LM (weight
   ``--lm-weight``); beam is the frame rule (``mb_beam.yaml``, ``tdt_beam.yaml``),
-  ``--step`` adds the step rule (``*_beam_step.yaml``) at batch 32. The
+  ``--step`` adds the step rule (``*_beam_step.yaml``) at batch 32, ``--label``
+  the label-synchronous rule (``*_beam_label.yaml``). The
   issue's goals (on the recipe's ``test``, beam 4): beam b32 <= 1.5x greedy b32
   (<= 2.0x with an LM), beam b32 >= 5x faster than beam b1, the same hypotheses at
   batch 32 and 1. ``--rounds`` runs of each, interleaved.
@@ -85,10 +87,12 @@ def contenders(model: Model, beam: int):
     beam_cls = TDTBeamSearch if tdt else MultiblankBeamSearch
     frame = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="frame")
     step = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="step")
+    label = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="label")
     return [
         ("greedy", greedy),
         ("beam-frame", frame),
         ("beam-step", step),
+        ("beam-label", label),
         ("beam-one", frame),
     ]
 
@@ -155,6 +159,12 @@ def bench_search(model: Model, args, device, out):
         )
         / len(encs),
         "step_score_minus_frame_mean": statistics.mean(step_vs_frame),
+        "label_over_greedy": med["beam-label"] / med["greedy"],
+        "one_over_label": med["beam-one"] / med["beam-label"],
+        "label_same_1best_as_frame": sum(
+            a == b for a, b in zip(labels["beam-label"], labels["beam-frame"])
+        )
+        / len(encs),
         "greedy_same_1best_as_frame": sum(
             a == b for a, b in zip(labels["greedy"], labels["beam-frame"])
         )
@@ -173,7 +183,10 @@ def bench_search(model: Model, args, device, out):
         f"{row['frame_same_as_one']}; 1-best step == frame "
         f"{100 * row['step_same_1best_as_frame']:.0f}%, greedy == frame "
         f"{100 * row['greedy_same_1best_as_frame']:.0f}%, mean score step - frame "
-        f"{row['step_score_minus_frame_mean']:+.4f}",
+        f"{row['step_score_minus_frame_mean']:+.4f}"
+        f"\n    label/greedy {row['label_over_greedy']:.2f}x, one/label "
+        f"{row['one_over_label']:.2f}x, 1-best label == frame "
+        f"{100 * row['label_same_1best_as_frame']:.0f}%",
         flush=True,
     )
 
@@ -194,12 +207,15 @@ def e2e_runs(args):
     }
     runs = []
     for kind in args.kinds.split(","):
-        step_conf = conf / beam_conf[kind].replace(".yaml", "_step.yaml")
+        rule_conf = {
+            rule: conf / beam_conf[kind].replace(".yaml", f"_{rule}.yaml")
+            for rule in args.rules
+        }
         runs.append(("greedy_b32", kind, conf / greedy_conf[kind], 32, []))
         runs.append(("beam_b32", kind, conf / beam_conf[kind], 32, []))
         runs.append(("beam_b1", kind, conf / beam_conf[kind], 1, []))
-        if args.step:
-            runs.append(("step_b32", kind, step_conf, 32, []))
+        for rule, path in rule_conf.items():
+            runs.append((f"{rule}_b32", kind, path, 32, []))
         if args.lm:
             lm = Path(args.lm)
             lm_file = lm / "valid.loss.best.pth"  # what the recipe decodes with
@@ -215,8 +231,8 @@ def e2e_runs(args):
             ]
             runs.append(("beam_lm_b32", kind, conf / beam_conf[kind], 32, extra))
             runs.append(("beam_lm_b1", kind, conf / beam_conf[kind], 1, extra))
-            if args.step:
-                runs.append(("step_lm_b32", kind, step_conf, 32, extra))
+            for rule, path in rule_conf.items():
+                runs.append((f"{rule}_lm_b32", kind, path, 32, extra))
     return runs
 
 
@@ -315,15 +331,18 @@ def bench_e2e(args, out):
             f"beam b1 / beam b32 {row['beam_b1_over_beam_b32']:.2f}x (goal >= 5), "
             f"same hyps b32/b1: {row['same_b32_b1']}"
         )
-        if "step_b32" in med:
-            row["step_b32_over_greedy_b32"] = med["step_b32"] / med["greedy_b32"]
-            row["beam_b1_over_step_b32"] = med["beam_b1"] / med["step_b32"]
-            row["step_same_as_b1"] = texts["step_b32", kind] == texts["beam_b1", kind]
+        for rule in args.rules:
+            name = f"{rule}_b32"
+            if name not in med:
+                continue
+            row[f"{rule}_b32_over_greedy_b32"] = med[name] / med["greedy_b32"]
+            row[f"beam_b1_over_{rule}_b32"] = med["beam_b1"] / med[name]
+            row[f"{rule}_same_as_b1"] = texts[name, kind] == texts["beam_b1", kind]
             line += (
-                f" | step b32 {med['step_b32']:.2f} s = "
-                f"{row['step_b32_over_greedy_b32']:.2f}x greedy, beam b1 / step "
-                f"{row['beam_b1_over_step_b32']:.2f}x, same hyps as beam b1: "
-                f"{row['step_same_as_b1']}"
+                f" | {rule} b32 {med[name]:.2f} s = "
+                f"{row[f'{rule}_b32_over_greedy_b32']:.2f}x greedy, beam b1 / "
+                f"{rule} {row[f'beam_b1_over_{rule}_b32']:.2f}x, same hyps as beam "
+                f"b1: {row[f'{rule}_same_as_b1']}"
             )
         if "beam_lm_b32" in med:
             row["beam_lm_b32_over_greedy_b32"] = med["beam_lm_b32"] / med["greedy_b32"]
@@ -338,11 +357,14 @@ def bench_e2e(args, out):
                 f"{row['beam_lm_b1_over_beam_lm_b32']:.2f}x, same: "
                 f"{row['same_lm_b32_b1']}"
             )
-        if "step_lm_b32" in med:
-            row["step_lm_b32_over_greedy_b32"] = med["step_lm_b32"] / med["greedy_b32"]
+        for rule in args.rules:
+            name = f"{rule}_lm_b32"
+            if name not in med:
+                continue
+            row[f"{name}_over_greedy_b32"] = med[name] / med["greedy_b32"]
             line += (
-                f" | LM step b32 {med['step_lm_b32']:.2f} s = "
-                f"{row['step_lm_b32_over_greedy_b32']:.2f}x greedy"
+                f" | LM {rule} b32 {med[name]:.2f} s = "
+                f"{row[f'{name}_over_greedy_b32']:.2f}x greedy"
             )
         line += (
             "\n"
@@ -381,6 +403,11 @@ def main():
         "--step", action="store_true", help="e2e mode: the step rule at batch 32 too"
     )
     parser.add_argument(
+        "--label",
+        action="store_true",
+        help="e2e mode: the label-synchronous rule at batch 32 too",
+    )
+    parser.add_argument(
         "--budget-s",
         type=float,
         default=float(os.environ.get("DECODE_BUDGET_S", 0)) or None,
@@ -388,6 +415,7 @@ def main():
     )
     parser.add_argument("--out", default=None, help="JSONL output")
     args = parser.parse_args()
+    args.rules = [rule for rule in ("step", "label") if getattr(args, rule)]
     torch.set_num_threads(args.threads)
     out_path = args.out or (
         str(Path(os.environ["OUT"]) / "decode_beam.jsonl")

@@ -15,8 +15,9 @@ overflow.
 time with the networks called directly (:func:`reference_step_beam`), beam 1 against
 the greedy searches, a wide beam against exhaustive enumeration.
 
-Both: batch 32 == batch 1, one joint and one prediction-network call per step, an
-utterance without paths leaves the others alone, half precision, CUDA == CPU.
+Both: one joint and one prediction-network call per step. With ``beam_sync: "label"``
+too (its own oracles in test_label_sync_beam.py): batch 32 == batch 1, an utterance
+without paths leaves the others alone, half precision, CUDA == CPU.
 """
 
 import math
@@ -300,7 +301,7 @@ def test_step_rule_follows_the_rule_written_again(case, decision, beam):
 # ------------------------------------------------------------------- both rules
 
 
-@pytest.mark.parametrize("sync", ["frame", "step"])
+@pytest.mark.parametrize("sync", ["frame", "step", "label"])
 @pytest.mark.parametrize("case", ["standard", "multiblank", "tdt"])
 def test_batch_32_equals_batch_1(case, sync):
     make, build, enc_batch = CASES[case]
@@ -311,7 +312,7 @@ def test_batch_32_equals_batch_1(case, sync):
     for b, T in enumerate(lens):
         alone = search.search_batch_nbest(enc[b : b + 1, :T], torch.tensor([T]))[0]
         assert_same_nbest(batch[b], alone, T)
-        if sync == "step":  # search() is the batched search on one utterance
+        if sync != "frame":  # search() is the batched search on one utterance
             assert_same_nbest(search.search(enc[b, :T]), alone, T)
 
 
@@ -413,7 +414,7 @@ def test_one_joint_and_one_prediction_call_per_step(sync, monkeypatch):
     assert num_steps == max(alone)
 
 
-@pytest.mark.parametrize("sync", ["frame", "step"])
+@pytest.mark.parametrize("sync", ["frame", "step", "label"])
 def test_an_utterance_without_paths_leaves_the_others_alone(sync):
     """Non-finite encoder output for one utterance: no hypothesis for it (the
     decoding loop reports it), the others exactly as alone."""
@@ -442,7 +443,7 @@ def test_bad_arguments_and_empty_batches():
         mb_search(mb_make_model(0), beam_sync="time")
 
 
-@pytest.mark.parametrize("sync", ["frame", "step"])
+@pytest.mark.parametrize("sync", ["frame", "step", "label"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(dtype, sync):
     """In half precision the batched search gives the n-best of one utterance alone
@@ -485,7 +486,7 @@ def test_factory_beams_are_batched():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("sync", ["frame", "step"])
+@pytest.mark.parametrize("sync", ["frame", "step", "label"])
 def test_cuda_matches_cpu(sync):
     for case in ("multiblank", "tdt"):
         make, build, enc_batch = CASES[case]

@@ -1,7 +1,7 @@
 """Batched beam search and CTM output through both entry points, on tiny random
 ``model: multiblank_espnet`` models (multi-blank, standard, TDT).
 
-* ``mb_beam`` / ``tdt_beam`` (both ``beam_sync`` rules) at ``--batch_size 4`` give
+* ``mb_beam`` / ``tdt_beam`` (every ``beam_sync`` rule) at ``--batch_size 4`` give
   the n-best lists of ``--batch_size 1`` (tokens, scores to float rounding), in
   input order; the frame rule's batch 1 is the one-utterance search;
 * ``--write_ctm true``: one line per word of the 1-best (the text file's words),
@@ -82,9 +82,12 @@ def nbest(out: Path, n: int):
 CASES = [
     ("mb", "mb_beam.yaml"),
     ("mb", "mb_beam_step.yaml"),
+    ("mb", "mb_beam_label.yaml"),
     ("std", "mb_beam.yaml"),
+    ("std", "mb_beam_label.yaml"),
     ("tdt", "tdt_beam.yaml"),
     ("tdt", "tdt_beam_step.yaml"),
+    ("tdt", "tdt_beam_label.yaml"),
 ]
 
 

@@ -19,17 +19,19 @@ kind only gives the candidates (:mod:`.beam_step`). ``beam_sync`` chooses the ru
 See ``docs/decoding.md`` ("Batched beam search").
 """
 
-from typing import List
+import math
+from typing import List, Optional
 
 import torch
 
 from espnet_multiblank.decoding.base import TransducerSearch, check_batch
 from espnet_multiblank.decoding.frame_sync_beam import FrameSyncRun
 from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.label_sync_beam import LabelSyncRun
 from espnet_multiblank.decoding.step_sync_beam import StepSyncRun
 
 #: ``beam_sync`` values and the run of each
-RUNS = {"frame": FrameSyncRun, "step": StepSyncRun}
+RUNS = {"frame": FrameSyncRun, "step": StepSyncRun, "label": LabelSyncRun}
 BEAM_SYNCS = tuple(RUNS)
 
 
@@ -37,6 +39,23 @@ def check_beam_sync(value) -> str:
     if value not in RUNS:
         raise ValueError(f"beam_sync must be one of {list(BEAM_SYNCS)}, got {value!r}")
     return value
+
+
+def check_frame_prune(value, beam_sync: str) -> Optional[float]:
+    """``frame_prune``: None (every frame of every prefix), or nats > 0, with
+    ``beam_sync: label`` only."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
+    if not value > 0 or math.isnan(value):
+        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
+    if beam_sync != "label":
+        raise ValueError(
+            f"frame_prune applies to beam_sync 'label' only, got beam_sync "
+            f"{beam_sync!r}"
+        )
+    return float(value)
 
 
 class BatchedBeamSearch(TransducerSearch):

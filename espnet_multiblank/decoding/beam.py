@@ -53,7 +53,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from espnet_multiblank.decoding.batched_beam import BatchedBeamSearch, check_beam_sync
+from espnet_multiblank.decoding.batched_beam import (
+    BatchedBeamSearch,
+    check_beam_sync,
+    check_frame_prune,
+)
 from espnet_multiblank.decoding.beam_step import MultiblankBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
@@ -94,8 +98,13 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         beam_sync: ``"frame"`` (default): the frame-synchronous rule above, batched
             by :meth:`search_batch_nbest` with the same results; ``"step"``: every
             hypothesis takes one arc per step, pruned per step
-            (:mod:`~espnet_multiblank.decoding.step_sync_beam`), one utterance or a
-            batch.
+            (:mod:`~espnet_multiblank.decoding.step_sync_beam`); ``"label"``: every
+            hypothesis is a label sequence scored with the sum over all its
+            alignments (:mod:`~espnet_multiblank.decoding.label_sync_beam`); the last
+            two on one utterance or a batch alike.
+        frame_prune: ``beam_sync: "label"`` only: evaluate a prefix on the frames
+            where its forward sum is within this many nats of its utterance's best
+            prefix; None (default): every frame.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         blank_decision: str = "symbol",
         fusion=None,
         beam_sync: str = "frame",
+        frame_prune: Optional[float] = None,
     ):
         super().__init__(
             stepper,
@@ -127,6 +137,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         self.beam_size = beam_size
         self.score_norm = score_norm
         self.blank_decision = check_blank_decision(blank_decision)
+        self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
 
     def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
         """Final ranking, best first: by score, or by score / len(yseq)."""
@@ -166,7 +177,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         Returns:
             Up to ``nbest`` hypotheses, best first.
         """
-        if self.beam_sync == "step":  # one utterance as a batch of one
+        if self.beam_sync != "frame":  # one utterance as a batch of one
             length = torch.tensor([enc_out.size(0)], device=enc_out.device)
             return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
         return self.search_projected(self.stepper.project_enc(enc_out))

@@ -59,6 +59,7 @@ class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
         end_rule: str = "exact",
         fusion=None,
         beam_sync: str = "frame",
+        frame_prune: Optional[float] = None,
     ):
         super().__init__(
             stepper,
@@ -70,8 +71,14 @@ class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
             blank_decision=blank_decision,
             fusion=fusion,
             beam_sync=beam_sync,
+            frame_prune=frame_prune,
         )
         self._set_end_rule(end_rule)
+        if self.end_rule != "exact" and beam_sync == "label":
+            raise ValueError(
+                "beam_sync 'label' scores the loss's lattice, whose paths end "
+                f"exactly on T: end_rule must be 'exact', got {end_rule!r}"
+            )
 
     def _expand(
         self,

@@ -34,15 +34,15 @@
 #      "known" on the account list
 #  10  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
 #      as the multi-blank model's); multi-blank mb_greedy + mb_beam; TDT tdt_greedy +
-#      tdt_beam, one utterance at a time; the batched beam searches (both rules, batch
-#      32); the plug-in's searches write test_real's word times (1best_recog/ctm);
+#      tdt_beam, one utterance at a time; the batched beam searches (frame and label
+#      rules, batch 32); the plug-in's searches write test_real's word times (1best_recog/ctm);
 #      then the throughput runs, and every plug-in search on test in float16 and
 #      bfloat16 (--dtype_jobs, batch --dtype_batch 32; not timed)
 #  11  LM fusion, the batched beam searches (--lm_searches): the weight of each LM
 #      chosen on its dev set (dev for "train", dev_known for "known"; --lm_weights,
 #      --lm_known_weights), then test, test_real with the "train" LM and test_known
 #      without and with the "known" LM; at the chosen weights one one-at-a-time beam
-#      run per model and the step-pruned beams (--lm_extra_jobs); --lm_decode_jobs
+#      run per model and the label-synchronous beams (--lm_extra_jobs); --lm_decode_jobs
 #      decodings at a time
 #  12  streaming (the models' chunk conformers, docs/streaming.md), with each model's
 #      greedy search: (a) test decoded offline at --stream_chunks encoder frames per
@@ -94,14 +94,14 @@ lm_searches="standard:mb_beam:32 multiblank:mb_beam:32 tdt:tdt_beam:32"
 # decoded at the weights lm_searches chose for the same model: test_known with the known
 # LM (and, batched, without it) and, batched, test with the train LM
 lm_extra_jobs="standard:mb_beam:1 multiblank:mb_beam:1 tdt:tdt_beam:1
-  standard:mb_beam_step:32 multiblank:mb_beam_step:32 tdt:tdt_beam_step:32"
+  standard:mb_beam_label:32 multiblank:mb_beam_label:32 tdt:tdt_beam_label:32"
 lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev (0, no LM, too)
 lm_known_weights="0.2 0.4 0.8 1.6"  # candidates for LM "known", on dev_known (and 0)
 lm_decode_jobs=2            # LM decodings at a time (not timed: they may share CPUs)
 decode_jobs=""              # stage 10's model:search[:batch] (default below)
 # the batched beam searches decoded in stage 10 (with the one-at-a-time ones)
-batched_jobs="standard:mb_beam:32 standard:mb_beam_step:32 multiblank:mb_beam:32
-  multiblank:mb_beam_step:32 tdt:tdt_beam:32 tdt:tdt_beam_step:32"
+batched_jobs="standard:mb_beam:32 standard:mb_beam_label:32 multiblank:mb_beam:32
+  multiblank:mb_beam_label:32 tdt:tdt_beam:32 tdt:tdt_beam_label:32"
 # model:search decoded on the first test set in half precision too (--dtype), to
 # compare with float32
 dtype_jobs="standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam tdt:tdt_greedy
@@ -182,10 +182,10 @@ if $smoke; then
   # one beam search with the LMs, one search in half precision (the smoke run stays
   # short; the tests cover the other searches)
   lm_searches="tdt:tdt_beam:32"
-  lm_extra_jobs="tdt:tdt_beam:1 tdt:tdt_beam_step:32"
+  lm_extra_jobs="tdt:tdt_beam:1 tdt:tdt_beam_label:32"
   dtype_jobs="multiblank:mb_greedy"
   # of the batched beams, one of each rule
-  batched_jobs="tdt:tdt_beam:32 multiblank:mb_beam_step:32"
+  batched_jobs="tdt:tdt_beam:32 multiblank:mb_beam_label:32"
   # streaming: the two lattices that jump frames, one chunk
   stream_jobs="multiblank:mb_greedy tdt:tdt_greedy"
   stream_chunks="4"; stream_batch=4; stream_batch_chunk=4; stream_utts=20
@@ -541,7 +541,8 @@ stage_lms() {  # the two LMs side by side (one torch thread each)
 # standard:mb_greedy runs the plug-in's greedy code on the standard model (no big blanks):
 # the same implementation on both models, which isolates the gain of the big blanks.
 # model:search[:batch] (batch 1 if not given): one utterance at a time, then the
-# batched beam searches of both rules (beam_sync frame and step)
+# batched beam searches of two rules (beam_sync frame and label; step: mb_beam_step,
+# tdt_beam_step)
 decode_jobs=${decode_jobs:-"standard:greedy standard:beam standard:mb_greedy multiblank:mb_greedy
   multiblank:mb_beam tdt:tdt_greedy tdt:tdt_beam $batched_jobs"}
 # Throughput on the first test set, end to end (features, encoder, search, I/O; model

@@ -6,7 +6,8 @@
 ``mb_greedy``  :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (batched
                over utterances by the plug-in's inference).
 ``mb_beam``    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, ``beam_size``
-               (batched over utterances; ``beam_sync``: ``frame`` or ``step``).
+               (batched over utterances; ``beam_sync``: ``frame``, ``step`` or
+               ``label``).
 ``greedy``     ESPnet's greedy search (``BeamSearchTransducer`` with beam 1).
 ``default``    ESPnet's default beam search (beam 1: ESPnet's greedy search).
 ``tsd`` ...    ESPnet's other searches (``tsd``, ``alsd``, ``nsc``, ``maes``).
@@ -71,6 +72,7 @@ MULTIBLANK_KEYS = (
     "loop_labels",
     "blank_decision",
     "beam_sync",
+    "frame_prune",
 )
 TDT_KEYS = MULTIBLANK_KEYS
 #: transducer_conf keys that ESPnet's searches do not know
@@ -80,6 +82,7 @@ PLUGIN_ONLY_KEYS = (
     "blank_decision",
     "loop_labels",
     "beam_sync",
+    "frame_prune",
 )
 #: the greedy search types that ``loop_labels: true`` turns into label-looping
 GREEDY_SEARCH_TYPES = ("mb_greedy", "tdt_greedy")
@@ -242,7 +245,8 @@ def build_transducer_search(
         **conf: Other ``transducer_conf`` keys: ``max_sym_per_frame`` and
             ``score_norm`` for the plug-in's searches, ``blank_decision`` for the
             multi-blank ones, ``loop_labels`` (bool) for the greedy ones,
-            ``beam_sync`` (``"frame"`` or ``"step"``) for the beam ones; ESPnet's
+            ``beam_sync`` (``"frame"``, ``"step"`` or ``"label"``) and
+            ``frame_prune`` (``"label"``) for the beam ones; ESPnet's
             keys (``score_norm``, ``score_norm_during``, ``max_sym_exp``,
             ``u_max``, ...) for ESPnet's.
 
@@ -354,6 +358,11 @@ def _plugin_search(
     # blank_decision, beam_sync: each search has its own default
     extra = {k: conf[k] for k in ("blank_decision", "beam_sync") if k in conf}
     if resolved in GREEDY_SEARCH_TYPES:
+        if "frame_prune" in conf:
+            raise ValueError(
+                f"transducer_conf.frame_prune prunes the label-synchronous beam "
+                f"search (beam_sync: label); {resolved} is a greedy search"
+            )
         if "beam_sync" in conf:
             raise ValueError(
                 f"transducer_conf.beam_sync chooses how a beam search prunes; "
@@ -375,6 +384,7 @@ def _plugin_search(
         max_sym_per_frame=max_sym,
         score_norm=conf.get("score_norm", False),
         fusion=fusion,
+        frame_prune=conf.get("frame_prune"),
         **extra,
     )
 

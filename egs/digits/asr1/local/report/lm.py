@@ -200,11 +200,12 @@ def extra_section(exp, lm_searches, extra_jobs, inference_model, test_sets):
         grid.setdefault(m, tag)
     first = test_sets[0]
     L = [
-        "### LM fusion at the chosen weights: one at a time, and pruned per step",
+        "### LM fusion at the chosen weights: one at a time, and the other rules",
         "",
         "The weights chosen by the batched beam search of each model above, used "
         "by its one-at-a-time search (batch 1, the reference: `test_known` only) "
-        "and by the step-pruned batched search (`*_step`). Decode times of "
+        "and by the batched searches of the other rules (`*_label`, `*_step`). "
+        "Decode times of "
         "`test_known` with the LM.",
         "",
         "| model | search | WER `test_known`, known LM | grid search's | decode "

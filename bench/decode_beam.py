@@ -15,6 +15,8 @@ printed:
     (``search_batch_nbest``) of each ``beam_sync`` rule, beam ``--beam``;
   - ``beam-one``: the one-utterance beam search (``search``), what ``--batch_size 1``
     decoding runs;
+  - ``beam-label-prune`` (with ``--frame-prune N``): the label rule with
+    ``frame_prune: N``, its 1-best and scores compared with ``beam-label``'s;
 
   with the hypotheses of ``beam`` checked against ``beam-one`` (``same``).
 
@@ -79,7 +81,7 @@ KINDS = ("standard", "multiblank", "tdt")
 
 
 # ---------------------------------------------------------------- search mode
-def contenders(model: Model, beam: int):
+def contenders(model: Model, beam: int, frame_prune=None):
     tdt = model.kind == "tdt"
     greedy = (TDTGreedySearch if tdt else MultiblankGreedySearch)(
         model.stepper, model.lattice
@@ -88,13 +90,27 @@ def contenders(model: Model, beam: int):
     frame = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="frame")
     step = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="step")
     label = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="label")
-    return [
+    out = [
         ("greedy", greedy),
         ("beam-frame", frame),
         ("beam-step", step),
         ("beam-label", label),
         ("beam-one", frame),
     ]
+    if frame_prune is not None:
+        out.append(
+            (
+                "beam-label-prune",
+                beam_cls(
+                    model.stepper,
+                    model.lattice,
+                    beam_size=beam,
+                    beam_sync="label",
+                    frame_prune=frame_prune,
+                ),
+            )
+        )
+    return out
 
 
 def run_search(name, search, batches, n):
@@ -123,7 +139,7 @@ def bench_search(model: Model, args, device, out):
     encs = model.encs
     batches = make_batches(encs, args.batch, device)
     frames = sum(e.size(0) for e in encs)
-    names = contenders(model, args.beam)
+    names = contenders(model, args.beam, args.frame_prune)
     for name, search in names:  # warm-up
         run_search(name, search, batches[:1], len(encs))
     times = {name: [] for name, _ in names}
@@ -170,6 +186,16 @@ def bench_search(model: Model, args, device, out):
         )
         / len(encs),
     }
+    if args.frame_prune is not None:
+        pruned, full = hyps["beam-label-prune"], hyps["beam-label"]
+        row["frame_prune"] = args.frame_prune
+        row["label_over_pruned"] = med["beam-label"] / med["beam-label-prune"]
+        row["pruned_same_1best_as_label"] = sum(
+            a.yseq == b.yseq for a, b in zip(pruned, full)
+        ) / len(encs)
+        row["pruned_score_diff_max"] = max(
+            abs(a.score - b.score) for a, b in zip(pruned, full) if a.yseq == b.yseq
+        )
     if model.encoder_s is not None:
         row["encoder_s"] = model.encoder_s
     out(row)
@@ -189,6 +215,14 @@ def bench_search(model: Model, args, device, out):
         f"{100 * row['label_same_1best_as_frame']:.0f}%",
         flush=True,
     )
+    if args.frame_prune is not None:
+        print(
+            f"    frame_prune {args.frame_prune}: label / pruned "
+            f"{row['label_over_pruned']:.2f}x, 1-best pruned == label "
+            f"{100 * row['pruned_same_1best_as_label']:.0f}%, largest score "
+            f"difference {row['pruned_score_diff_max']:.1e}",
+            flush=True,
+        )
 
 
 # ------------------------------------------------------------------- e2e mode
@@ -412,6 +446,12 @@ def main():
         type=float,
         default=float(os.environ.get("DECODE_BUDGET_S", 0)) or None,
         help="search mode: stop starting models after this many seconds",
+    )
+    parser.add_argument(
+        "--frame-prune",
+        type=float,
+        default=None,
+        help="search mode: the label rule with this frame_prune too",
     )
     parser.add_argument("--out", default=None, help="JSONL output")
     args = parser.parse_args()

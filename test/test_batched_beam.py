@@ -300,12 +300,22 @@ def test_step_rule_follows_the_rule_written_again(case, decision, beam):
 
 # ------------------------------------------------------------------- both rules
 
+#: the rules, and the label rule with frame_prune (its floor: each utterance's greedy
+#: path, so batches must still equal one utterance alone)
+SYNCS = ["frame", "step", "label", "label-prune"]
 
-@pytest.mark.parametrize("sync", ["frame", "step", "label"])
+
+def sync_args(sync: str) -> dict:
+    if sync == "label-prune":
+        return dict(beam_sync="label", frame_prune=6.0)
+    return dict(beam_sync=sync)
+
+
+@pytest.mark.parametrize("sync", SYNCS)
 @pytest.mark.parametrize("case", ["standard", "multiblank", "tdt"])
 def test_batch_32_equals_batch_1(case, sync):
     make, build, enc_batch = CASES[case]
-    search = build(make(4), beam_size=4, nbest=3, beam_sync=sync)
+    search = build(make(4), beam_size=4, nbest=3, **sync_args(sync))
     lens = [(7 * i) % 11 + 1 for i in range(32)]
     enc, _ = enc_batch(3, lens)
     batch = search.search_batch_nbest(enc, torch.tensor(lens))
@@ -414,12 +424,12 @@ def test_one_joint_and_one_prediction_call_per_step(sync, monkeypatch):
     assert num_steps == max(alone)
 
 
-@pytest.mark.parametrize("sync", ["frame", "step", "label"])
+@pytest.mark.parametrize("sync", SYNCS)
 def test_an_utterance_without_paths_leaves_the_others_alone(sync):
     """Non-finite encoder output for one utterance: no hypothesis for it (the
     decoding loop reports it), the others exactly as alone."""
     model = mb_make_model(0, blank_bias=0.0)
-    search = mb_search(model, beam_size=3, nbest=2, beam_sync=sync)
+    search = mb_search(model, beam_size=3, nbest=2, **sync_args(sync))
     lens = [12, 9, 7]
     enc, _ = enc_batch(1, lens)
     enc[1, :9] = float("nan")
@@ -443,7 +453,7 @@ def test_bad_arguments_and_empty_batches():
         mb_search(mb_make_model(0), beam_sync="time")
 
 
-@pytest.mark.parametrize("sync", ["frame", "step", "label"])
+@pytest.mark.parametrize("sync", SYNCS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(dtype, sync):
     """In half precision the batched search gives the n-best of one utterance alone
@@ -452,7 +462,7 @@ def test_half_precision(dtype, sync):
     model = make(0)
     model.decoder.to(dtype)
     model.joint_network.to(dtype)
-    search = build(model, beam_size=3, nbest=2, beam_sync=sync)
+    search = build(model, beam_size=3, nbest=2, **sync_args(sync))
     enc, _ = enc_batch(1, [9, 6, 11])
     got = search.search_batch_nbest(enc.to(dtype), torch.tensor([9, 6, 11]))
     for b, T in enumerate([9, 6, 11]):
@@ -486,12 +496,12 @@ def test_factory_beams_are_batched():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("sync", ["frame", "step", "label"])
+@pytest.mark.parametrize("sync", SYNCS)
 def test_cuda_matches_cpu(sync):
     for case in ("multiblank", "tdt"):
         make, build, enc_batch = CASES[case]
         model = make(0)
-        search = build(model, beam_size=4, nbest=3, beam_sync=sync)
+        search = build(model, beam_size=4, nbest=3, **sync_args(sync))
         enc, _ = enc_batch(1, LENS)
         want = search.search_batch_nbest(enc, torch.tensor(LENS))
         model.decoder.cuda()

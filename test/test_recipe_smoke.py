@@ -44,16 +44,16 @@ DECODES = [
     ("tdt", "tdt_greedy"),
     ("tdt", "tdt_beam"),
     # the smoke run's batched beam searches (their directories' names)
-    ("tdt", "tdt_beam_b32"),
-    ("multiblank", "mb_beam_label_b32"),
+    ("tdt", "tdt_beam_label_b32"),
+    ("multiblank", "mb_beam_b32"),
 ]
 # the smoke run's streaming decodings (run.sh: stream_jobs, stream_chunks, ...)
 STREAM_JOBS = [("multiblank", "mb_greedy"), ("tdt", "tdt_greedy")]
 STREAM_CHUNKS = (4,)
 STREAM_BATCH, STREAM_BATCH_CHUNK, STREAM_UTTS = 4, 4, 20
 # the smoke run's --lm_searches, --lm_extra_jobs and --dtype_jobs (directory names)
-LM_SEARCHES = [("tdt", "tdt_beam_b32")]
-LM_EXTRA = [("tdt", "tdt_beam", 1), ("tdt", "tdt_beam_label_b32", 32)]
+LM_SEARCHES = [("tdt", "tdt_beam_label_b32")]
+LM_EXTRA = [("tdt", "tdt_beam", 1), ("tdt", "tdt_beam_b32", 32)]
 DTYPE_JOBS = [("multiblank", "mb_greedy")]
 #: LM -> (dev set, test sets, the smoke run's candidate weights)
 LMS = {
@@ -371,7 +371,7 @@ def test_report(smoke_run):
     assert "- known-list condition" in lm_md and "- `test` with the LM" in lm_md
     assert "LM fusion at the chosen weights" in lm_md
     batched = md.split("\n## Batched beam search")[1].split("\n## ")[0]
-    for m, search in (("tdt", "tdt_beam_b32"), ("multiblank", "mb_beam_label_b32")):
+    for m, search in (("tdt", "tdt_beam_label_b32"), ("multiblank", "mb_beam_b32")):
         assert any(r.startswith(f"| {m} | {search} |") for r in batched.splitlines())
     assert "- batched beam at most 1.5x the batched greedy" in batched
     times = md.split("\n## Word timestamps")[1].split("\n## ")[0]

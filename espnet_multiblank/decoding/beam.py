@@ -59,6 +59,7 @@ from espnet_multiblank.decoding.batched_beam import (
     check_frame_prune,
 )
 from espnet_multiblank.decoding.beam_step import MultiblankBeamStep
+from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.multiblank_table import (
     SymbolTable,
@@ -103,8 +104,9 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
             alignments (:mod:`~espnet_multiblank.decoding.label_sync_beam`); the last
             two on one utterance or a batch alike.
         frame_prune: ``beam_sync: "label"`` only: evaluate a prefix on the frames
-            where its forward sum is within this many nats of its utterance's best
-            prefix; None (default): every frame.
+            where its forward sum is within this many nats of the score of a
+            complete path of the utterance (the greedy one, :meth:`path_search`);
+            None (default): every frame.
     """
 
     def __init__(
@@ -138,6 +140,29 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         self.score_norm = score_norm
         self.blank_decision = check_blank_decision(blank_decision)
         self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
+
+    #: the greedy search of the same lattice, for ``frame_prune``'s floor
+    greedy_class = MultiblankGreedySearch
+
+    def greedy_options(self) -> dict:
+        """Options of :attr:`greedy_class` beyond the shared ones."""
+        return {}
+
+    def path_search(self):
+        """The greedy search whose path scores bound ``frame_prune``'s floor: the
+        arg-max arc at every step (``blank_decision: "symbol"``: its score is the
+        log-probability of one path of the lattice, plus the fused LMs' weighted
+        log P(y </s>))."""
+        if getattr(self, "_path_search", None) is None:
+            self._path_search = self.greedy_class(
+                self.stepper,
+                self.lattice,
+                max_sym_per_frame=self.max_sym_per_frame,
+                blank_decision="symbol",
+                fusion=self.fusion,
+                **self.greedy_options(),
+            )
+        return self._path_search
 
     def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
         """Final ranking, best first: by score, or by score / len(yseq)."""

@@ -37,6 +37,7 @@ returned hypothesis are those of its most probable alignment
 (:func:`~.prefix_kernels.best_alignments`).
 """
 
+import math
 from typing import List
 
 import numpy as np
@@ -143,6 +144,8 @@ class LabelSyncRun(BeamRun):
         self.ended_node = torch.full((B, self.M), -1, dtype=torch.long, device=device)
         self.ended[:, 0] = torch.where(self.done, self.root_score(), NEG)
         self.labels_left = lens * search.max_sym_per_frame  # (B,)
+        if search.frame_prune is not None:
+            self.floor = self._path_scores(enc_out, lens) - search.frame_prune  # (B,)
         # the lattice weights each prefix's step computed, for the alignments of
         # the returned hypotheses: blank arcs of the level after a node's label
         # (the root's level per utterance) and the arcs of the node's label
@@ -195,12 +198,13 @@ class LabelSyncRun(BeamRun):
         stand, and their forward sums.
 
         Without ``frame_prune`` every frame (the padded ones are never read). With
-        it, a prefix's frames start at its first entry within ``frame_prune`` nats
-        of the utterance's best prefix score and are evaluated in windows, extended
-        while the forward sum flowing past the last evaluated frame is within
-        ``frame_prune`` of it: the paths through a frame left out have a
-        probability below e**-frame_prune of the best prefix's (docs/decoding.md:
-        what this costs a hypothesis far less probable than its prefixes).
+        it, a prefix's frames start at its first entry whose forward sum (plus the
+        prefix's LM score) is above the floor, ``frame_prune`` nats below the score
+        of the utterance's greedy path, and are evaluated in windows, extended
+        while the forward sum flowing past the last evaluated frame is above it:
+        the paths through a frame left out add less than e**-frame_prune times the
+        probability of any hypothesis that scores at least the greedy path's
+        (docs/decoding.md).
 
         Returns:
             token log-probs (A, T, V), duration log-probs (A, T, D) or None, blank
@@ -218,13 +222,16 @@ class LabelSyncRun(BeamRun):
             tok, dur = arcs.log_probs(logits)
             blank_w = arcs.blank_weights(tok, dur)
             return (tok, dur, blank_w) + self._forward(entry, blank_w, row_lens)
-        # the utterance's best prefix: no path through a frame whose forward sum is
-        # FRAME_PRUNE below it can matter to its competitive hypotheses
-        mass = torch.logsumexp(entry, 1).to(device)
-        best = torch.full((self.B,), NEG, dtype=torch.float64, device=device)
-        best = best.scatter_reduce(0, b_of, mass, "amax")
-        floor = (best[b_of] - prune).unsqueeze(1)  # (A, 1)
-        near = entry.to(device) > floor
+        # the paths through frame t of prefix y add at most alpha_y(t) + LM(y) to
+        # the fused score of any hypothesis that starts with y: none of them matters
+        # to a hypothesis that beats the greedy path (self.floor + frame_prune) where
+        # that is frame_prune below it. (The best prefix's score is no floor: a
+        # prefix on an early frame has the frames to its end still to pay.)
+        # the best complete hypothesis found so far raises it
+        best = torch.maximum(self.floor, self.ended[:, 0] - prune)
+        floor = (best[b_of] - self.lm_score[idx]).unsqueeze(1)  # (A, 1)
+        entry = entry.to(device)
+        near = entry > floor
         any_near = near.any(1)
         lo = torch.where(any_near, near.float().argmax(1), 0)
         hi = torch.where(any_near, T - near.flip(1).float().argmax(1), 0)
@@ -258,10 +265,28 @@ class LabelSyncRun(BeamRun):
             alpha, end = self._forward(entry, blank_w, row_lens)
             # the forward sum that flows past the evaluated frames
             past = torch.where(frames.unsqueeze(0) >= done.unsqueeze(1), alpha, NEG)
-            more = (done < row_lens) & (past.max(1, keepdim=True).values > floor)[:, 0]
+            more = (done < row_lens) & (past > floor).any(1)
             if not bool(more.any()):
                 return tok, dur, blank_w, alpha, end
             hi = torch.where(more, torch.minimum(done + NEXT_WINDOW, row_lens), hi)
+
+    def _path_scores(self, enc_out, lens) -> torch.Tensor:
+        """(B,) float64: the score of one complete path of each utterance (the
+        greedy search's, fused with the LMs; -inf where it finds none): a lower
+        bound of the best hypothesis's score. A hypothesis that scores at least as
+        much has log P(y | x) at least as high when the LMs' weights are >= 0 (their
+        weighted log-probabilities are <= 0); with a negative weight there is no
+        such bound, and no frame is pruned."""
+        fusion = self.search.fusion
+        if fusion is not None and min(fusion.weights) < 0:
+            return torch.full((self.B,), NEG, dtype=torch.float64, device=self.device)
+        hyps = self.search.path_search().search_batch(enc_out, lens)
+        # a non-finite score (no path, NaN outputs) bounds nothing: no pruning
+        scores = [
+            float(h.score) if h is not None and math.isfinite(h.score) else NEG
+            for h in hyps
+        ]
+        return torch.tensor(scores, dtype=torch.float64, device=self.device)
 
     def _forward(self, entry, blank_w, row_lens):
         """The prefixes' forward sums (A, T) and complete scores (A,), float64."""

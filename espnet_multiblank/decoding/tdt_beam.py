@@ -30,6 +30,7 @@ from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
 from espnet_multiblank.decoding.beam_step import TDTBeamStep
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.row_step import TDTRowStep
+from espnet_multiblank.decoding.tdt_greedy import TDTGreedySearch
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 
 #: the TDT beam search's default ``blank_decision`` (chosen on the digits dev set)
@@ -79,6 +80,12 @@ class TDTBeamSearch(TDTBeamStep, TDTRowStep, MultiblankBeamSearch):
                 "beam_sync 'label' scores the loss's lattice, whose paths end "
                 f"exactly on T: end_rule must be 'exact', got {end_rule!r}"
             )
+
+    greedy_class = TDTGreedySearch
+
+    def greedy_options(self) -> dict:
+        """The greedy path of ``frame_prune``'s floor ends as this search's paths do."""
+        return {"end_rule": self.end_rule}
 
     def _expand(
         self,

@@ -2,7 +2,7 @@
 # Connected digits, 8 kHz: standard vs multi-blank RNN-T vs TDT (espnet-multiblank), end
 # to end, with and without language models.
 #
-#   bash egs/digits/asr1/run.sh                 # everything (34-36 min on 2 idle cores, README.md)
+#   bash egs/digits/asr1/run.sh                 # everything (33-38 min on 2 idle cores, README.md)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
 #   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 14
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
@@ -38,12 +38,12 @@
 #      rules, batch 32); the plug-in's searches write test_real's word times (1best_recog/ctm);
 #      then the throughput runs, and every plug-in search on test in float16 and
 #      bfloat16 (--dtype_jobs, batch --dtype_batch 32; not timed)
-#  11  LM fusion, the batched beam searches (--lm_searches): the weight of each LM
-#      chosen on its dev set (dev for "train", dev_known for "known"; --lm_weights,
-#      --lm_known_weights), then test, test_real with the "train" LM and test_known
-#      without and with the "known" LM; at the chosen weights one one-at-a-time beam
-#      run per model and the label-synchronous beams (--lm_extra_jobs); --lm_decode_jobs
-#      decodings at a time
+#  11  LM fusion, the label-synchronous batched beam searches (--lm_searches): the
+#      weight of each LM chosen on its dev set (dev for "train", dev_known for
+#      "known"; --lm_weights, --lm_known_weights), then test, test_real with the
+#      "train" LM and test_known without and with the "known" LM; at the chosen
+#      weights one one-at-a-time beam run per model and the frame-synchronous batched
+#      beams (--lm_extra_jobs); --lm_decode_jobs decodings at a time
 #  12  streaming (the models' chunk conformers, docs/streaming.md), with each model's
 #      greedy search: (a) test decoded offline at --stream_chunks encoder frames per
 #      chunk (4 16: 160, 640 ms; batched: the chunk-masked encoder output, i.e. the
@@ -90,11 +90,11 @@ lm_config=$recipe/conf/train_lm.yaml             # LM "train": training transcri
 lm_known_config=$recipe/conf/train_lm_known.yaml # LM "known": the account list
 lm_args=""                  # extra arguments for lm_train (both LMs)
 # model:search[:batch] decoded with the LMs (the weight grids), batch 1 if not given
-lm_searches="standard:mb_beam:32 multiblank:mb_beam:32 tdt:tdt_beam:32"
+lm_searches="standard:mb_beam_label:32 multiblank:mb_beam_label:32 tdt:tdt_beam_label:32"
 # decoded at the weights lm_searches chose for the same model: test_known with the known
 # LM (and, batched, without it) and, batched, test with the train LM
 lm_extra_jobs="standard:mb_beam:1 multiblank:mb_beam:1 tdt:tdt_beam:1
-  standard:mb_beam_label:32 multiblank:mb_beam_label:32 tdt:tdt_beam_label:32"
+  standard:mb_beam:32 multiblank:mb_beam:32 tdt:tdt_beam:32"
 lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev (0, no LM, too)
 lm_known_weights="0.2 0.4 0.8 1.6"  # candidates for LM "known", on dev_known (and 0)
 lm_decode_jobs=2            # LM decodings at a time (not timed: they may share CPUs)
@@ -181,11 +181,11 @@ if $smoke; then
   lm_weights="0.2"; lm_known_weights="0.4 0.8"
   # one beam search with the LMs, one search in half precision (the smoke run stays
   # short; the tests cover the other searches)
-  lm_searches="tdt:tdt_beam:32"
-  lm_extra_jobs="tdt:tdt_beam:1 tdt:tdt_beam_label:32"
+  lm_searches="tdt:tdt_beam_label:32"
+  lm_extra_jobs="tdt:tdt_beam:1 tdt:tdt_beam:32"
   dtype_jobs="multiblank:mb_greedy"
   # of the batched beams, one of each rule
-  batched_jobs="tdt:tdt_beam:32 multiblank:mb_beam_label:32"
+  batched_jobs="tdt:tdt_beam_label:32 multiblank:mb_beam:32"
   # streaming: the two lattices that jump frames, one chunk
   stream_jobs="multiblank:mb_greedy tdt:tdt_greedy"
   stream_chunks="4"; stream_batch=4; stream_batch_chunk=4; stream_utts=20

@@ -57,8 +57,9 @@ def section(res, jobs, test_sets, train_secs):
     L.append(
         "The searches decode one utterance at a time (`--batch_size 1`), those whose "
         "name ends in `_b32` 32 at a time (the batched beam searches: `mb_beam`, "
-        "`tdt_beam` the frame-synchronous rule, `*_step` pruned per step), one "
-        "after the other with one torch thread; decode time and RTF are the "
+        "`tdt_beam` the frame-synchronous rule, `*_label` label-synchronous, "
+        "`*_step` pruned per step), one after the other with one torch thread; "
+        "decode time and RTF are the "
         "inference tool's (`decoding_stats.json`: encoder + search, without model "
         "loading); search time is the transducer search alone, the part big blanks "
         "and durations shorten. Frames skipped: encoder frames the 1-best paths "

@@ -118,8 +118,9 @@ def section(exp, data, lm_searches, inference_model, test_sets):
     L.append(
         "Two word LMs (ESPnet's `espnet2.bin.lm_train`, `lm: seq_rnn`; "
         "`conf/train_lm.yaml`, `conf/train_lm_known.yaml`), fused into the batched "
-        "beam search of every model (`_b32`: 32 utterances at a time, the "
-        "frame-synchronous rule, the hypotheses of one at a time): a label's score "
+        "beam search of every model (`--lm_searches`; by default the "
+        "label-synchronous rule, `*_label_b32`: 32 utterances at a time, each label "
+        "sequence scored with all its alignments): a label's score "
         "is its acoustic log-probability plus weight x its LM log-probability, blanks "
         "and durations leave the LM untouched, a complete hypothesis adds weight x "
         "log P(</s>). "

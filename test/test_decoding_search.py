@@ -648,3 +648,31 @@ def test_cell_step_not_used_for_other_decoders_or_training():
     decoder.rnn_forward = lambda *a: calls.append(1) or original(*a)
     stepper.step(torch.tensor([1]), decoder.init_state(1))
     assert calls == [1]
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_joint_many_equals_the_joint_network(activation, dtype):
+    """The label rule's wide joint call (tanh as 2 sigmoid(2x) - 1 on float32 CPU
+    tensors) gives ESPnet's JointNetwork's logits, large pre-activations included;
+    other activations and dtypes go through the network itself, bit for bit."""
+    torch.manual_seed(0)
+    decoder = TransducerDecoder(V, hidden_size=12).eval()
+    joint = JointNetwork(
+        V, D_ENC, 12, joint_space_size=24, joint_activation_type=activation
+    ).eval()
+    decoder.to(dtype)
+    joint.to(dtype)
+    stepper = JointStepper(decoder, joint)
+    enc = stepper.project_enc(4 * torch.randn(5, 30, D_ENC, dtype=dtype))
+    dec = joint.lin_dec(torch.randn(5, 1, 12, dtype=dtype))
+    with torch.no_grad():
+        got = stepper.joint_many(enc, dec)
+        want = joint(enc, dec, no_projection=True)
+    assert got.shape == (5, 30, V) and got.dtype == dtype
+    if activation == "tanh" and dtype == torch.float32:
+        assert not torch.equal(got, want)  # the fast path ran
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+        assert float(enc.abs().max()) > 5  # saturated units covered
+    else:
+        assert torch.equal(got, want)

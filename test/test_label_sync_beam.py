@@ -330,9 +330,23 @@ def test_frame_pruning_evaluates_fewer_frames():
     rows = []
 
     class Rows(CallCount):
+        """Rows of every joint evaluation: the label rule's wide calls
+        (joint_many) and the greedy path's (joint), each counted once."""
+
+        wide = False
+
         def joint(self, enc_proj, dec_proj):
-            rows.append(enc_proj.numel() // enc_proj.shape[-1])
+            if not self.wide:
+                rows.append(enc_proj.numel() // enc_proj.shape[-1])
             return super().joint(enc_proj, dec_proj)
+
+        def joint_many(self, enc_proj, dec_proj):
+            rows.append(enc_proj.numel() // enc_proj.shape[-1])
+            self.wide = True
+            try:
+                return super().joint_many(enc_proj, dec_proj)
+            finally:
+                self.wide = False
 
     def run(**kwargs):
         search = mb_search(model, beam_size=2, beam_sync="label", **kwargs)

@@ -94,10 +94,10 @@ class LatticeArcs:
         path through them)."""
         logits = logits.float()
         if self.tdt:
-            tok = torch.log_softmax(logits[..., : self.V], -1)
-            dur = torch.log_softmax(logits[..., self.V :], -1)
+            tok = _log_softmax(logits[..., : self.V])
+            dur = _log_softmax(logits[..., self.V :])
             return tok.nan_to_num(NEG), dur.nan_to_num(NEG)
-        return torch.log_softmax(logits, -1).nan_to_num(NEG), None
+        return _log_softmax(logits).nan_to_num(NEG), None
 
     def blank_weights(self, tok, dur) -> torch.Tensor:
         """(..., NB) log-probability of each blank arc."""
@@ -111,6 +111,16 @@ class LatticeArcs:
         if self.tdt:
             return tok_l.unsqueeze(-1) + dur
         return tok_l.unsqueeze(-1)
+
+
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """``torch.log_softmax(x, -1)``. On the CPU, with fewer than 16 columns (the
+    recipe's vocabularies, a TDT's durations) torch's kernel takes a slow path, 4-8
+    times slower than ``x - logsumexp(x)`` (the same max-shifted sum; bench/RESULTS.md).
+    """
+    if x.device.type == "cpu" and x.size(-1) < 16:
+        return x - torch.logsumexp(x, -1, keepdim=True)
+    return torch.log_softmax(x, -1)
 
 
 def _host(x: torch.Tensor):
@@ -216,7 +226,7 @@ class LabelSyncRun(BeamRun):
         prune = self.search.frame_prune
         entry = self.entry[idx.cpu()]
         if prune is None:  # every frame: one call on the padded frames
-            logits = self.stepper.joint(
+            logits = self.stepper.joint_many(
                 self.enc_proj[b_of], self.dec_proj[idx].unsqueeze(1)
             )  # (A, T, V')
             tok, dur = arcs.log_probs(logits)
@@ -250,7 +260,7 @@ class LabelSyncRun(BeamRun):
                 t = start.unsqueeze(1) + frames[: int(width.max())]
                 valid = t < hi[rows].unsqueeze(1)
                 t = t.clamp(max=T - 1)
-                logits = self.stepper.joint(
+                logits = self.stepper.joint_many(
                     self.enc_proj[b_of[rows].unsqueeze(1), t],
                     self.dec_proj[idx[rows]].unsqueeze(1),
                 )  # (R, W, V')

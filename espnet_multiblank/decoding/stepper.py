@@ -73,6 +73,14 @@ class Stepper(RowStates):
         """Raw joint-network logits (A, V) for (A, J) projected encoder frames and
         (A, J) projected prediction-network outputs."""
 
+    def joint_many(
+        self, enc_proj: torch.Tensor, dec_proj: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`joint` for a call over many frames at once, (A, W, J) and
+        (A, 1, J) -> (A, W, V) (the label-synchronous rule); the same logits
+        within float32 rounding."""
+        return self.joint(enc_proj, dec_proj)
+
     def log_probs(self, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
         """Plain log-softmax of :meth:`joint`, (A, V) float32 (decoding applies no
         sigma)."""
@@ -161,6 +169,27 @@ class JointStepper(Stepper):
         if self.project:
             return self.joint_network(enc_proj, dec_proj, no_projection=True)
         return self.joint_network(enc_proj, dec_proj)
+
+    def joint_many(
+        self, enc_proj: torch.Tensor, dec_proj: torch.Tensor
+    ) -> torch.Tensor:
+        """With ESPnet's tanh joint network on float32 CPU tensors, tanh as
+        2 sigmoid(2 x) - 1 in place: torch's CPU tanh takes about 3 times as long
+        as that (bench/RESULTS.md), and on the label rule's rows x frames it is the
+        largest part of a step; within 2e-7 of torch.tanh."""
+        act = getattr(self.joint_network, "joint_activation", None)
+        if not (
+            self.project
+            and isinstance(act, torch.nn.Tanh)
+            and enc_proj.device.type == "cpu"
+            and enc_proj.dtype == torch.float32
+        ):
+            return self.joint(enc_proj, dec_proj)
+        hidden = enc_proj + dec_proj
+        hidden.mul_(2.0)
+        torch.sigmoid(hidden, out=hidden)
+        hidden.mul_(2.0).sub_(1.0)
+        return self.joint_network.lin_out(hidden)
 
     def init_state(self, batch: int) -> RNNState:
         # in the networks' dtype: ESPnet's decoder makes float32 zeros whatever the

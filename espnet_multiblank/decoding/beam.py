@@ -140,6 +140,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         self.score_norm = score_norm
         self.blank_decision = check_blank_decision(blank_decision)
         self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
+        self._path_search = None  # built on first use (path_search)
 
     #: the greedy search of the same lattice, for ``frame_prune``'s floor
     greedy_class = MultiblankGreedySearch
@@ -153,7 +154,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         arg-max arc at every step (``blank_decision: "symbol"``: its score is the
         log-probability of one path of the lattice, plus the fused LMs' weighted
         log P(y </s>))."""
-        if getattr(self, "_path_search", None) is None:
+        if self._path_search is None:
             self._path_search = self.greedy_class(
                 self.stepper,
                 self.lattice,

@@ -235,9 +235,9 @@ class LabelSyncRun(BeamRun):
         # the paths through frame t of prefix y add at most alpha_y(t) + LM(y) to
         # the fused score of any hypothesis that starts with y: none of them matters
         # to a hypothesis that beats the greedy path (self.floor + frame_prune) where
-        # that is frame_prune below it. (The best prefix's score is no floor: a
-        # prefix on an early frame has the frames to its end still to pay.)
-        # the best complete hypothesis found so far raises it
+        # that is frame_prune below it; the best complete hypothesis found so far
+        # raises the floor. (The best prefix's score is no floor: a prefix on an
+        # early frame has the frames to its end still to pay.)
         best = torch.maximum(self.floor, self.ended[:, 0] - prune)
         floor = (best[b_of] - self.lm_score[idx]).unsqueeze(1)  # (A, 1)
         entry = entry.to(device)

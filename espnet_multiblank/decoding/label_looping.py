@@ -46,10 +46,12 @@ the digits recipe's models (``docs/decoding.md``).
 
 The loops work on fixed-size batch tensors with masks (an utterance that has ended
 keeps its row, its updates are masked out), the labels go into a preallocated
-``(B, capacity)`` buffer (one column per outer iteration, doubled when full), and the
-prediction network's state is merged with
+``(B, capacity)`` buffer (one column per outer iteration that emits, doubled when
+full), and the prediction network's state is merged with
 :meth:`~espnet_multiblank.decoding.stepper.Stepper.where_state`: the only host
-synchronisations are the two loop conditions (and reading the results at the end).
+synchronisations are the two loop conditions (and reading the results at the end; on a
+CPU, a third tells an outer iteration in which no row emits to skip the prediction
+network).
 See ``docs/decoding.md`` ("Label-looping greedy search").
 
 Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs,
@@ -96,16 +98,30 @@ class Window(NamedTuple):
 
 
 class _Batch:
-    """Constant tensors of one :meth:`LabelLoopingGreedySearch.search_batch` call."""
+    """Constant tensors of one :meth:`LabelLoopingGreedySearch.search_batch` call.
 
-    def __init__(self, table, enc_proj: torch.Tensor, lens: torch.Tensor, W: int):
+    ``padded``: ``enc_proj`` already has at least W frames after every row's length
+    (the streaming search's buffer; it is then used as it is, not copied, so frames
+    written into it later and ``lens`` updated in place are seen)."""
+
+    def __init__(
+        self,
+        table,
+        enc_proj: torch.Tensor,
+        lens: torch.Tensor,
+        W: int,
+        padded: bool = False,
+    ):
         B = lens.size(0)
         device = lens.device
         self.table = table
         # W frames of padding: a row reads frames t .. t + W - 1 with t <= T_b <=
         # T_max (what it reads past T_b is ignored)
-        pad = enc_proj.new_zeros(B, W, enc_proj.size(2))
-        self.enc_proj = torch.cat([enc_proj, pad], 1)  # (B, T_max + W, J)
+        if padded:
+            self.enc_proj = enc_proj
+        else:
+            pad = enc_proj.new_zeros(B, W, enc_proj.size(2))
+            self.enc_proj = torch.cat([enc_proj, pad], 1)  # (B, T_max + W, J)
         self.lens = lens  # (B,)
         self.rows = torch.arange(B, device=device)
         # windows of W frames
@@ -129,7 +145,8 @@ class LoopState:
         score: (B,) float64, the path's score (fused with the LMs).
         moves, big: (B,) long, arcs that moved, and those over > 1 frame.
         labels: (B, capacity) long, the labels emitted since the last
-            :meth:`drain`, one column per outer iteration (-1: none).
+            :meth:`drain`, one column per outer iteration that ran the prediction
+            network (-1: none).
         timing: (B, capacity, 3) float64, each column's label timing (frame,
             frames its arc covers, acoustic log-probability:
             :attr:`~espnet_multiblank.decoding.hypothesis.Hypothesis.timing`).
@@ -442,11 +459,16 @@ class LabelLoopingGreedySearch(TransducerSearch):
             limit: (B,) long, ``<= ctx.lens``.
         """
         ready = loop.frame < limit
+        # on a CPU a host sync costs little against the prediction network's call,
+        # so an outer iteration in which no row stands at a label (the inner loop
+        # stopped at max_inner) skips it: _emit with no row emitting changes nothing
+        on_cpu = ctx.lens.device.type == "cpu"
         while bool(ready.any()):
             arcs, searching = self._inner_loop(ctx, loop, ready, limit)
             # every ready row that is not still searching stands at a label arc
             emit = ready & ~searching & (loop.frame < ctx.lens)
-            self._emit(loop, arcs, emit)
+            if not on_cpu or bool(emit.any()):
+                self._emit(loop, arcs, emit)
             ready = loop.frame < limit
 
     def _inner_loop(self, ctx, loop: LoopState, ready, limit):

@@ -109,7 +109,9 @@ class StreamingGreedySearch:
         # the state before the first frame, computed for the whole batch as the
         # offline search computes it (a batch of one could round differently)
         self._fresh = search.init_loop(batch, self.device)
-        self.enc_proj: Optional[torch.Tensor] = None  # (B, capacity, J)
+        # (B, capacity, J), with at least W frames after every row's last frame
+        self.enc_proj: Optional[torch.Tensor] = None
+        self._ctx: Optional[_Batch] = None  # the loops' view of it (rebuilt on growth)
         self.received = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.final = torch.zeros(batch, dtype=torch.bool, device=self.device)
         self._ended = [False] * batch  # end of sentence scored
@@ -152,7 +154,7 @@ class StreamingGreedySearch:
         n = enc_proj.size(0)
         start = int(self.received[row])
         if n:
-            self._reserve(start + n, enc_proj)
+            self._reserve(start + n + self.search.window, enc_proj)
             self.enc_proj[row, start : start + n] = enc_proj
             self.received[row] = start + n
         if final:
@@ -174,17 +176,20 @@ class StreamingGreedySearch:
             )
             grown[:, :capacity] = self.enc_proj
             self.enc_proj = grown
+            self._ctx = None
 
     def _context(self) -> _Batch:
-        enc = self.enc_proj
-        if enc is None:  # no frame yet anywhere: one zero frame to read
+        table, W = self.search.table(self.device), self.search.window
+        if self.enc_proj is None:  # no frame yet anywhere: zero frames to read
             enc = torch.zeros(
-                self.batch, 1, self.loop.dec_proj.size(1), device=self.device
+                self.batch, W, self.loop.dec_proj.size(1), device=self.device
             )
-            enc = enc.to(self.loop.dec_proj.dtype)
-        return _Batch(
-            self.search.table(self.device), enc, self.received, self.search.window
-        )
+            return _Batch(table, enc.to(self.loop.dec_proj.dtype), self.received, W)
+        if self._ctx is None:
+            # the buffer itself, not a copy: appended frames and the in-place
+            # updates of ``received`` reach the loops without rebuilding it
+            self._ctx = _Batch(table, self.enc_proj, self.received, W, padded=True)
+        return self._ctx
 
     def _limit(self) -> torch.Tensor:
         """(B,) the frame below which a row may take its next window."""
@@ -196,9 +201,8 @@ class StreamingGreedySearch:
         """Take every step the frames received decide; complete the rows whose
         stream has ended (their hypotheses: :meth:`hypothesis`)."""
         self.search.run_loops(self._context(), self.loop, self._limit())
-        ending = [
-            b for b in range(self.batch) if bool(self.final[b]) and not self._ended[b]
-        ]
+        final = self.final.tolist()  # one host read, not one per row
+        ending = [b for b in range(self.batch) if final[b] and not self._ended[b]]
         if ending:
             rows = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
             rows[ending] = True

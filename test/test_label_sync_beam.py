@@ -388,3 +388,47 @@ def test_the_factory_and_its_checks():
         build_transducer_search(model, search_type="mb_greedy", frame_prune=10.0)
     with pytest.raises(ValueError, match="end_rule must be 'exact'"):
         tdt_search(tdt_make_model(0), beam_sync="label", end_rule="clip")
+
+
+_PREPARE_PROBE = """
+import sys
+sys.path.insert(0, {helpers!r})
+import torch
+from search_cases import enc_batch, make_mb_model
+from espnet_multiblank.decoding import JointStepper, MultiblankBeamSearch
+from espnet_multiblank.decoding import prefix_kernels as pk
+from espnet_multiblank.lattice import MultiblankLattice
+
+kernels = (pk.level_forward, pk.child_entries, pk.best_alignments)
+model = make_mb_model(0)
+lattice = MultiblankLattice.create(model.blank_id, model.big_blank_durations)
+stepper = JointStepper(model.decoder, model.joint_network)
+MultiblankBeamSearch(stepper, lattice, beam_size=3, beam_sync="frame")
+print([len(k.signatures) for k in kernels])
+search = MultiblankBeamSearch(stepper, lattice, beam_size=3, beam_sync="label")
+print([len(k.signatures) for k in kernels])
+enc, lens = enc_batch(3, [9, 4, 6])
+search.search_batch_nbest(enc, lens)
+print([len(k.signatures) for k in kernels])
+"""
+
+
+def test_label_rule_compiles_its_kernels_when_built():
+    """Building a label-rule search compiles the Numba kernels (or loads them from
+    the cache) for the types the search passes, so that the first decoded batch
+    does not pay it; the frame rule does not touch them. A fresh process: kernels
+    compiled by earlier tests would hide a missing compilation."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    helpers = str(Path(__file__).parent / "helpers")
+    out = subprocess.run(
+        [sys.executable, "-c", _PREPARE_PROBE.format(helpers=helpers)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()[-3:]
+    assert lines == ["[0, 0, 0]", "[1, 1, 1]", "[1, 1, 1]"], out.stdout

@@ -53,6 +53,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from espnet_multiblank.decoding import prefix_kernels
 from espnet_multiblank.decoding.batched_beam import (
     BatchedBeamSearch,
     check_beam_sync,
@@ -141,6 +142,8 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         self.blank_decision = check_blank_decision(blank_decision)
         self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
         self._path_search = None  # built on first use (path_search)
+        if self.beam_sync == "label":  # its Numba kernels compiled with the model
+            prefix_kernels.prepare()
 
     #: the greedy search of the same lattice, for ``frame_prune``'s floor
     greedy_class = MultiblankGreedySearch

@@ -175,3 +175,39 @@ def best_alignments(blank_w, blank_d, label_w, label_d, lens, ulens, arcs, stats
                 if e > 1:
                     stats[h, 2] += e - 1
                 t, u = s, u - 1
+
+
+def prepare() -> None:
+    """Compile the kernels now (or load them from Numba's on-disk cache) for the
+    argument types the search passes (C-contiguous arrays of the dtypes above), by
+    running each once on a one-frame case: a search built with the label rule calls
+    this, so that the compilation (seconds, on a fresh checkout) is paid while the
+    model loads and not by the first decoded batch."""
+    i64 = np.int64
+    one = np.ones(1, i64)
+    level_forward(
+        np.zeros((1, 1)),
+        np.zeros((1, 1, 1), np.float32),
+        one,
+        one,
+        np.zeros((1, 1)),
+        np.zeros(1),
+    )
+    child_entries(
+        np.zeros((1, 1)),
+        np.zeros(1, i64),
+        np.zeros((1, 1, 1), np.float32),
+        np.zeros(1, i64),
+        one,
+        np.zeros((1, 1)),
+    )
+    best_alignments(
+        np.zeros((1, 1, 1, 1), np.float32),
+        one,
+        np.zeros((1, 1, 1, 1), np.float32),
+        np.zeros(1, i64),
+        one,
+        np.zeros(1, i64),
+        np.zeros((1, 1, 3)),
+        np.zeros((1, 3)),
+    )

@@ -180,11 +180,12 @@ class StreamingGreedySearch:
 
     def _context(self) -> _Batch:
         table, W = self.search.table(self.device), self.search.window
-        if self.enc_proj is None:  # no frame yet anywhere: zero frames to read
+        if self.enc_proj is None:  # no frame yet anywhere: W zero frames to read
             enc = torch.zeros(
                 self.batch, W, self.loop.dec_proj.size(1), device=self.device
             )
-            return _Batch(table, enc.to(self.loop.dec_proj.dtype), self.received, W)
+            enc = enc.to(self.loop.dec_proj.dtype)
+            return _Batch(table, enc, self.received, W, padded=True)
         if self._ctx is None:
             # the buffer itself, not a copy: appended frames and the in-place
             # updates of ``received`` reach the loops without rebuilding it

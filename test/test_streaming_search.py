@@ -17,9 +17,11 @@ from test_decoding_lm import lm_tokens_for, make_rnnlm
 from test_label_looping import D_ENC, mb_model, searches, tdt_model
 
 from espnet_multiblank.decoding import MultiblankBeamSearch, TDTBeamSearch
+from espnet_multiblank.decoding.label_looping import LabelLoopingGreedySearch
 from espnet_multiblank.decoding.streaming import (
     StreamingBeamSearch,
     StreamingGreedySearch,
+    StreamingRowGreedySearch,
     decision_lookahead,
 )
 from espnet_multiblank.espnet.inference.search import (
@@ -67,9 +69,15 @@ def same(got, want):
 
 def stream_rows(search, proj, lens, seed, check_provisional=False):
     """Feed each row its frames in random chunks (0-5 frames, the end at a random
-    later call), one ``advance`` per round; returns the final hypotheses."""
+    later call), one ``advance`` per round; returns the final hypotheses. A
+    frame-looping ``search`` streams through :class:`StreamingRowGreedySearch`."""
     B = len(lens)
-    st = StreamingGreedySearch(search, B, "cpu")
+    kind = (
+        StreamingGreedySearch
+        if isinstance(search, LabelLoopingGreedySearch)
+        else StreamingRowGreedySearch
+    )
+    st = kind(search, B, "cpu")
     rng = random.Random(seed)
     pos, done = [0] * B, [False] * B
     while not all(done):
@@ -109,6 +117,57 @@ def test_provisional_labels_are_the_offline_search_on_the_frames_so_far(kind, wi
     _, search = searches(MODELS[kind](3), window=window, max_inner=2)
     proj = frames_of(search, lens, 3)
     stream_rows(search, proj, lens, 3, check_provisional=True)
+
+
+@pytest.mark.parametrize("decision", ["total", "symbol"])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_one_utterance_loop_streams_exactly(kind, decision):
+    """The one-utterance loop (StreamingRowGreedySearch): final hypotheses equal
+    ``search_one`` on the same frames bit for bit, provisional labels equal it on
+    the frames so far (and asking for them changes nothing), at max_sym 1 and 3."""
+    lens = [23, 0, 1, 17, 40]
+    for seed, max_sym in ((0, 1), (1, 3)):
+        model = MODELS[kind](seed)
+        search, _ = searches(model, max_sym=max_sym, blank_decision=decision)
+        if kind.startswith("tdt"):
+            search.blank_decision = decision
+        proj = frames_of(search, lens, seed)
+        want = search.search_projected(proj, torch.tensor(lens))
+        for check in (False, True):
+            got = stream_rows(search, proj, lens, seed, check_provisional=check)
+            for g, w in zip(got, want):
+                same(g, w)
+
+
+def test_one_utterance_loop_fuses_language_models_exactly():
+    for kind, greedy in (("multiblank", "mb_greedy"), ("tdt_0_4", "tdt_greedy")):
+        search = fused_search(MODELS[kind](2), greedy, max_sym_per_frame=3)
+        assert search.fusion is not None and not isinstance(
+            search, LabelLoopingGreedySearch
+        )
+        lens = [19, 33, 0]
+        proj = frames_of(search, lens, 2)
+        want = search.search_projected(proj, torch.tensor(lens))
+        for got, w in zip(stream_rows(search, proj, lens, 2, True), want):
+            same(got, w)
+
+
+def test_one_utterance_loop_restarts_rows():
+    search, _ = searches(MODELS["multiblank"](1))
+    lens = [25, 12]
+    proj = frames_of(search, lens, 5)
+    want = search.search_projected(proj, torch.tensor(lens))
+    st = StreamingRowGreedySearch(search, 2, "cpu")
+    for b in range(2):  # a first stream in each row, left half way
+        st.append(b, frames_of(search, lens, 6)[b, :10])
+    st.advance()
+    st.reset([0, 1])
+    for b, T in enumerate(lens):
+        st.append(b, proj[b, :T], final=True)
+    st.advance()
+    assert all(st.done(b) for b in range(2))
+    for b in range(2):
+        same(st.hypothesis(b), want[b])
 
 
 def test_rows_restart_and_other_rows_do_not_matter():

@@ -12,6 +12,7 @@ carries duration logits, and a symbol table built from ``TDTLattice``) plug in t
 :meth:`TransducerSearch.make_table` and the same two methods.
 """
 
+import dataclasses
 from abc import ABC, abstractmethod
 from numbers import Integral
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -221,6 +222,31 @@ class TransducerSearch(ABC):
         return [self.search(enc_out[b, : lens[b]]) for b in range(len(lens))]
 
 
+@dataclasses.dataclass
+class OneRun:
+    """The state of a one-utterance greedy search between steps
+    (:meth:`FrameLoopingGreedySearch.run_one`).
+
+    Attributes:
+        hyp: The hypothesis so far (frame, labels, score, timing).
+        dec_proj: (1, J) projected prediction-network output after its labels.
+        state: The prediction network's state after them (the stepper's type).
+        lm: The fused language models' state after them, or None.
+    """
+
+    hyp: Hypothesis
+    dec_proj: torch.Tensor
+    state: Any
+    lm: Optional[FusionState]
+
+    def copy(self) -> "OneRun":
+        """An independent copy (the tensors are shared: a step makes new ones)."""
+        hyp = dataclasses.replace(
+            self.hyp, yseq=list(self.hyp.yseq), timing=list(self.hyp.timing)
+        )
+        return OneRun(hyp, self.dec_proj, self.state, self.lm)
+
+
 class FrameLoopingGreedySearch(TransducerSearch):
     """What the frame-looping greedy searches share (multi-blank and TDT): one
     utterance at a time with :meth:`search_one`, and B at once with
@@ -254,18 +280,72 @@ class FrameLoopingGreedySearch(TransducerSearch):
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         return [self.search_one(enc_out)]
 
-    @abstractmethod
     def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
-        """Greedy search for one utterance; enc_out: (T, D_enc)."""
+        """Greedy search for one utterance (a plain Python loop: no batch overhead).
 
-    def _finish_one(self, hyp: Hypothesis, state: Any, dec_proj, lm) -> Hypothesis:
-        """:meth:`search_one`'s end: the prediction network's state and output after
-        the last label, and with an LM its state and the end-of-sentence score."""
-        hyp.dec_state = state
-        hyp.dec_proj = dec_proj[0]
-        if lm is not None:
-            hyp.score += float(lm.end[0])
-            hyp.lm_state = lm
+        Args:
+            enc_out: (T, D_enc) encoder output.
+        """
+        return self.search_one_projected(self.stepper.project_enc(enc_out))
+
+    @torch.no_grad()
+    def search_one_projected(self, enc_proj: torch.Tensor) -> Hypothesis:
+        """:meth:`search_one` on (T, J) projected encoder frames."""
+        T = enc_proj.size(0)
+        run = self.start_one(enc_proj.device)
+        self.run_one(run, enc_proj, T, T)
+        return self.finish_one(run)
+
+    @torch.no_grad()
+    def search_projected(
+        self, enc_proj: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """:meth:`search_one_projected` for each of B utterances.
+
+        Args:
+            enc_proj: (B, T_max, J) projected encoder frames.
+            enc_lens: (B,) long, frames of each utterance.
+        """
+        return [
+            self.search_one_projected(enc_proj[b, :n])
+            for b, n in enumerate(enc_lens.tolist())
+        ]
+
+    def start_one(self, device: torch.device) -> "OneRun":
+        """The state of a one-utterance search before the first frame."""
+        dec_proj, state = self.start(1, device)
+        hyp = Hypothesis(score=0.0, yseq=[self.blank_id])
+        return OneRun(hyp, dec_proj, state, self.start_lm(1, device))
+
+    @abstractmethod
+    def run_one(
+        self, run: "OneRun", enc_proj: torch.Tensor, stop: int, length: int
+    ) -> None:
+        """Take the steps of one utterance at frames t < ``stop`` (in place).
+
+        A step at frame t depends on T only through ``min(T - t, R)`` (R + 1 for a
+        TDT): ``length`` is T, or, for a stream whose T is not known yet, the frames
+        received N, with ``stop`` <= N - L + 1 (L:
+        :func:`~espnet_multiblank.decoding.streaming.decision_lookahead`), so that
+        every step taken is the step the whole utterance would take.
+
+        Args:
+            run: The search's state (modified).
+            enc_proj: (>= length, J) projected encoder frames.
+            stop: Steps are taken while the hypothesis's frame is below it.
+            length: T, or the frames received (see above).
+        """
+
+    def finish_one(self, run: "OneRun") -> Hypothesis:
+        """The end of a one-utterance search (every frame consumed): its hypothesis
+        with the prediction network's state and output after the last label, and
+        with an LM its state and the end-of-sentence score."""
+        hyp = run.hyp
+        hyp.dec_state = run.state
+        hyp.dec_proj = run.dec_proj[0]
+        if run.lm is not None:
+            hyp.score += float(run.lm.end[0])
+            hyp.lm_state = run.lm
         return hyp
 
     @torch.no_grad()

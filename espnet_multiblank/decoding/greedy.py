@@ -22,8 +22,7 @@ choose the same symbols (tested).
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
-from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, OneRun
 from espnet_multiblank.decoding.multiblank_table import log_sum_exp
 from espnet_multiblank.decoding.row_step import MultiblankRowStep
 
@@ -36,48 +35,40 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
     """
 
     @torch.no_grad()
-    def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
-        """Greedy search for one utterance (a plain Python loop: no batch overhead).
-
-        Args:
-            enc_out: (T, D_enc) encoder output.
-        """
-        device = enc_out.device
+    def run_one(self, run: OneRun, enc_proj: torch.Tensor, stop: int, length: int):
+        """The one-utterance loop (see :meth:`FrameLoopingGreedySearch.run_one`)."""
+        device = enc_proj.device
         table = self.table(device)
         stepper = self.stepper
-        T = enc_out.size(0)
-        enc_proj = stepper.project_enc(enc_out)  # (T, J)
-        dec_proj, state = self.start(1, device)
-        lm = self.start_lm(1, device)
-        hyp = Hypothesis(score=0.0, yseq=[self.blank_id])
-        length = torch.tensor([T], device=device)
+        hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
+        R = table.max_frames
+        max_sym = self.max_sym_per_frame
         # up to this frame every big blank fits: no mask needed while labels are allowed
-        free_until = T - table.max_frames
+        free_until = length - R
+        masks = None  # (2 (R + 1), V) additive masks, by guard and frames left
         total = self.blank_decision == "total"
         lo, hi = table.blank_range
-        while hyp.frame < T:
+        frames_list = table.frames_list
+        while hyp.frame < stop:
             t = hyp.frame
             logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
             if lm is not None:  # fused scores of the labels (the blanks' are 0)
                 logp = logp + lm.labels
-            if t <= free_until and hyp.num_sym_frame < self.max_sym_per_frame:
+            guarded = hyp.num_sym_frame >= max_sym
+            if t <= free_until and not guarded:
                 masked = logp
             else:
-                masked = table.mask(
-                    logp,
-                    torch.tensor([t], device=device),
-                    length,
-                    torch.tensor([hyp.num_sym_frame], device=device),
-                    self.max_sym_per_frame,
-                )
+                if masks is None:
+                    masks = table.mask_rows(max_sym).to(logp.dtype)
+                masked = logp + masks[guarded * (R + 1) + min(length - t, R)]
             k = int(masked[0].argmax())
-            frames = table.frames_list[k]
+            frames = frames_list[k]
             if total:
                 blanks = masked[0, lo:hi].tolist()
                 blank_lp = log_sum_exp(blanks)
                 if frames == 0 and float(logp[0, k]) <= blank_lp:
                     k = lo + blanks.index(max(blanks))
-                    frames = table.frames_list[k]
+                    frames = frames_list[k]
                 hyp.score += blank_lp if frames else float(logp[0, k])
             else:
                 hyp.score += float(logp[0, k])
@@ -92,4 +83,4 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
                     lm = self.fusion.step(label, lm)
             else:
                 hyp.advance(frames)
-        return self._finish_one(hyp, state, dec_proj, lm)
+        run.dec_proj, run.state, run.lm = dec_proj, state, lm

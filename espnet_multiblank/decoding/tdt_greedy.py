@@ -27,8 +27,7 @@ import math
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
-from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, OneRun
 from espnet_multiblank.decoding.multiblank_table import log_sum_exp
 from espnet_multiblank.decoding.row_step import TDTRowStep
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
@@ -87,14 +86,10 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         return out
 
     @torch.no_grad()
-    def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
-        """Greedy search for one utterance (a plain Python loop: no batch overhead;
-        the same arcs as :meth:`TDTSymbolTable.best_arcs`).
-
-        Args:
-            enc_out: (T, D_enc) encoder output.
-        """
-        device = enc_out.device
+    def run_one(self, run: OneRun, enc_proj: torch.Tensor, stop: int, length: int):
+        """The one-utterance loop (see :meth:`FrameLoopingGreedySearch.run_one`;
+        the same arcs as :meth:`TDTSymbolTable.best_arcs`)."""
+        device = enc_proj.device
         table = self.table(device)
         stepper = self.stepper
         V, blank = table.num_tokens, table.blank
@@ -122,12 +117,9 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             top = max(raw)
             return log_sum_exp([raw[i] - top for i in slots]), j
 
-        T = enc_out.size(0)
-        enc_proj = stepper.project_enc(enc_out)  # (T, J)
-        dec_proj, state = self.start(1, device)
-        lm = self.start_lm(1, device)
-        hyp = Hypothesis(score=0.0, yseq=[blank])
-        while hyp.frame < T:
+        T = length
+        hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
+        while hyp.frame < stop:
             t = hyp.frame
             # as few torch calls per step as possible: the durations' log-softmax is
             # taken in Python on D floats, the tokens' in torch (V may be large)
@@ -180,4 +172,4 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             else:
                 hyp.score += blank_tok + b_val
                 hyp.advance(min(durations[b_j], T - t))
-        return self._finish_one(hyp, state, dec_proj, lm)
+        run.dec_proj, run.state, run.lm = dec_proj, state, lm

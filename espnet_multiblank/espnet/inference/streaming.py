@@ -6,8 +6,9 @@
   it ends. Per stream: the features and the chunk conformer's output, chunk by chunk
   (:mod:`~espnet_multiblank.espnet.inference.stream_encoder`); the search state
   carried from chunk to chunk (:mod:`espnet_multiblank.decoding.streaming`): the
-  greedy searches (every lattice, label-looping) decode all streams as rows of one
-  batch, the beam searches one stream at a time. A piece with NaN or inf samples,
+  greedy searches (every lattice) decode one stream with the one-utterance loop and
+  several as the rows of one label-looping batch, the beam searches one stream at a
+  time. A piece with NaN or inf samples,
   several channels, or a stream at another sample rate than the model's ends that
   stream with the reason; the others go on.
 * :class:`MultiblankSpeech2TextStreaming`: ESPnet's ``Speech2TextStreaming``
@@ -42,6 +43,7 @@ from espnet_multiblank.decoding import (
     TDTGreedySearch,
     single_thread_on_cpu,
 )
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch as FrameLooping
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
     MultiblankLabelLoopingSearch,
@@ -50,6 +52,7 @@ from espnet_multiblank.decoding.label_looping import (
 from espnet_multiblank.decoding.streaming import (
     StreamingBeamSearch,
     StreamingGreedySearch,
+    StreamingRowGreedySearch,
     decision_lookahead,
 )
 from espnet_multiblank.espnet.inference.inputs import input_checks, too_short_reason
@@ -58,50 +61,65 @@ from espnet_multiblank.espnet.inference.stream_encoder import (
     StreamEncoder,
     streaming_support,
 )
+from espnet_multiblank.lattice import TDTLattice
 
 logger = logging.getLogger(__name__)
 
 
-def streaming_search(search: Any, model: Any):
-    """The search a stream runs for the offline ``search`` of a ``Speech2Text``:
-    the label-looping version of a frame-looping greedy search (the same
-    hypotheses; with a window of one frame, which decides each frame as soon as it
-    may: a window of W frames waits for W - 1 more), a label-looping or beam search
-    as it is.
+def streaming_search(search: Any, model: Any, one_loop: bool = False):
+    """The search a stream runs for the offline ``search`` of a ``Speech2Text``.
+
+    A greedy search (the plug-in's, frame- or label-looping, or ESPnet's greedy
+    search as the rule it follows: one label per frame, the arg-max symbol) streams
+    as the label-looping search (the same hypotheses; with a window of one frame,
+    which decides each frame as soon as it may: a window of W frames waits for W - 1
+    more), or with ``one_loop`` as the frame-looping search, whose one-utterance loop
+    is the faster one for a single stream; a beam search as it is.
 
     Raises:
         ValueError: ESPnet's own beam searches (use ``mb_beam``).
     """
-    if isinstance(search, (LabelLoopingGreedySearch, MultiblankBeamSearch)):
+    if isinstance(search, MultiblankBeamSearch):
         return search
-    if isinstance(search, (MultiblankGreedySearch, TDTGreedySearch)):
-        tdt = isinstance(search, TDTGreedySearch)
-        cls = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
+    greedy = (FrameLooping, LabelLoopingGreedySearch)
+    espnet_greedy = isinstance(search, BeamSearchTransducer) and search.beam_size == 1
+    if not (espnet_greedy or isinstance(search, greedy)):
+        raise ValueError(
+            f"streaming: {type(search).__name__} with beam "
+            f"{getattr(search, 'beam_size', '?')} cannot "
+            "stream; use transducer_conf search_type: mb_beam (standard and "
+            "multi-blank models) or tdt_beam, or a greedy search"
+        )
+    if espnet_greedy:
+        lattice = lattice_from_model(model)
+        stepper = JointStepper(
+            model.decoder, model.joint_network, joint_size_of(model, lattice)
+        )
+        kind = MultiblankGreedySearch if one_loop else MultiblankLabelLoopingSearch
+        extra = {} if one_loop else dict(window=1)
+        return kind(
+            stepper, lattice, max_sym_per_frame=1, blank_decision="symbol", **extra
+        )
+    if isinstance(search, LabelLoopingGreedySearch if one_loop else FrameLooping):
+        tdt = isinstance(search.lattice, TDTLattice)
+        if one_loop:
+            cls = TDTGreedySearch if tdt else MultiblankGreedySearch
+            extra = {}
+        else:
+            cls = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
+            extra = dict(window=1)
         out = cls(
             search.stepper,
             search.lattice,
             max_sym_per_frame=search.max_sym_per_frame,
             blank_decision=search.blank_decision,
-            window=1,
             fusion=search.fusion,
+            **extra,
         )
         if tdt:
             out._set_end_rule(search.end_rule)
         return out
-    if isinstance(search, BeamSearchTransducer) and search.beam_size == 1:
-        # ESPnet's greedy search: one label per frame, the arg-max symbol
-        lattice = lattice_from_model(model)
-        stepper = JointStepper(
-            model.decoder, model.joint_network, joint_size_of(model, lattice)
-        )
-        return MultiblankLabelLoopingSearch(
-            stepper, lattice, max_sym_per_frame=1, blank_decision="symbol", window=1
-        )
-    raise ValueError(
-        f"streaming: {type(search).__name__} with beam {search.beam_size} cannot "
-        "stream; use transducer_conf search_type: mb_beam (standard and multi-blank "
-        "models) or tdt_beam, or a greedy search"
-    )
+    return search
 
 
 class StreamResult(NamedTuple):
@@ -174,7 +192,11 @@ class StreamingDecoder:
         chunk_size: Encoder frames per chunk (the chunk conformer's chunk).
         num_left_chunks: Chunks to the left a chunk attends to (None: the
             model's; -1: all).
-        max_streams: Streams decoded at once (the rows of the greedy search).
+        max_streams: Streams decoded at once. A greedy search decodes one stream
+            with the one-utterance loop (:class:`~espnet_multiblank.decoding.
+            streaming.StreamingRowGreedySearch`), more as the rows of one
+            label-looping batch (:class:`~espnet_multiblank.decoding.streaming.
+            StreamingGreedySearch`); both give the offline search's hypotheses.
         provisional: Partial hypotheses run the undecided frames to the end (True)
             or hold only the decided labels (False; cheaper).
         record_frames: Keep each stream's projected encoder frames in
@@ -219,17 +241,23 @@ class StreamingDecoder:
         self.model = model
         self.chunk_size = chunk_size
         self.device = torch.device(speech2text.device)
-        self.search = streaming_search(speech2text.beam_search_transducer, model)
+        # one stream: the one-utterance loop; more: rows of one label-looping batch
+        self.search = streaming_search(
+            speech2text.beam_search_transducer, model, one_loop=max_streams == 1
+        )
         self.lookahead = decision_lookahead(self.search)
         self.beam = isinstance(self.search, MultiblankBeamSearch)
         self.provisional = provisional
         self.checks = input_checks(speech2text)
         self.input_dtype = getattr(speech2text, "input_dtype", torch.float32)
-        self.greedy = (
-            None
-            if self.beam
-            else StreamingGreedySearch(self.search, max_streams, self.device)
-        )
+        self.greedy = None
+        if not self.beam:
+            kind = (
+                StreamingRowGreedySearch
+                if isinstance(self.search, FrameLooping)
+                else StreamingGreedySearch
+            )
+            self.greedy = kind(self.search, max_streams, self.device)
         self.max_streams = max_streams
         self._free = list(range(max_streams))
         self.streams: Dict[str, _Stream] = {}

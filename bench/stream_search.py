@@ -11,7 +11,9 @@ decode configs: ``mb_greedy`` for the standard and multi-blank models, ``tdt_gre
 for the TDT), every chunk of ``--chunks`` (encoder frames) and every partial mode of
 ``--partials`` (``provisional``: the partial hypothesis runs the undecided frames to
 the end after each piece, the default of the entry points; ``decided``: only the
-decided labels), ``--utts`` utterances of ``DATA_DIR/wav.scp`` (spread over it as
+decided labels) and every greedy loop of ``--loops`` (``one``: the one-utterance
+loop, what one stream runs by default; ``label``: the label-looping batch, what
+several streams run), ``--utts`` utterances of ``DATA_DIR/wav.scp`` (spread over it as
 stage 12 picks them) are streamed through
 :class:`~espnet_multiblank.espnet.inference.streaming.StreamingDecoder`, ``--streams``
 at a time, in pieces of ``--piece`` samples, one torch thread. Timed: the decoder's
@@ -100,12 +102,18 @@ class StepCounter:
         return False
 
 
-def stream_all(s2t, utts, chunk: int, partial: str, streams: int, piece: int):
+def stream_all(
+    s2t, utts, chunk: int, partial: str, streams: int, piece: int, loop: str
+):
     """(search seconds, {key: labels}) of streaming ``utts``."""
     from espnet_multiblank.espnet.inference.streaming import StreamingDecoder
 
     decoder = StreamingDecoder(
-        s2t, chunk, max_streams=streams, provisional=partial == "provisional"
+        s2t,
+        chunk,
+        max_streams=streams,
+        provisional=partial == "provisional",
+        one_loop=loop == "one",
     )
     pending = list(utts)
     position: Dict[str, Tuple[np.ndarray, int]] = {}
@@ -137,6 +145,11 @@ def main(argv=None) -> int:
     parser.add_argument("--partials", default="provisional")
     parser.add_argument("--utts", type=int, default=100)
     parser.add_argument("--streams", type=int, default=1)
+    parser.add_argument(
+        "--loops",
+        default="one,label",
+        help="greedy loops: one (one-utterance loop), label (label-looping batch)",
+    )
     parser.add_argument("--piece", type=int, default=640, help="samples per piece")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default=",".join(KINDS))
@@ -148,29 +161,30 @@ def main(argv=None) -> int:
         parser.error("--models must start with standard (the ratios' reference)")
     chunks = [int(c) for c in args.chunks.split(",")]
     partials = args.partials.split(",")
+    loops = args.loops.split(",")
     utts = pick(args.data_dir / "wav.scp", args.utts)
     audio = sum(s.shape[0] / r for _, s, r in utts)
     s2ts = {k: build(args.exp_root, k, args.model_file) for k in kinds}
-    cases = [(c, p) for c in chunks for p in partials]
-    times = {(k, c, p): [] for k in kinds for c, p in cases}
+    cases = [(c, p, lp) for c in chunks for p in partials for lp in loops]
+    times = {(k,) + case: [] for k in kinds for case in cases}
     hyps, steps = {}, {}
     for k in kinds:  # untimed: warm-up, step counts, reference hypotheses
-        for c, p in cases:
+        for c, p, lp in cases:
             with StepCounter(s2ts[k].beam_search_transducer.stepper) as n:
                 _, labels, stats = stream_all(
-                    s2ts[k], utts, c, p, args.streams, args.piece
+                    s2ts[k], utts, c, p, args.streams, args.piece, lp
                 )
-            hyps[k, c, p] = labels
-            steps[k, c, p] = (n.joint, n.pred, stats)
+            hyps[k, c, p, lp] = labels
+            steps[k, c, p, lp] = (n.joint, n.pred, stats)
     for r in range(args.rounds):
-        for c, p in cases:
+        for c, p, lp in cases:
             for k in kinds:
                 seconds, labels, _ = stream_all(
-                    s2ts[k], utts, c, p, args.streams, args.piece
+                    s2ts[k], utts, c, p, args.streams, args.piece, lp
                 )
-                if labels != hyps[k, c, p]:
-                    raise RuntimeError(f"{k} chunk {c} {p}: other hypotheses")
-                times[k, c, p].append(seconds)
+                if labels != hyps[k, c, p, lp]:
+                    raise RuntimeError(f"{k} chunk {c} {p} {lp}: other hypotheses")
+                times[k, c, p, lp].append(seconds)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(
         f"{len(utts)} utterances ({audio:.1f} s of audio), {args.streams} stream(s) "
@@ -179,18 +193,19 @@ def main(argv=None) -> int:
         "prediction calls, frames skipped"
     )
     print(
-        "| chunk | partial | model | search median | min | joint calls | "
+        "| chunk | partial | loop | model | search median | min | joint calls | "
         "prediction calls | frames skipped | standard / this (median) | (min) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for c, p in cases:
-        ref = times["standard", c, p]
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for c, p, lp in cases:
+        ref = times["standard", c, p, lp]
         for k in kinds:
-            t = times[k, c, p]
-            joint, pred, stats = steps[k, c, p]
+            t = times[k, c, p, lp]
+            joint, pred, stats = steps[k, c, p, lp]
             skipped = stats["frames_skipped"] / max(1, stats["total_frames"])
             print(
-                f"| {c} | {p} | {k} | {statistics.median(t):.3f} s | {min(t):.3f} s "
+                f"| {c} | {p} | {lp} | {k} | {statistics.median(t):.3f} s | "
+                f"{min(t):.3f} s "
                 f"| {joint} | {pred} | {100 * skipped:.1f}% | "
                 f"{statistics.median(ref) / statistics.median(t):.2f}x | "
                 f"{min(ref) / min(t):.2f}x |"

@@ -15,6 +15,10 @@ import pytest
 import torch
 from streaming_cases import FS, KINDS, make_experiment, pieces, speech2text, waveform
 
+from espnet_multiblank.decoding.streaming import (
+    StreamingGreedySearch,
+    StreamingRowGreedySearch,
+)
 from espnet_multiblank.espnet.inference.stream_encoder import (
     FeatureStream,
     StreamEncoder,
@@ -203,6 +207,23 @@ def test_streams_batched_equal_each_alone_and_report_emission_times(s2t):
             0 < e <= c <= seconds for e, c in zip(result.emitted, result.committed)
         )
         assert result.emitted == sorted(result.emitted)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_one_stream_loops_give_the_same_partials_and_hypotheses(s2t, kind):
+    """One stream runs the one-utterance loop by default; the label-looping batch
+    (``one_loop=False``) gives the same partial and final labels."""
+    speech2text = s2t(kind)
+    speech = waveform(9000, 4)
+    got = {}
+    for one_loop in (None, False):
+        decoder = StreamingDecoder(speech2text, 3, one_loop=one_loop)
+        want = StreamingRowGreedySearch if one_loop is None else StreamingGreedySearch
+        assert type(decoder.greedy) is want
+        result, partial = run_stream(decoder, "u", speech, 700)
+        got[one_loop] = (result.results[0][2], partial)
+    assert got[None] == got[False]
+    assert got[None][0] and len(set(map(tuple, got[None][1]))) > 1
 
 
 def test_bad_pieces_end_only_their_stream(s2t):

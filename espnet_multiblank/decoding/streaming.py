@@ -285,7 +285,9 @@ class StreamingRowGreedySearch:
         self.batch = batch
         self.device = torch.device(device)
         self.lookahead = decision_lookahead(search)
-        self.runs = [search.start_one(self.device) for _ in range(batch)]
+        # the state before the first frame, computed once (the same every time)
+        self._fresh = search.start_one(self.device)
+        self.runs = [self._fresh.copy() for _ in range(batch)]
         self._frames: List[Optional[torch.Tensor]] = [None] * batch  # (capacity, J)
         self.received = [0] * batch
         self._final = [False] * batch
@@ -299,7 +301,7 @@ class StreamingRowGreedySearch:
     def reset(self, rows: Sequence[int]) -> None:
         """Start new streams in ``rows``."""
         for r in rows:
-            self.runs[r] = self.search.start_one(self.device)
+            self.runs[r] = self._fresh.copy()
             self.received[r] = 0
             self._final[r] = False
             self._hyps[r] = None

@@ -199,6 +199,9 @@ class StreamingDecoder:
             StreamingGreedySearch`); both give the offline search's hypotheses.
         provisional: Partial hypotheses run the undecided frames to the end (True)
             or hold only the decided labels (False; cheaper).
+        one_loop: A greedy search runs the one-utterance loop (True) or the
+            label-looping batch (False); None: the one-utterance loop for one
+            stream.
         record_frames: Keep each stream's projected encoder frames in
             :attr:`recorded` (to check a stream against the offline search).
 
@@ -220,6 +223,7 @@ class StreamingDecoder:
         max_streams: int = 1,
         provisional: bool = True,
         record_frames: bool = False,
+        one_loop: Optional[bool] = None,
     ):
         model = speech2text.asr_model
         reason = streaming_support(model)
@@ -241,9 +245,10 @@ class StreamingDecoder:
         self.model = model
         self.chunk_size = chunk_size
         self.device = torch.device(speech2text.device)
-        # one stream: the one-utterance loop; more: rows of one label-looping batch
+        if one_loop is None:  # rows of one label-looping batch pay off for many
+            one_loop = max_streams == 1
         self.search = streaming_search(
-            speech2text.beam_search_transducer, model, one_loop=max_streams == 1
+            speech2text.beam_search_transducer, model, one_loop=bool(one_loop)
         )
         self.lookahead = decision_lookahead(self.search)
         self.beam = isinstance(self.search, MultiblankBeamSearch)

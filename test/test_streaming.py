@@ -181,7 +181,9 @@ def test_streams_batched_equal_each_alone_and_report_emission_times(s2t):
     for key, speech in speeches.items():
         decoder = StreamingDecoder(speech2text, 4)
         alone[key] = run_stream(decoder, key, speech, 400)[0]
-    decoder = StreamingDecoder(speech2text, 4, max_streams=3)
+    # the label-looping batch (on a CPU the default runs each stream on its own)
+    decoder = StreamingDecoder(speech2text, 4, max_streams=3, one_loop=False)
+    assert type(decoder.greedy) is StreamingGreedySearch
     results, sent = {}, {key: 0 for key in speeches}
     waiting = list(speeches)
     while waiting or decoder.streams:

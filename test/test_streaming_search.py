@@ -139,6 +139,44 @@ def test_one_utterance_loop_streams_exactly(kind, decision):
                 same(g, w)
 
 
+@pytest.mark.parametrize("decision", ["total", "symbol"])
+@pytest.mark.parametrize("kind", ["multiblank", "multiblank_3", "tdt_0_4", "tdt_2_3"])
+def test_one_utterance_loop_decides_inside_the_lookahead(kind, decision):
+    """Fed one frame at a time, the loop takes steps at frames t > N - L where no
+    T can change them (some with a score T decides, held back), and what it has
+    decided is never taken back: the decided labels are always a prefix of the
+    final ones."""
+    lens = [40] * 4
+    inside = held = 0
+    for seed in range(3):
+        search, _ = searches(MODELS[kind](seed), max_sym=2, blank_decision=decision)
+        if kind.startswith("tdt"):
+            search.blank_decision = decision
+        proj = frames_of(search, lens, seed)
+        want = search.search_projected(proj, torch.tensor(lens))
+        st = StreamingRowGreedySearch(search, len(lens), "cpu")
+        L = st.lookahead
+        decided = [[] for _ in lens]
+        for t in range(40):
+            for b in range(len(lens)):
+                st.append(b, proj[b, t : t + 1])
+            st.advance()
+            for b, run in enumerate(st.runs):
+                inside += run.hyp.frame > t + 1 - L
+                held += bool(run.terms)
+                decided[b].append(list(st.tokens[b]))
+        for b in range(len(lens)):
+            st.end(b)
+        st.advance()
+        for b in range(len(lens)):
+            same(st.hypothesis(b), want[b])
+            final = want[b].labels
+            assert all(final[: len(d)] == d for d in decided[b])
+    assert inside > 0
+    if decision == "total":
+        assert held > 0
+
+
 def test_one_utterance_loop_fuses_language_models_exactly():
     for kind, greedy in (("multiblank", "mb_greedy"), ("tdt_0_4", "tdt_greedy")):
         search = fused_search(MODELS[kind](2), greedy, max_sym_per_frame=3)

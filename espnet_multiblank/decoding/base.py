@@ -222,6 +222,11 @@ class TransducerSearch(ABC):
         return [self.search(enc_out[b, : lens[b]]) for b in range(len(lens))]
 
 
+#: a score term that T decides: (frame t, {min(T - t, cap): value}, and for a
+#: label whose timing holds it: (index in ``timing``, frames covered, LM part))
+PendingTerm = Tuple[int, Dict[int, float], Optional[Tuple[int, int, float]]]
+
+
 @dataclasses.dataclass
 class OneRun:
     """The state of a one-utterance greedy search between steps
@@ -232,19 +237,57 @@ class OneRun:
         dec_proj: (1, J) projected prediction-network output after its labels.
         state: The prediction network's state after them (the stepper's type).
         lm: The fused language models' state after them, or None.
+        terms: Score terms not yet added to ``hyp.score``, in step order: a step
+            decided before T was known (a stream) can have a score that T decides
+            (a blank's total over the blanks T allows), and the terms after it wait
+            with it, so that the score is added up in the offline order.
+        memo: ``(t, len(yseq), outputs)``: the joint network's outputs at the
+            step the run last stopped at undecided, reused when it is taken up.
     """
 
     hyp: Hypothesis
     dec_proj: torch.Tensor
     state: Any
     lm: Optional[FusionState]
+    terms: List[Union[float, PendingTerm]] = dataclasses.field(default_factory=list)
+    memo: Optional[Tuple[int, int, Any]] = None
+
+    def add(self, term: float) -> None:
+        """The score of the next step."""
+        if self.terms:
+            self.terms.append(term)
+        else:
+            self.hyp.score += term
+
+    def fold(self, length: int, final: bool, cap: int) -> None:
+        """Add the terms T now decides, in order: every term once ``final``
+        (T = ``length``), else those of frames t <= ``length`` - ``cap``."""
+        done = 0
+        for term in self.terms:
+            if isinstance(term, tuple):
+                t, values, timing = term
+                if final:
+                    value = values[min(length - t, cap)]
+                elif length - t >= cap:
+                    value = values[cap]
+                else:
+                    break
+                if timing is not None:
+                    index, frames, lm_part = timing
+                    self.hyp.timing[index] = (t, frames, value - lm_part)
+                term = value
+            self.hyp.score += term
+            done += 1
+        del self.terms[:done]
 
     def copy(self) -> "OneRun":
         """An independent copy (the tensors are shared: a step makes new ones)."""
         hyp = dataclasses.replace(
             self.hyp, yseq=list(self.hyp.yseq), timing=list(self.hyp.timing)
         )
-        return OneRun(hyp, self.dec_proj, self.state, self.lm)
+        return OneRun(
+            hyp, self.dec_proj, self.state, self.lm, list(self.terms), self.memo
+        )
 
 
 class FrameLoopingGreedySearch(TransducerSearch):
@@ -291,9 +334,8 @@ class FrameLoopingGreedySearch(TransducerSearch):
     @torch.no_grad()
     def search_one_projected(self, enc_proj: torch.Tensor) -> Hypothesis:
         """:meth:`search_one` on (T, J) projected encoder frames."""
-        T = enc_proj.size(0)
         run = self.start_one(enc_proj.device)
-        self.run_one(run, enc_proj, T, T)
+        self.run_one(run, enc_proj, enc_proj.size(0))
         return self.finish_one(run)
 
     @torch.no_grad()
@@ -319,27 +361,32 @@ class FrameLoopingGreedySearch(TransducerSearch):
 
     @abstractmethod
     def run_one(
-        self, run: "OneRun", enc_proj: torch.Tensor, stop: int, length: int
+        self, run: "OneRun", enc_proj: torch.Tensor, length: int, final: bool = True
     ) -> None:
-        """Take the steps of one utterance at frames t < ``stop`` (in place).
+        """Take the steps of one utterance (in place) up to frame ``length``.
 
-        A step at frame t depends on T only through ``min(T - t, R)`` (R + 1 for a
-        TDT): ``length`` is T, or, for a stream whose T is not known yet, the frames
-        received N, with ``stop`` <= N - L + 1 (L:
-        :func:`~espnet_multiblank.decoding.streaming.decision_lookahead`), so that
-        every step taken is the step the whole utterance would take.
+        Offline (``final``): ``length`` is T and the run ends at T. A stream
+        (``final`` false) has received ``length`` = N frames and its T >= N is not
+        known yet. A step at frame t depends on T only through ``min(T - t, R)`` (R
+        + 1 for a TDT): at t <= N - R that is R whatever T is, and the step is
+        taken; nearer to N, the step is taken if its arc is the one every T >= N
+        gives (its score, when T changes it, is held in ``run.terms``), else the run
+        stops there until more frames arrive. Each step taken is the one the whole
+        utterance takes, so the run ends as offline, bit for bit.
 
         Args:
             run: The search's state (modified).
             enc_proj: (>= length, J) projected encoder frames.
-            stop: Steps are taken while the hypothesis's frame is below it.
-            length: T, or the frames received (see above).
+            length: T, or the frames received N.
+            final: Whether ``length`` is T.
         """
 
     def finish_one(self, run: "OneRun") -> Hypothesis:
         """The end of a one-utterance search (every frame consumed): its hypothesis
         with the prediction network's state and output after the last label, and
         with an LM its state and the end-of-sentence score."""
+        if run.terms:
+            raise ValueError("the run has not ended (run_one with final=True)")
         hyp = run.hyp
         hyp.dec_state = run.state
         hyp.dec_proj = run.dec_proj[0]

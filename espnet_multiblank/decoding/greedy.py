@@ -35,13 +35,16 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
     """
 
     @torch.no_grad()
-    def run_one(self, run: OneRun, enc_proj: torch.Tensor, stop: int, length: int):
+    def run_one(
+        self, run: OneRun, enc_proj: torch.Tensor, length: int, final: bool = True
+    ):
         """The one-utterance loop (see :meth:`FrameLoopingGreedySearch.run_one`)."""
         device = enc_proj.device
         table = self.table(device)
         stepper = self.stepper
-        hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
         R = table.max_frames
+        run.fold(length, final, R)
+        hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
         max_sym = self.max_sym_per_frame
         # up to this frame every big blank fits: no mask needed while labels are allowed
         free_until = length - R
@@ -49,29 +52,46 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         total = self.blank_decision == "total"
         lo, hi = table.blank_range
         frames_list = table.frames_list
-        while hyp.frame < stop:
+        while hyp.frame < length:
             t = hyp.frame
-            logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
-            if lm is not None:  # fused scores of the labels (the blanks' are 0)
-                logp = logp + lm.labels
+            memo = run.memo
+            if memo is not None and memo[0] == t and memo[1] == len(hyp.yseq):
+                logp = memo[2]
+            else:
+                logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
+                if lm is not None:  # fused scores of the labels (the blanks' are 0)
+                    logp = logp + lm.labels
             guarded = hyp.num_sym_frame >= max_sym
-            if t <= free_until and not guarded:
-                masked = logp
-            else:
-                if masks is None:
+            if not final and t > free_until:  # T decides which big blanks fit
+                run.memo = (t, len(hyp.yseq), logp)
+                if guarded and masks is None:
                     masks = table.mask_rows(max_sym).to(logp.dtype)
-                masked = logp + masks[guarded * (R + 1) + min(length - t, R)]
-            k = int(masked[0].argmax())
-            frames = frames_list[k]
-            if total:
-                blanks = masked[0, lo:hi].tolist()
-                blank_lp = log_sum_exp(blanks)
-                if frames == 0 and float(logp[0, k]) <= blank_lp:
-                    k = lo + blanks.index(max(blanks))
-                    frames = frames_list[k]
-                hyp.score += blank_lp if frames else float(logp[0, k])
+                step = self._early_step(table, logp, masks, guarded, length - t)
+                if step is None:
+                    break  # this step waits for more frames
+                k, frames, term = step
+                if isinstance(term, dict):
+                    run.terms.append((t, term, None))
+                else:
+                    run.add(term)
             else:
-                hyp.score += float(logp[0, k])
+                if t <= free_until and not guarded:
+                    masked = logp
+                else:
+                    if masks is None:
+                        masks = table.mask_rows(max_sym).to(logp.dtype)
+                    masked = logp + masks[guarded * (R + 1) + min(length - t, R)]
+                k = int(masked[0].argmax())
+                frames = frames_list[k]
+                if total:
+                    blanks = masked[0, lo:hi].tolist()
+                    blank_lp = log_sum_exp(blanks)
+                    if frames == 0 and float(logp[0, k]) <= blank_lp:
+                        k = lo + blanks.index(max(blanks))
+                        frames = frames_list[k]
+                    run.add(blank_lp if frames else float(logp[0, k]))
+                else:
+                    run.add(float(logp[0, k]))
             if frames == 0:
                 lm_k = 0.0 if lm is None else float(lm.labels[0, k])
                 hyp.timing.append((t, 0, float(logp[0, k]) - lm_k))
@@ -84,3 +104,45 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
             else:
                 hyp.advance(frames)
         run.dec_proj, run.state, run.lm = dec_proj, state, lm
+
+    def _early_step(self, table, logp, masks, guarded: bool, room: int):
+        """The step at a frame t with ``room`` = N - t < R frames received after it,
+        when every T >= N takes it, else None: ``(symbol, frames, score)``, the
+        score a float, or ``{min(T - t, R): score}`` when T decides it.
+
+        The arcs T allows at t grow with T (the big blanks that fit). ``symbol``:
+        the best arc over all of them is chosen for every T when it fits in
+        ``room``. ``total``: a label is chosen for every T when it beats the total
+        of all blanks, a blank when the best label does not beat the total of the
+        blanks that fit in ``room`` and the best blank fits (the most probable of a
+        set is the most probable of any subset it belongs to)."""
+        R = table.max_frames
+        lo, hi = table.blank_range
+        frames_list = table.frames_list
+        masked = logp if not guarded else logp + masks[R + 1 + R]  # every blank
+        k = int(masked[0].argmax())
+        frames = frames_list[k]
+        if self.blank_decision != "total":
+            return (k, frames, float(logp[0, k])) if frames <= room else None
+        blanks = masked[0, lo:hi].tolist()
+        if frames == 0 and float(logp[0, k]) > log_sum_exp(blanks):
+            return k, 0, float(logp[0, k])
+        b = lo + blanks.index(max(blanks))
+        if frames_list[b] > room:
+            return None
+        neg = float("-inf")
+        totals = {
+            r: log_sum_exp(
+                [x if frames_list[lo + i] <= r else neg for i, x in enumerate(blanks)]
+            )
+            for r in range(room, R + 1)
+        }
+        if frames == 0:  # the best label, k
+            best_label = float(logp[0, k])
+        elif guarded:
+            best_label = neg
+        else:
+            best_label = float(masked[0, table.is_label].max())
+        if not best_label <= totals[room]:
+            return None
+        return b, frames_list[b], totals

@@ -342,10 +342,10 @@ class StreamingRowGreedySearch:
             N, frames = self.received[r], self._frames[r]
             if self._final[r]:
                 if N:
-                    search.run_one(run, frames, N, N)
+                    search.run_one(run, frames, N)
                 self._hyps[r] = search.finish_one(run)
-            elif N - self.lookahead + 1 > run.hyp.frame:
-                search.run_one(run, frames, N - self.lookahead + 1, N)
+            elif N > run.hyp.frame or run.terms:
+                search.run_one(run, frames, N, final=False)
 
     def done(self, row: int) -> bool:
         """Whether the row's stream has ended and been completed."""
@@ -366,7 +366,7 @@ class StreamingRowGreedySearch:
             N = self.received[r]
             if self._hyps[r] is None and run.hyp.frame < N:
                 run = run.copy()
-                self.search.run_one(run, self._frames[r], N, N)
+                self.search.run_one(run, self._frames[r], N)
             out.append(run.hyp.labels)
         return out
 

@@ -86,7 +86,9 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         return out
 
     @torch.no_grad()
-    def run_one(self, run: OneRun, enc_proj: torch.Tensor, stop: int, length: int):
+    def run_one(
+        self, run: OneRun, enc_proj: torch.Tensor, length: int, final: bool = True
+    ):
         """The one-utterance loop (see :meth:`FrameLoopingGreedySearch.run_one`;
         the same arcs as :meth:`TDTSymbolTable.best_arcs`)."""
         device = enc_proj.device
@@ -99,7 +101,7 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         max_sym = self.max_sym_per_frame
         total = self.blank_decision == "total"
         neg = float("-inf")
-        sizes = (V, table.num_durations)
+        run.fold(length, final, R1)
 
         def best(raw, ex, slots):
             """(score, slot) of the allowed durations: their total (log of the sum of
@@ -117,51 +119,65 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             top = max(raw)
             return log_sum_exp([raw[i] - top for i in slots]), j
 
-        T = length
         hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
-        while hyp.frame < stop:
+        while hyp.frame < length:
             t = hyp.frame
-            # as few torch calls per step as possible: the durations' log-softmax is
-            # taken in Python on D floats, the tokens' in torch (V may be large)
-            z_tok, z_dur = stepper.joint(
-                enc_proj[t : t + 1], dec_proj
-            ).split_with_sizes(sizes, 1)
-            raw = z_dur.tolist()[0]  # (D,) duration logits
-            top = max(raw)
-            ex = [math.exp(x - top) for x in raw]
-            # log-prob of a duration = raw - top - log(sum(ex)); of a total = the
-            # best() value (log of its ex sum) - log(sum(ex)); so subtract:
-            norm = math.log(sum(ex)) + (0.0 if total else top)
-            tok = z_tok.float().log_softmax(-1)  # (1, V)
-            if lm is not None:  # fused scores of the labels (the blank's is 0)
-                tok = tok + lm.labels
-            blank_slots, label_slots = slot_sets[
-                min(T - t, R1), hyp.num_sym_frame >= max_sym
-            ]
-            b_val, b_j = best(raw, ex, blank_slots)
-            l_val, l_j = best(raw, ex, label_slots)
-            b_val -= norm
-            l_val -= norm
-            # the best label token and the blank's, from the two best tokens
-            if V > 1:
-                (v0, v1), (k0, k1) = (x.tolist() for x in tok[0].topk(2))
-                if k0 == blank:
-                    label_k, label_tok, blank_tok = k1, v1, v0
-                else:
-                    label_k, label_tok = k0, v0
-                    blank_tok = v1 if k1 == blank else None
-                    if blank_tok is None and b_val > l_val:  # not decided by order
-                        blank_tok = float(tok[0, blank])
+            memo = run.memo
+            if memo is not None and memo[0] == t and memo[1] == len(hyp.yseq):
+                outputs = memo[2]
             else:
-                label_k, label_tok, blank_tok = -1, neg, float(tok[0, 0])
-            label_score = label_tok + l_val
-            if blank_tok is None or label_score > blank_tok + b_val:
-                hyp.score += label_score
-                hyp.yseq.append(label_k)
-                frames = min(durations[l_j], T - t)
-                lm_k = 0.0 if lm is None else float(lm.labels[0, label_k])
-                hyp.timing.append((t, frames, label_score - lm_k))
-                label = torch.full((1,), label_k, dtype=torch.long, device=device)
+                outputs = self._step_outputs(enc_proj[t : t + 1], dec_proj, lm)
+            raw, ex, norm, tok, best_tokens = outputs
+            guarded = hyp.num_sym_frame >= max_sym
+            blank_tok_of = [None]  # the blank token's score, read once if needed
+
+            def choose(room):
+                """(is label, token, duration slot, frames, score) of the step with
+                min(T - t, R + 1) = ``room``."""
+                blank_slots, label_slots = slot_sets[room, guarded]
+                b_val, b_j = best(raw, ex, blank_slots)
+                l_val, l_j = best(raw, ex, label_slots)
+                b_val -= norm
+                l_val -= norm
+                # the best label token and the blank's, from the two best tokens
+                if V > 1:
+                    (v0, v1), (k0, k1) = best_tokens
+                    if k0 == blank:
+                        label_k, label_tok, blank_tok = k1, v1, v0
+                    else:
+                        label_k, label_tok = k0, v0
+                        blank_tok = v1 if k1 == blank else None
+                        if blank_tok is None and b_val > l_val:  # not decided by order
+                            if blank_tok_of[0] is None:
+                                blank_tok_of[0] = float(tok[0, blank])
+                            blank_tok = blank_tok_of[0]
+                else:
+                    label_k, label_tok, blank_tok = -1, neg, float(tok[0, 0])
+                label_score = label_tok + l_val
+                if blank_tok is None or label_score > blank_tok + b_val:
+                    return True, label_k, l_j, min(durations[l_j], room), label_score
+                return False, blank, b_j, min(durations[b_j], room), blank_tok + b_val
+
+            room = length - t
+            if final or room >= R1:
+                is_label, k, _, frames, score = choose(min(room, R1))
+                pending = None
+            else:  # T decides which durations fit: taken if every T >= N agrees
+                run.memo = (t, len(hyp.yseq), outputs)
+                options = [choose(r) for r in range(room, R1 + 1)]
+                if any(o[:4] != options[0][:4] for o in options[1:]):
+                    break  # this step waits for more frames
+                is_label, k, _, frames, score = options[0]
+                pending = {r: o[4] for r, o in zip(range(room, R1 + 1), options)}
+            if is_label:
+                hyp.yseq.append(k)
+                lm_k = 0.0 if lm is None else float(lm.labels[0, k])
+                if pending is None:
+                    run.add(score)
+                else:
+                    run.terms.append((t, pending, (len(hyp.timing), frames, lm_k)))
+                hyp.timing.append((t, frames, score - lm_k))
+                label = torch.full((1,), k, dtype=torch.long, device=device)
                 dec_proj, state = stepper.step(label, state)
                 if lm is not None:
                     lm = self.fusion.step(label, lm)
@@ -170,6 +186,34 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                 else:
                     hyp.advance(frames, is_label=True)
             else:
-                hyp.score += blank_tok + b_val
-                hyp.advance(min(durations[b_j], T - t))
+                if pending is None:
+                    run.add(score)
+                else:
+                    run.terms.append((t, pending, None))
+                hyp.advance(frames)
         run.dec_proj, run.state, run.lm = dec_proj, state, lm
+
+    def _step_outputs(self, enc_proj, dec_proj, lm):
+        """The joint network's outputs at one step, as :meth:`run_one` reads them:
+        the duration logits ``raw`` (D floats), their exp(raw - max) ``ex``, the
+        normaliser to subtract from a :meth:`run_one` duration value, the (1, V)
+        token log-probabilities (LM-fused) and their two best ((values), (tokens))
+        (None when V = 1)."""
+        table = self.table(enc_proj.device)
+        V = table.num_tokens
+        # as few torch calls per step as possible: the durations' log-softmax is
+        # taken in Python on D floats, the tokens' in torch (V may be large)
+        z_tok, z_dur = self.stepper.joint(enc_proj, dec_proj).split_with_sizes(
+            (V, table.num_durations), 1
+        )
+        raw = z_dur.tolist()[0]  # (D,) duration logits
+        top = max(raw)
+        ex = [math.exp(x - top) for x in raw]
+        # log-prob of a duration = raw - top - log(sum(ex)); of a total = the
+        # best() value (log of its ex sum) - log(sum(ex)); so subtract:
+        norm = math.log(sum(ex)) + (0.0 if self.blank_decision == "total" else top)
+        tok = z_tok.float().log_softmax(-1)  # (1, V)
+        if lm is not None:  # fused scores of the labels (the blank's is 0)
+            tok = tok + lm.labels
+        best_tokens = tuple(x.tolist() for x in tok[0].topk(2)) if V > 1 else None
+        return raw, ex, norm, tok, best_tokens

@@ -6,11 +6,11 @@
   it ends. Per stream: the features and the chunk conformer's output, chunk by chunk
   (:mod:`~espnet_multiblank.espnet.inference.stream_encoder`); the search state
   carried from chunk to chunk (:mod:`espnet_multiblank.decoding.streaming`): the
-  greedy searches (every lattice) decode one stream with the one-utterance loop and
-  several as the rows of one label-looping batch, the beam searches one stream at a
-  time. A piece with NaN or inf samples,
-  several channels, or a stream at another sample rate than the model's ends that
-  stream with the reason; the others go on.
+  greedy searches (every lattice) run the one-utterance loop per stream (on a CPU,
+  and for one stream) or the streams as the rows of one label-looping batch (several
+  streams on a GPU), the beam searches one stream at a time. A piece with NaN or
+  inf samples, several channels, or a stream at another sample rate than the
+  model's ends that stream with the reason; the others go on.
 * :class:`MultiblankSpeech2TextStreaming`: ESPnet's ``Speech2TextStreaming``
   interface for one stream: built from a trained model, a decode config and a chunk
   size; ``speech2text(piece, is_final=False)`` returns the partial hypothesis,
@@ -192,16 +192,18 @@ class StreamingDecoder:
         chunk_size: Encoder frames per chunk (the chunk conformer's chunk).
         num_left_chunks: Chunks to the left a chunk attends to (None: the
             model's; -1: all).
-        max_streams: Streams decoded at once. A greedy search decodes one stream
-            with the one-utterance loop (:class:`~espnet_multiblank.decoding.
-            streaming.StreamingRowGreedySearch`), more as the rows of one
+        max_streams: Streams decoded at once. A greedy search runs them with the
+            one-utterance loop, each on its own (:class:`~espnet_multiblank.
+            decoding.streaming.StreamingRowGreedySearch`), or as the rows of one
             label-looping batch (:class:`~espnet_multiblank.decoding.streaming.
-            StreamingGreedySearch`); both give the offline search's hypotheses.
+            StreamingGreedySearch`), see ``one_loop``; both give the offline
+            search's hypotheses.
         provisional: Partial hypotheses run the undecided frames to the end (True)
             or hold only the decided labels (False; cheaper).
         one_loop: A greedy search runs the one-utterance loop (True) or the
-            label-looping batch (False); None: the one-utterance loop for one
-            stream.
+            label-looping batch (False); None: the one-utterance loop on a CPU and
+            for one stream (faster there: bench/RESULTS.md), the batch for several
+            streams on a GPU.
         record_frames: Keep each stream's projected encoder frames in
             :attr:`recorded` (to check a stream against the offline search).
 
@@ -245,8 +247,8 @@ class StreamingDecoder:
         self.model = model
         self.chunk_size = chunk_size
         self.device = torch.device(speech2text.device)
-        if one_loop is None:  # rows of one label-looping batch pay off for many
-            one_loop = max_streams == 1
+        if one_loop is None:  # rows of one label-looping batch pay off on a GPU
+            one_loop = max_streams == 1 or self.device.type == "cpu"
         self.search = streaming_search(
             speech2text.beam_search_transducer, model, one_loop=bool(one_loop)
         )

@@ -177,6 +177,36 @@ def test_one_utterance_loop_decides_inside_the_lookahead(kind, decision):
         assert held > 0
 
 
+@pytest.mark.parametrize("kind", ["multiblank", "tdt"])
+def test_one_utterance_loop_cache_serves_only_the_same_step(kind):
+    """A stream's runs share the joint and prediction outputs they compute
+    (StepCache); with two or three tokens, frame-by-frame feeding and a provisional
+    run after every frame, provisional runs and the decided run reach the same
+    frame with other labels: a cache keyed by anything less than the label
+    sequence serves the wrong outputs (it did, with the key (t, number of
+    labels)), so the streamed hypotheses must still be the offline ones."""
+    lens = [30] * 4
+    for seed in range(12):
+        if kind == "tdt":
+            model = tdt_model(seed, vocab=3, blank_bias=0.0)
+        else:
+            model = mb_model(seed, vocab=6, blank_bias=0.0)
+        search, _ = searches(model, max_sym=2)
+        proj = frames_of(search, lens, seed)
+        want = search.search_projected(proj, torch.tensor(lens))
+        st = StreamingRowGreedySearch(search, len(lens), "cpu")
+        for t in range(30):
+            for b in range(len(lens)):
+                st.append(b, proj[b, t : t + 1])
+            st.advance()
+            st.provisional()
+        for b in range(len(lens)):
+            st.end(b)
+        st.advance()
+        for b in range(len(lens)):
+            same(st.hypothesis(b), want[b])
+
+
 def test_one_utterance_loop_fuses_language_models_exactly():
     for kind, greedy in (("multiblank", "mb_greedy"), ("tdt_0_4", "tdt_greedy")):
         search = fused_search(MODELS[kind](2), greedy, max_sym_per_frame=3)

@@ -227,6 +227,31 @@ class TransducerSearch(ABC):
 PendingTerm = Tuple[int, Dict[int, float], Optional[Tuple[int, int, float]]]
 
 
+class StepCache:
+    """What a stream's runs (the decided run and its provisional copies) compute
+    more than once, kept for the next one: a step that waits for frames is
+    evaluated again when they arrive, and a provisional run takes steps that the
+    decided run takes later. The same inputs give the same outputs, so reading
+    them here changes no result (bit for bit).
+
+    Attributes:
+        steps: ``(t, labels, labels at t)`` -> ``[joint-network outputs, what the
+            search derived from them, ...]`` (the search's own layout).
+        labels: label sequence (with the start symbol) -> the prediction network's
+            (1, J) output and state and the fused LMs' state after it.
+    """
+
+    def __init__(self):
+        self.steps: Dict[Tuple[int, Tuple[int, ...], int], list] = {}
+        self.labels: Dict[Tuple[int, ...], Tuple[torch.Tensor, Any, Any]] = {}
+
+    def prune(self, frame: int, labels: int) -> None:
+        """Forget the steps before ``frame`` and the label sequences shorter than
+        ``labels`` (a decided run never goes back to them)."""
+        self.steps = {k: v for k, v in self.steps.items() if k[0] >= frame}
+        self.labels = {k: v for k, v in self.labels.items() if len(k) >= labels}
+
+
 @dataclasses.dataclass
 class OneRun:
     """The state of a one-utterance greedy search between steps
@@ -241,8 +266,8 @@ class OneRun:
             decided before T was known (a stream) can have a score that T decides
             (a blank's total over the blanks T allows), and the terms after it wait
             with it, so that the score is added up in the offline order.
-        memo: ``(t, len(yseq), outputs)``: the joint network's outputs at the
-            step the run last stopped at undecided, reused when it is taken up.
+        cache: A stream's :class:`StepCache` (shared with the run's copies), or
+            None (offline).
     """
 
     hyp: Hypothesis
@@ -250,7 +275,7 @@ class OneRun:
     state: Any
     lm: Optional[FusionState]
     terms: List[Union[float, PendingTerm]] = dataclasses.field(default_factory=list)
-    memo: Optional[Tuple[int, int, Any]] = None
+    cache: Optional["StepCache"] = None
 
     def add(self, term: float) -> None:
         """The score of the next step."""
@@ -286,7 +311,7 @@ class OneRun:
             self.hyp, yseq=list(self.hyp.yseq), timing=list(self.hyp.timing)
         )
         return OneRun(
-            hyp, self.dec_proj, self.state, self.lm, list(self.terms), self.memo
+            hyp, self.dec_proj, self.state, self.lm, list(self.terms), self.cache
         )
 
 
@@ -380,6 +405,26 @@ class FrameLoopingGreedySearch(TransducerSearch):
             length: T, or the frames received N.
             final: Whether ``length`` is T.
         """
+
+    def emit_one(
+        self, run: "OneRun", label: int, dec_proj, state, lm, device
+    ) -> Tuple[torch.Tensor, Any, Any]:
+        """The prediction network's output and state and the LMs' state after
+        ``label`` (already appended to ``run.hyp.yseq``), from the run's cache
+        when a run of the stream has computed them."""
+        cache = run.cache
+        if cache is not None:
+            key = tuple(run.hyp.yseq)
+            got = cache.labels.get(key)
+            if got is not None:
+                return got
+        labels = torch.full((1,), label, dtype=torch.long, device=device)
+        dec_proj, state = self.stepper.step(labels, state)
+        if lm is not None:
+            lm = self.fusion.step(labels, lm)
+        if cache is not None:
+            cache.labels[key] = (dec_proj, state, lm)
+        return dec_proj, state, lm
 
     def finish_one(self, run: "OneRun") -> Hypothesis:
         """The end of a one-utterance search (every frame consumed): its hypothesis

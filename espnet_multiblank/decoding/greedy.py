@@ -54,19 +54,23 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         frames_list = table.frames_list
         while hyp.frame < length:
             t = hyp.frame
-            memo = run.memo
-            if memo is not None and memo[0] == t and memo[1] == len(hyp.yseq):
-                logp = memo[2]
+            info = None  # [log-probs, what _early_step derived] (a stream's cache)
+            if run.cache is not None:
+                key = (t, tuple(hyp.yseq), hyp.num_sym_frame)
+                info = run.cache.steps.get(key)
+            if info is not None:
+                logp = info[0]
             else:
                 logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
                 if lm is not None:  # fused scores of the labels (the blanks' are 0)
                     logp = logp + lm.labels
+                if run.cache is not None:
+                    info = run.cache.steps[key] = [logp, None]
             guarded = hyp.num_sym_frame >= max_sym
             if not final and t > free_until:  # T decides which big blanks fit
-                run.memo = (t, len(hyp.yseq), logp)
                 if guarded and masks is None:
                     masks = table.mask_rows(max_sym).to(logp.dtype)
-                step = self._early_step(table, logp, masks, guarded, length - t)
+                step = self._early_step(table, logp, masks, guarded, length - t, info)
                 if step is None:
                     break  # this step waits for more frames
                 k, frames, term = step
@@ -97,15 +101,12 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
                 hyp.timing.append((t, 0, float(logp[0, k]) - lm_k))
                 hyp.yseq.append(k)
                 hyp.num_sym_frame += 1
-                label = torch.full((1,), k, dtype=torch.long, device=device)
-                dec_proj, state = stepper.step(label, state)
-                if lm is not None:
-                    lm = self.fusion.step(label, lm)
+                dec_proj, state, lm = self.emit_one(run, k, dec_proj, state, lm, device)
             else:
                 hyp.advance(frames)
         run.dec_proj, run.state, run.lm = dec_proj, state, lm
 
-    def _early_step(self, table, logp, masks, guarded: bool, room: int):
+    def _early_step(self, table, logp, masks, guarded: bool, room: int, info=None):
         """The step at a frame t with ``room`` = N - t < R frames received after it,
         when every T >= N takes it, else None: ``(symbol, frames, score)``, the
         score a float, or ``{min(T - t, R): score}`` when T decides it.
@@ -115,34 +116,50 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         ``room``. ``total``: a label is chosen for every T when it beats the total
         of all blanks, a blank when the best label does not beat the total of the
         blanks that fit in ``room`` and the best blank fits (the most probable of a
-        set is the most probable of any subset it belongs to)."""
+        set is the most probable of any subset it belongs to).
+
+        ``info``: the step's cache entry; what is derived from ``logp`` is kept in
+        ``info[1]`` for when the step is evaluated again with more frames."""
         R = table.max_frames
         lo, hi = table.blank_range
         frames_list = table.frames_list
-        masked = logp if not guarded else logp + masks[R + 1 + R]  # every blank
-        k = int(masked[0].argmax())
-        frames = frames_list[k]
+        derived = None if info is None else info[1]
+        if derived is None:
+            masked = logp if not guarded else logp + masks[R + 1 + R]  # every blank
+            k = int(masked[0].argmax())
+            frames = frames_list[k]
+            blank = None  # (best blank, blank log-probs, best label, totals by room)
+            if self.blank_decision == "total":
+                blanks = masked[0, lo:hi].tolist()
+                if not (frames == 0 and float(logp[0, k]) > log_sum_exp(blanks)):
+                    if frames == 0:  # the best label, k
+                        best_label = float(logp[0, k])
+                    elif guarded:
+                        best_label = float("-inf")
+                    else:
+                        best_label = float(masked[0, table.is_label].max())
+                    b = lo + blanks.index(max(blanks))
+                    blank = (b, blanks, best_label, {})
+            derived = (k, frames, float(logp[0, k]), blank)
+            if info is not None:
+                info[1] = derived
+        k, frames, score, blank = derived
         if self.blank_decision != "total":
-            return (k, frames, float(logp[0, k])) if frames <= room else None
-        blanks = masked[0, lo:hi].tolist()
-        if frames == 0 and float(logp[0, k]) > log_sum_exp(blanks):
-            return k, 0, float(logp[0, k])
-        b = lo + blanks.index(max(blanks))
+            return (k, frames, score) if frames <= room else None
+        if blank is None:  # a label beats every blank
+            return k, 0, score
+        b, blanks, best_label, totals = blank
         if frames_list[b] > room:
             return None
         neg = float("-inf")
-        totals = {
-            r: log_sum_exp(
-                [x if frames_list[lo + i] <= r else neg for i, x in enumerate(blanks)]
-            )
-            for r in range(room, R + 1)
-        }
-        if frames == 0:  # the best label, k
-            best_label = float(logp[0, k])
-        elif guarded:
-            best_label = neg
-        else:
-            best_label = float(masked[0, table.is_label].max())
+        for r in range(room, R + 1):
+            if r not in totals:
+                totals[r] = log_sum_exp(
+                    [
+                        x if frames_list[lo + i] <= r else neg
+                        for i, x in enumerate(blanks)
+                    ]
+                )
         if not best_label <= totals[room]:
             return None
-        return b, frames_list[b], totals
+        return b, frames_list[b], {r: totals[r] for r in range(room, R + 1)}

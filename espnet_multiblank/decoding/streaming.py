@@ -44,7 +44,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, StepCache
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
@@ -288,6 +288,8 @@ class StreamingRowGreedySearch:
         # the state before the first frame, computed once (the same every time)
         self._fresh = search.start_one(self.device)
         self.runs = [self._fresh.copy() for _ in range(batch)]
+        for run in self.runs:
+            run.cache = StepCache()
         self._frames: List[Optional[torch.Tensor]] = [None] * batch  # (capacity, J)
         self.received = [0] * batch
         self._final = [False] * batch
@@ -302,6 +304,7 @@ class StreamingRowGreedySearch:
         """Start new streams in ``rows``."""
         for r in rows:
             self.runs[r] = self._fresh.copy()
+            self.runs[r].cache = StepCache()
             self.received[r] = 0
             self._final[r] = False
             self._hyps[r] = None
@@ -346,6 +349,7 @@ class StreamingRowGreedySearch:
                 self._hyps[r] = search.finish_one(run)
             elif N > run.hyp.frame or run.terms:
                 search.run_one(run, frames, N, final=False)
+                run.cache.prune(run.hyp.frame, len(run.hyp.yseq))
 
     def done(self, row: int) -> bool:
         """Whether the row's stream has ended and been completed."""

@@ -93,7 +93,6 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         the same arcs as :meth:`TDTSymbolTable.best_arcs`)."""
         device = enc_proj.device
         table = self.table(device)
-        stepper = self.stepper
         V, blank = table.num_tokens, table.blank
         durations = table.durations_list
         slot_sets = self._slot_sets(table)
@@ -122,18 +121,30 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
         hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
         while hyp.frame < length:
             t = hyp.frame
-            memo = run.memo
-            if memo is not None and memo[0] == t and memo[1] == len(hyp.yseq):
-                outputs = memo[2]
-            else:
+            # [joint outputs, the blank token's score once read, choose() by room]
+            info = None
+            if run.cache is not None:
+                key = (t, tuple(hyp.yseq), hyp.num_sym_frame)
+                info = run.cache.steps.get(key)
+            if info is None:
                 outputs = self._step_outputs(enc_proj[t : t + 1], dec_proj, lm)
-            raw, ex, norm, tok, best_tokens = outputs
+                info = [outputs, None, {}]
+                if run.cache is not None:
+                    run.cache.steps[key] = info
+            raw, ex, norm, tok, best_tokens = info[0]
             guarded = hyp.num_sym_frame >= max_sym
-            blank_tok_of = [None]  # the blank token's score, read once if needed
+            blank_tok_of = info  # info[1]: the blank token's score, read once
 
             def choose(room):
                 """(is label, token, duration slot, frames, score) of the step with
                 min(T - t, R + 1) = ``room``."""
+                done = info[2].get(room)
+                if done is not None:
+                    return done
+                info[2][room] = out = choose_new(room)
+                return out
+
+            def choose_new(room):
                 blank_slots, label_slots = slot_sets[room, guarded]
                 b_val, b_j = best(raw, ex, blank_slots)
                 l_val, l_j = best(raw, ex, label_slots)
@@ -148,9 +159,9 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                         label_k, label_tok = k0, v0
                         blank_tok = v1 if k1 == blank else None
                         if blank_tok is None and b_val > l_val:  # not decided by order
-                            if blank_tok_of[0] is None:
-                                blank_tok_of[0] = float(tok[0, blank])
-                            blank_tok = blank_tok_of[0]
+                            if blank_tok_of[1] is None:
+                                blank_tok_of[1] = float(tok[0, blank])
+                            blank_tok = blank_tok_of[1]
                 else:
                     label_k, label_tok, blank_tok = -1, neg, float(tok[0, 0])
                 label_score = label_tok + l_val
@@ -163,7 +174,6 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                 is_label, k, _, frames, score = choose(min(room, R1))
                 pending = None
             else:  # T decides which durations fit: taken if every T >= N agrees
-                run.memo = (t, len(hyp.yseq), outputs)
                 options = [choose(r) for r in range(room, R1 + 1)]
                 if any(o[:4] != options[0][:4] for o in options[1:]):
                     break  # this step waits for more frames
@@ -177,10 +187,7 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                 else:
                     run.terms.append((t, pending, (len(hyp.timing), frames, lm_k)))
                 hyp.timing.append((t, frames, score - lm_k))
-                label = torch.full((1,), k, dtype=torch.long, device=device)
-                dec_proj, state = stepper.step(label, state)
-                if lm is not None:
-                    lm = self.fusion.step(label, lm)
+                dec_proj, state, lm = self.emit_one(run, k, dec_proj, state, lm, device)
                 if frames == 0:
                     hyp.num_sym_frame += 1
                 else:

@@ -146,7 +146,10 @@ def section(res, offline, jobs, chunks, batch, batch_chunk, test_set, utts=None)
         "appeared for good in the partial hypotheses minus when it ends in the "
         "recording (the streamed `test_real` utterances, known word boundaries, "
         "correctly recognised words); decision delay: when it was decided (it can "
-        "no longer change)."
+        "no longer change). The streams run the one-utterance greedy loop, which "
+        "takes a step inside the look-ahead where no utterance length can change "
+        "it (`docs/streaming.md`). Search times are one run per case; "
+        "`bench/stream_search.py` times the same streams in interleaved rounds."
     )
     L.append("")
     L += _goals(goals, res, jobs, chunks, test_set)
@@ -208,9 +211,12 @@ def _batched(res, jobs, batch, batch_chunk, test_set):
         *rows,
         "",
         "RTF (all streams): wall time / audio of all streams; a CPU serves about "
-        "1 / RTF such streams in real time. The greedy search decodes the streams as "
-        "rows of one batch; the encoder runs each stream's chunks on their own. "
-        "Another number of rows rounds the search's scores differently: a "
-        "hypothesis can differ at a near tie.",
+        "1 / RTF such streams in real time. On a CPU the greedy search runs each "
+        "stream with the one-utterance loop, as for one stream (faster there than "
+        "the label-looping batch of the streams: bench/RESULTS.md), and the encoder "
+        "runs each stream's chunks on their own: the streams share the machine, "
+        "not the work. (The label-looping batch, which a GPU runs, rounds the "
+        "search's scores with the number of rows: a hypothesis can differ at a "
+        "near tie.)",
         "",
     ]

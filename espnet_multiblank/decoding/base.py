@@ -13,6 +13,7 @@ carries duration logits, and a symbol table built from ``TDTLattice``) plug in t
 """
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from numbers import Integral
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -231,25 +232,43 @@ class StepCache:
     """What a stream's runs (the decided run and its provisional copies) compute
     more than once, kept for the next one: a step that waits for frames is
     evaluated again when they arrive, and a provisional run takes steps that the
-    decided run takes later. The same inputs give the same outputs, so reading
+    decided run takes later. Only steps near the last frame received are kept
+    (the others are taken once). The same inputs give the same outputs, so reading
     them here changes no result (bit for bit).
 
     Attributes:
         steps: ``(t, labels, labels at t)`` -> ``[joint-network outputs, what the
             search derived from them, ...]`` (the search's own layout).
-        labels: label sequence (with the start symbol) -> the prediction network's
-            (1, J) output and state and the fused LMs' state after it.
+        labels: label sequence (with the start symbol) -> ``(t, the prediction
+            network's (1, J) output and state, the fused LMs' state)`` after it
+            (t: the frame of its last label).
+        low: The first frame of anything kept (no lookup before it).
     """
 
     def __init__(self):
         self.steps: Dict[Tuple[int, Tuple[int, ...], int], list] = {}
-        self.labels: Dict[Tuple[int, ...], Tuple[torch.Tensor, Any, Any]] = {}
+        self.labels: Dict[Tuple[int, ...], Tuple[int, torch.Tensor, Any, Any]] = {}
+        self.low = math.inf
+
+    def key(self, hyp: Hypothesis) -> Tuple[int, Tuple[int, ...], int]:
+        """The key of the step a hypothesis takes next."""
+        return hyp.frame, tuple(hyp.yseq), hyp.num_sym_frame
+
+    def put_step(self, key: Tuple[int, Tuple[int, ...], int], info: list) -> None:
+        self.steps[key] = info
+        self.low = min(self.low, key[0])
+
+    def put_labels(self, key: Tuple[int, ...], t: int, outputs: tuple) -> None:
+        self.labels[key] = (t,) + outputs
+        self.low = min(self.low, t)
 
     def prune(self, frame: int, labels: int) -> None:
         """Forget the steps before ``frame`` and the label sequences shorter than
         ``labels`` (a decided run never goes back to them)."""
         self.steps = {k: v for k, v in self.steps.items() if k[0] >= frame}
         self.labels = {k: v for k, v in self.labels.items() if len(k) >= labels}
+        frames = [k[0] for k in self.steps] + [v[0] for v in self.labels.values()]
+        self.low = min(frames, default=math.inf)
 
 
 @dataclasses.dataclass
@@ -407,23 +426,27 @@ class FrameLoopingGreedySearch(TransducerSearch):
         """
 
     def emit_one(
-        self, run: "OneRun", label: int, dec_proj, state, lm, device
+        self, run: "OneRun", label: int, dec_proj, state, lm, device, keep: bool
     ) -> Tuple[torch.Tensor, Any, Any]:
         """The prediction network's output and state and the LMs' state after
-        ``label`` (already appended to ``run.hyp.yseq``), from the run's cache
-        when a run of the stream has computed them."""
+        ``label`` (already appended to ``run.hyp.yseq``, emitted at frame t), from
+        the stream's cache when one of its runs has computed them; ``keep``: put
+        them there (t is near the last frame received)."""
         cache = run.cache
-        if cache is not None:
+        t = run.hyp.timing[-1][0]
+        key = None
+        if cache is not None and t >= cache.low:
             key = tuple(run.hyp.yseq)
             got = cache.labels.get(key)
             if got is not None:
-                return got
+                return got[1:]
         labels = torch.full((1,), label, dtype=torch.long, device=device)
         dec_proj, state = self.stepper.step(labels, state)
         if lm is not None:
             lm = self.fusion.step(labels, lm)
-        if cache is not None:
-            cache.labels[key] = (dec_proj, state, lm)
+        if cache is not None and keep:
+            key = tuple(run.hyp.yseq) if key is None else key
+            cache.put_labels(key, t, (dec_proj, state, lm))
         return dec_proj, state, lm
 
     def finish_one(self, run: "OneRun") -> Hypothesis:

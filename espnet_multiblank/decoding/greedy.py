@@ -52,22 +52,24 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         total = self.blank_decision == "total"
         lo, hi = table.blank_range
         frames_list = table.frames_list
+        cache = run.cache
         while hyp.frame < length:
             t = hyp.frame
+            tail = t > free_until  # near the last frame: other runs may take it
             info = None  # [log-probs, what _early_step derived] (a stream's cache)
-            if run.cache is not None:
-                key = (t, tuple(hyp.yseq), hyp.num_sym_frame)
-                info = run.cache.steps.get(key)
+            if cache is not None and t >= cache.low:
+                info = cache.steps.get(cache.key(hyp))
             if info is not None:
                 logp = info[0]
             else:
                 logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
                 if lm is not None:  # fused scores of the labels (the blanks' are 0)
                     logp = logp + lm.labels
-                if run.cache is not None:
-                    info = run.cache.steps[key] = [logp, None]
+                if cache is not None and tail:
+                    info = [logp, None]
+                    cache.put_step(cache.key(hyp), info)
             guarded = hyp.num_sym_frame >= max_sym
-            if not final and t > free_until:  # T decides which big blanks fit
+            if not final and tail:  # T decides which big blanks fit
                 if guarded and masks is None:
                     masks = table.mask_rows(max_sym).to(logp.dtype)
                 step = self._early_step(table, logp, masks, guarded, length - t, info)
@@ -101,7 +103,9 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
                 hyp.timing.append((t, 0, float(logp[0, k]) - lm_k))
                 hyp.yseq.append(k)
                 hyp.num_sym_frame += 1
-                dec_proj, state, lm = self.emit_one(run, k, dec_proj, state, lm, device)
+                dec_proj, state, lm = self.emit_one(
+                    run, k, dec_proj, state, lm, device, tail
+                )
             else:
                 hyp.advance(frames)
         run.dec_proj, run.state, run.lm = dec_proj, state, lm

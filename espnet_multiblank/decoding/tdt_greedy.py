@@ -119,18 +119,19 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             return log_sum_exp([raw[i] - top for i in slots]), j
 
         hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
+        cache = run.cache
         while hyp.frame < length:
             t = hyp.frame
             # [joint outputs, the blank token's score once read, choose() by room]
+            tail = t > length - R1  # near the last frame: other runs may take it
             info = None
-            if run.cache is not None:
-                key = (t, tuple(hyp.yseq), hyp.num_sym_frame)
-                info = run.cache.steps.get(key)
+            if cache is not None and t >= cache.low:
+                info = cache.steps.get(cache.key(hyp))
             if info is None:
                 outputs = self._step_outputs(enc_proj[t : t + 1], dec_proj, lm)
                 info = [outputs, None, {}]
-                if run.cache is not None:
-                    run.cache.steps[key] = info
+                if cache is not None and tail:
+                    cache.put_step(cache.key(hyp), info)
             raw, ex, norm, tok, best_tokens = info[0]
             guarded = hyp.num_sym_frame >= max_sym
             blank_tok_of = info  # info[1]: the blank token's score, read once
@@ -187,7 +188,9 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
                 else:
                     run.terms.append((t, pending, (len(hyp.timing), frames, lm_k)))
                 hyp.timing.append((t, frames, score - lm_k))
-                dec_proj, state, lm = self.emit_one(run, k, dec_proj, state, lm, device)
+                dec_proj, state, lm = self.emit_one(
+                    run, k, dec_proj, state, lm, device, tail
+                )
                 if frames == 0:
                     hyp.num_sym_frame += 1
                 else:

@@ -264,7 +264,10 @@ class StepCache:
 
     def prune(self, frame: int, labels: int) -> None:
         """Forget the steps before ``frame`` and the label sequences shorter than
-        ``labels`` (a decided run never goes back to them)."""
+        ``labels`` (a decided run never goes back to them); nothing while all
+        that is kept lies at ``frame`` or later."""
+        if self.low >= frame:
+            return
         self.steps = {k: v for k, v in self.steps.items() if k[0] >= frame}
         self.labels = {k: v for k, v in self.labels.items() if len(k) >= labels}
         frames = [k[0] for k in self.steps] + [v[0] for v in self.labels.values()]

@@ -20,6 +20,8 @@ emitted a label); each utterance has its own t and leaves when it reaches its T.
 choose the same symbols (tested).
 """
 
+from typing import List
+
 import torch
 
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, OneRun
@@ -132,18 +134,12 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
             masked = logp if not guarded else logp + masks[R + 1 + R]  # every blank
             k = int(masked[0].argmax())
             frames = frames_list[k]
-            blank = None  # (best blank, blank log-probs, best label, totals by room)
+            blank = None  # (most probable blank, the blanks' log-probs, totals by room)
             if self.blank_decision == "total":
                 blanks = masked[0, lo:hi].tolist()
                 if not (frames == 0 and float(logp[0, k]) > log_sum_exp(blanks)):
-                    if frames == 0:  # the best label, k
-                        best_label = float(logp[0, k])
-                    elif guarded:
-                        best_label = float("-inf")
-                    else:
-                        best_label = float(masked[0, table.is_label].max())
-                    b = lo + blanks.index(max(blanks))
-                    blank = (b, blanks, best_label, {})
+                    totals = _BlankTotals(blanks, frames_list[lo:hi])
+                    blank = (lo + blanks.index(max(blanks)), blanks, totals)
             derived = (k, frames, float(logp[0, k]), blank)
             if info is not None:
                 info[1] = derived
@@ -152,18 +148,30 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
             return (k, frames, score) if frames <= room else None
         if blank is None:  # a label beats every blank
             return k, 0, score
-        b, blanks, best_label, totals = blank
+        b, blanks, totals = blank
         if frames_list[b] > room:
             return None
-        neg = float("-inf")
-        for r in range(room, R + 1):
-            if r not in totals:
-                totals[r] = log_sum_exp(
-                    [
-                        x if frames_list[lo + i] <= r else neg
-                        for i, x in enumerate(blanks)
-                    ]
-                )
+        # the best label: k when k is a label; when the best symbol k is a blank
+        # (then k = b, which fits), no label beats it nor the total it belongs to
+        best_label = score if frames == 0 else float("-inf")
         if not best_label <= totals[room]:
             return None
-        return b, frames_list[b], {r: totals[r] for r in range(room, R + 1)}
+        return b, frames_list[b], totals
+
+
+class _BlankTotals(dict):
+    """{min(T - t, R): log of the summed probabilities of the blanks that fit},
+    each computed when first read, as the offline step computes it (the blanks that
+    do not fit at -inf)."""
+
+    def __init__(self, blanks: List[float], frames: List[int]):
+        super().__init__()
+        self.blanks, self.frames = blanks, frames
+
+    def __missing__(self, room: int) -> float:
+        neg = float("-inf")
+        value = log_sum_exp(
+            [x if d <= room else neg for x, d in zip(self.blanks, self.frames)]
+        )
+        self[room] = value
+        return value

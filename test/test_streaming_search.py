@@ -207,6 +207,23 @@ def test_one_utterance_loop_cache_serves_only_the_same_step(kind):
             same(st.hypothesis(b), want[b])
 
 
+def test_one_utterance_loop_provisional_runs_only_the_rows_asked():
+    search, _ = searches(MODELS["multiblank"](0))
+    lens = [30, 30]
+    proj = frames_of(search, lens, 0)
+    st = StreamingRowGreedySearch(search, 2, "cpu")
+    for b in range(2):
+        st.append(b, proj[b, :16])
+    st.advance()
+    got = st.provisional([1])
+    offline = search.search_projected(proj[:, :16], torch.tensor([16, 16]))
+    # (with these frames neither row has decided all of the labels so far)
+    assert all(st.tokens[b] != offline[b].labels for b in range(2))
+    assert got[0] == st.tokens[0]  # not asked: its decided labels
+    assert got[1] == offline[1].labels
+    assert st.provisional() == [h.labels for h in offline]
+
+
 def test_one_utterance_loop_fuses_language_models_exactly():
     for kind, greedy in (("multiblank", "mb_greedy"), ("tdt_0_4", "tdt_greedy")):
         search = fused_search(MODELS[kind](2), greedy, max_sym_per_frame=3)

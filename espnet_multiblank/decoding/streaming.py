@@ -234,9 +234,11 @@ class StreamingGreedySearch:
         return hyp
 
     @torch.no_grad()
-    def provisional(self) -> List[List[int]]:
+    def provisional(self, rows: Optional[Sequence[int]] = None) -> List[List[int]]:
         """Each row's labels if its stream ended at the last frame received: the
-        decided labels and those of a copy of the state run to the end."""
+        decided labels and those of a copy of the state run to the end (every row
+        at once; ``rows`` is accepted for :class:`StreamingRowGreedySearch`'s
+        interface)."""
         loop = self.loop
         copy = loop.empty_copy(
             **{
@@ -254,11 +256,14 @@ class StreamingRowGreedySearch:
 
     The same interface as :class:`StreamingGreedySearch`, for a frame-looping greedy
     search (multi-blank, standard or TDT; LM fusion included). A row's steps are
-    those of :meth:`FrameLoopingGreedySearch.search_one` on its frames, taken as
-    soon as they are decided (frames t <= N - L), so its final hypothesis is that
-    search's, bit for bit. For one stream it costs a third to a quarter of the
-    label-looping loop at one row (bench/RESULTS.md); rows are not batched, so many
-    streams are better served by :class:`StreamingGreedySearch`.
+    those of :meth:`FrameLoopingGreedySearch.search_one` on its frames, each taken
+    as soon as no utterance length T >= N can change it (every step at t <= N - L,
+    and those inside the look-ahead that T cannot change:
+    :meth:`FrameLoopingGreedySearch.run_one`), so its final hypothesis is that
+    search's, bit for bit. Each row keeps a :class:`StepCache` that its provisional
+    runs share. On a CPU it costs a quarter to a third of the label-looping loop per
+    stream, also at 16 streams (bench/RESULTS.md); rows are not batched, so on a GPU
+    many streams are better served by :class:`StreamingGreedySearch`.
 
     Args:
         search: A :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`.
@@ -292,6 +297,7 @@ class StreamingRowGreedySearch:
             run.cache = StepCache()
         self._frames: List[Optional[torch.Tensor]] = [None] * batch  # (capacity, J)
         self.received = [0] * batch
+        self._advanced = [0] * batch  # frames received at each row's last advance
         self._final = [False] * batch
         self._hyps: List[Optional[Hypothesis]] = [None] * batch
 
@@ -306,6 +312,7 @@ class StreamingRowGreedySearch:
             self.runs[r] = self._fresh.copy()
             self.runs[r].cache = StepCache()
             self.received[r] = 0
+            self._advanced[r] = 0
             self._final[r] = False
             self._hyps[r] = None
 
@@ -347,9 +354,10 @@ class StreamingRowGreedySearch:
                 if N:
                     search.run_one(run, frames, N)
                 self._hyps[r] = search.finish_one(run)
-            elif N > run.hyp.frame or run.terms:
+            elif N > self._advanced[r]:  # else nothing new to decide
                 search.run_one(run, frames, N, final=False)
                 run.cache.prune(run.hyp.frame, len(run.hyp.yseq))
+            self._advanced[r] = N
 
     def done(self, row: int) -> bool:
         """Whether the row's stream has ended and been completed."""
@@ -362,13 +370,16 @@ class StreamingRowGreedySearch:
         return self._hyps[row]
 
     @torch.no_grad()
-    def provisional(self) -> List[List[int]]:
+    def provisional(self, rows: Optional[Sequence[int]] = None) -> List[List[int]]:
         """Each row's labels if its stream ended at the last frame received: a
-        copy of its state run to the end (the decided steps are not taken again)."""
+        copy of its state run to the end (the decided steps are not taken again).
+        Only ``rows`` (default: all) are run; the others give their decided
+        labels."""
+        wanted = range(self.batch) if rows is None else set(rows)
         out = []
         for r, run in enumerate(self.runs):
             N = self.received[r]
-            if self._hyps[r] is None and run.hyp.frame < N:
+            if r in wanted and self._hyps[r] is None and run.hyp.frame < N:
                 run = run.copy()
                 self.search.run_one(run, self._frames[r], N)
             out.append(run.hyp.labels)

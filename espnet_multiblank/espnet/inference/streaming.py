@@ -348,7 +348,8 @@ class StreamingDecoder:
             provisional = None
             changed = [k for k, f in moved.items() if not f]
             if self.provisional and not self.beam and changed:
-                provisional = self.greedy.provisional()  # every row at once
+                rows = [self.streams[k].slot for k in changed]
+                provisional = self.greedy.provisional(rows)
             self.stats["search_seconds"] += time.perf_counter() - start
             for key, final in fed.items():
                 out[key] = self._result(self.streams[key], final, provisional)

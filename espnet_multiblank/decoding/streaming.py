@@ -21,16 +21,18 @@ search_projected` and :meth:`MultiblankBeamSearch.search_projected`).
   for the next step), so it groups the arcs as the offline search does.
 * :class:`StreamingRowGreedySearch`: the same for a frame-looping greedy search:
   each row runs the one-utterance loop (:meth:`FrameLoopingGreedySearch.run_one`)
-  on its own, deciding each frame as soon as it may (the faster loop for one stream).
+  on its own, taking also the steps inside the look-ahead that no T >= N can change
+  (the faster loop on a CPU).
 * :class:`StreamingBeamSearch`: the frame-synchronous beam search of one stream
   (multi-blank and TDT, with LM fusion): the frame queues are carried across chunks;
   frames t <= N - R - 1 are expanded (no arc lands on frame N before the stream ends,
   so no hypothesis is completed too early).
 
-Both give a *provisional* hypothesis at any time: a copy of the undecided state run
+All give a *provisional* hypothesis at any time: a copy of the undecided state run
 to the last frame received as if the stream ended there (the offline result for the
-audio so far). The decided labels lag the last frame received by L frames (8 frames
-of 40 ms = 320 ms for big blanks [2, 4, 8]); the provisional ones do not.
+audio so far). The decided labels lag the last frame received by up to L frames (8
+frames of 40 ms = 320 ms for big blanks [2, 4, 8]; the row search less where T
+cannot change a step); the provisional ones do not.
 
 Encoder frames are given *projected* (``stepper.project_enc``): the searches decide
 on projected frames, and projecting each chunk as it arrives gives, to float

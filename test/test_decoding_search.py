@@ -676,3 +676,32 @@ def test_joint_many_equals_the_joint_network(activation, dtype):
         assert float(enc.abs().max()) > 5  # saturated units covered
     else:
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_joint_equals_the_joint_network_bit_for_bit(activation, dtype):
+    """The one-row joint call skips ESPnet's module calls for its tanh joint network
+    (the same ops, the same numbers); a forward hook on any of its modules, or
+    another activation, sends it through the network (the hook sees the call)."""
+    torch.manual_seed(1)
+    decoder = TransducerDecoder(V, hidden_size=12).eval()
+    joint = JointNetwork(
+        V, D_ENC, 12, joint_space_size=24, joint_activation_type=activation
+    ).eval()
+    decoder.to(dtype)
+    joint.to(dtype)
+    stepper = JointStepper(decoder, joint)
+    assert stepper.plain_tanh == (activation == "tanh")
+    enc = stepper.project_enc(4 * torch.randn(3, D_ENC, dtype=dtype))
+    dec = joint.lin_dec(torch.randn(3, 12, dtype=dtype))
+    seen = []
+    with torch.no_grad():
+        assert torch.equal(stepper.joint(enc, dec), joint(enc, dec, no_projection=True))
+        for module in (joint, joint.joint_activation, joint.lin_out):
+            handle = module.register_forward_hook(lambda *a: seen.append(1))
+            assert torch.equal(
+                stepper.joint(enc, dec), joint(enc, dec, no_projection=True)
+            )
+            handle.remove()
+    assert len(seen) == 6  # each hook saw the stepper's call and the reference's

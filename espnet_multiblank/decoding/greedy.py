@@ -24,8 +24,9 @@ from typing import List
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, OneRun
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.multiblank_table import log_sum_exp
+from espnet_multiblank.decoding.one_run import OneRun
 from espnet_multiblank.decoding.row_step import MultiblankRowStep
 
 

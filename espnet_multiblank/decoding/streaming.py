@@ -46,13 +46,14 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, StepCache
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
     _Batch,
 )
+from espnet_multiblank.decoding.one_run import StepCache
 from espnet_multiblank.lattice import TDTLattice
 
 

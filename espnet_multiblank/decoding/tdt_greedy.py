@@ -27,8 +27,9 @@ import math
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch, OneRun
+from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
 from espnet_multiblank.decoding.multiblank_table import log_sum_exp
+from espnet_multiblank.decoding.one_run import OneRun
 from espnet_multiblank.decoding.row_step import TDTRowStep
 from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 from espnet_multiblank.lattice import TDTLattice

@@ -650,20 +650,26 @@ def test_cell_step_not_used_for_other_decoders_or_training():
     assert calls == [1]
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_joint_many_equals_the_joint_network(activation, dtype):
-    """The label rule's wide joint call (tanh as 2 sigmoid(2x) - 1 on float32 CPU
-    tensors) gives ESPnet's JointNetwork's logits, large pre-activations included;
-    other activations and dtypes go through the network itself, bit for bit."""
-    torch.manual_seed(0)
+def joint_stepper(seed, activation, dtype):
+    """(ESPnet's JointNetwork with ``activation``, a JointStepper on it), in
+    ``dtype``."""
+    torch.manual_seed(seed)
     decoder = TransducerDecoder(V, hidden_size=12).eval()
     joint = JointNetwork(
         V, D_ENC, 12, joint_space_size=24, joint_activation_type=activation
     ).eval()
     decoder.to(dtype)
     joint.to(dtype)
-    stepper = JointStepper(decoder, joint)
+    return joint, JointStepper(decoder, joint)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_joint_many_equals_the_joint_network(activation, dtype):
+    """The label rule's wide joint call (tanh as 2 sigmoid(2x) - 1 on float32 CPU
+    tensors) gives ESPnet's JointNetwork's logits, large pre-activations included;
+    other activations and dtypes go through the network itself, bit for bit."""
+    joint, stepper = joint_stepper(0, activation, dtype)
     enc = stepper.project_enc(4 * torch.randn(5, 30, D_ENC, dtype=dtype))
     dec = joint.lin_dec(torch.randn(5, 1, 12, dtype=dtype))
     with torch.no_grad():
@@ -684,14 +690,7 @@ def test_joint_equals_the_joint_network_bit_for_bit(activation, dtype):
     """The one-row joint call skips ESPnet's module calls for its tanh joint network
     (the same ops, the same numbers); a forward hook on any of its modules, or
     another activation, sends it through the network (the hook sees the call)."""
-    torch.manual_seed(1)
-    decoder = TransducerDecoder(V, hidden_size=12).eval()
-    joint = JointNetwork(
-        V, D_ENC, 12, joint_space_size=24, joint_activation_type=activation
-    ).eval()
-    decoder.to(dtype)
-    joint.to(dtype)
-    stepper = JointStepper(decoder, joint)
+    joint, stepper = joint_stepper(1, activation, dtype)
     assert stepper.plain_tanh == (activation == "tanh")
     enc = stepper.project_enc(4 * torch.randn(3, D_ENC, dtype=dtype))
     dec = joint.lin_dec(torch.randn(3, 12, dtype=dtype))

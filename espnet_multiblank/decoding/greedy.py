@@ -59,9 +59,10 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
         while hyp.frame < length:
             t = hyp.frame
             tail = t > free_until  # near the last frame: other runs may take it
-            info = None  # [log-probs, what _early_step derived] (a stream's cache)
+            info = key = None  # [log-probs, what _early_step derived] (a stream's)
             if cache is not None and t >= cache.low:
-                info = cache.steps.get(cache.key(hyp))
+                key = cache.key(hyp)
+                info = cache.steps.get(key)
             if info is not None:
                 logp = info[0]
             else:
@@ -70,7 +71,7 @@ class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
                     logp = logp + lm.labels
                 if cache is not None and tail:
                     info = [logp, None]
-                    cache.put_step(cache.key(hyp), info)
+                    cache.put_step(cache.key(hyp) if key is None else key, info)
             guarded = hyp.num_sym_frame >= max_sym
             if not final and tail:  # T decides which big blanks fit
                 if guarded and masks is None:

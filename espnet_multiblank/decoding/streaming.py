@@ -80,6 +80,21 @@ def _check_frames(name: str, frames: torch.Tensor, J: Optional[int]) -> None:
         )
 
 
+def _init_rows(owner, search, kind: type, batch: int, device) -> None:
+    """What both greedy streaming searches check and keep: ``search`` (a ``kind``),
+    ``batch`` rows, ``device`` and the look-ahead L."""
+    if not isinstance(search, kind):
+        raise TypeError(
+            f"search must be a {kind.__name__}, got {type(search).__name__}"
+        )
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    owner.search = search
+    owner.batch = batch
+    owner.device = torch.device(device)
+    owner.lookahead = decision_lookahead(search)
+
+
 class StreamingGreedySearch:
     """Label-looping greedy search over ``batch`` streams (module docstring).
 
@@ -101,17 +116,7 @@ class StreamingGreedySearch:
     def __init__(
         self, search: LabelLoopingGreedySearch, batch: int, device: torch.device
     ):
-        if not isinstance(search, LabelLoopingGreedySearch):
-            raise TypeError(
-                "search must be a LabelLoopingGreedySearch, got "
-                f"{type(search).__name__}"
-            )
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-        self.search = search
-        self.batch = batch
-        self.device = torch.device(device)
-        self.lookahead = decision_lookahead(search)
+        _init_rows(self, search, LabelLoopingGreedySearch, batch, device)
         self.loop = search.init_loop(batch, self.device)
         # the state before the first frame, computed for the whole batch as the
         # offline search computes it (a batch of one could round differently)
@@ -282,17 +287,7 @@ class StreamingRowGreedySearch:
     initial_frames = 64
 
     def __init__(self, search: FrameLoopingGreedySearch, batch: int, device):
-        if not isinstance(search, FrameLoopingGreedySearch):
-            raise TypeError(
-                "search must be a FrameLoopingGreedySearch, got "
-                f"{type(search).__name__}"
-            )
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-        self.search = search
-        self.batch = batch
-        self.device = torch.device(device)
-        self.lookahead = decision_lookahead(search)
+        _init_rows(self, search, FrameLoopingGreedySearch, batch, device)
         # the state before the first frame, computed once (the same every time)
         self._fresh = search.start_one(self.device)
         self.runs = [self._fresh.copy() for _ in range(batch)]

@@ -125,14 +125,15 @@ class TDTGreedySearch(TDTRowStep, FrameLoopingGreedySearch):
             t = hyp.frame
             # [joint outputs, the blank token's score once read, choose() by room]
             tail = t > length - R1  # near the last frame: other runs may take it
-            info = None
+            info = key = None
             if cache is not None and t >= cache.low:
-                info = cache.steps.get(cache.key(hyp))
+                key = cache.key(hyp)
+                info = cache.steps.get(key)
             if info is None:
                 outputs = self._step_outputs(enc_proj[t : t + 1], dec_proj, lm)
                 info = [outputs, None, {}]
                 if cache is not None and tail:
-                    cache.put_step(cache.key(hyp), info)
+                    cache.put_step(cache.key(hyp) if key is None else key, info)
             raw, ex, norm, tok, best_tokens = info[0]
             guarded = hyp.num_sym_frame >= max_sym
             blank_tok_of = info  # info[1]: the blank token's score, read once

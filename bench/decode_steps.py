@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Costs behind three decoding design choices, measured side by side in one run.
 
-1. The prediction-network step of the searches: ``torch.lstm_cell`` per layer
-   (``JointStepper``'s eval path) against a ``torch.nn.LSTM`` call on one row.
+1. The prediction-network step of the searches on one row: ``CellStep`` (the
+   first layer's input projection looked up per label, the recurrent weights
+   transposed; ``JointStepper``'s eval path on a CPU), ``torch.lstm_cell`` (its
+   fused path, and the CPU path before ``CellStep``) and a ``torch.nn.LSTM`` call;
+   hot (called in a loop) and cold (after 32 MB of other memory traffic, as in a
+   stream, where the encoder runs between two labels).
 2. Intra-op threads during a search step (why ``single_thread_on_cpu`` runs the
    search with one thread): the same one-row step with 1 and 2 threads.
 3. ``blank_decision`` of the multi-blank greedy search: ``total`` against ``symbol``.
 
-The networks have the digits recipe's decoder sizes (LSTM 160, joint space 160,
+The networks have the digits recipe's decoder sizes (LSTM 256, joint space 320,
 V = 17 with big blanks [2, 4, 8]) and random weights; the encoder output is random.
 Absolute times move between runs on a shared machine: compare the ratios.
 
@@ -28,7 +32,7 @@ from espnet_multiblank.decoding import (
 )
 from espnet_multiblank.lattice import MultiblankLattice
 
-H, J, V, D_ENC, BLANK, DURATIONS = 160, 160, 17, 96, 3, (2, 4, 8)
+H, J, V, D_ENC, BLANK, DURATIONS = 256, 320, 17, 144, 3, (2, 4, 8)
 
 
 class Decoder(torch.nn.Module):
@@ -72,6 +76,18 @@ def per_call(fn, repeats):
     return (time.perf_counter() - start) / repeats
 
 
+def per_cold_call(fn, repeats, flush):
+    """Seconds per call of ``fn`` right after ``flush`` (other memory traffic)."""
+    fn()
+    spent = 0.0
+    for _ in range(repeats):
+        flush.add_(1.0)
+        start = time.perf_counter()
+        fn()
+        spent += time.perf_counter() - start
+    return spent / repeats
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=2000)
@@ -86,20 +102,33 @@ def main():
     state = decoder.init_state(1)
     emb = decoder.embed(label.view(1, 1))
 
+    steps = {
+        "CellStep": lambda: stepper.cell_step(label, state),
+        "lstm_cell": lambda: stepper.cell_step.fused(label, state),
+        "nn.LSTM": lambda: decoder.rnn_forward(emb, state),
+    }
+    flush = torch.zeros(8 << 20)  # 32 MB
     rows = []
     with torch.no_grad():
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            cell = per_call(lambda: stepper.step(label, state), a.repeats)
-            lstm = per_call(lambda: decoder.rnn_forward(emb, state), a.repeats)
-            rows.append((threads, cell, lstm))
+            for name, fn in steps.items():  # hot, then cold, interleaved by kind
+                hot = per_call(fn, a.repeats)
+                cold = per_cold_call(fn, max(1, a.repeats // 4), flush)
+                rows.append((threads, name, hot, cold))
         torch.set_num_threads(1)
-        print("one-row prediction-network step (us per call)")
-        print("threads  lstm_cell  nn.LSTM  ratio")
-        for threads, cell, lstm in rows:
-            us = (cell * 1e6, lstm * 1e6)
-            print(f"{threads:7d}  {us[0]:9.1f}  {us[1]:7.1f}  {lstm / cell:5.2f}")
-        print(f"2 threads / 1 thread (lstm_cell): {rows[1][1] / rows[0][1]:.2f}")
+        print("one-row prediction-network step (us per call), its LSTM layer only")
+        print("threads  step        hot     cold   cold / CellStep's cold")
+        base = {t: c for t, n, _, c in rows if n == "CellStep"}
+        for threads, name, hot, cold in rows:
+            print(
+                f"{threads:7d}  {name:9s} {hot * 1e6:7.1f}  {cold * 1e6:7.1f}  "
+                f"{cold / base[threads]:5.2f}"
+            )
+        one = {n: h for t, n, h, _ in rows if t == 1}
+        two = {n: h for t, n, h, _ in rows if t == 2}
+        ratio = two["CellStep"] / one["CellStep"]
+        print(f"2 threads / 1 thread (CellStep, hot): {ratio:.2f}")
 
         g = torch.Generator().manual_seed(1)
         lens = torch.randint(40, 120, (a.utterances,), generator=g).tolist()

@@ -19,6 +19,8 @@ import torch
 from torch.nn.functional import linear as _linear
 from torch.nn.modules import module as _module
 
+from espnet_multiblank.decoding.cell_step import CellStep, RowLinear
+
 State = Any  # whatever the stepper keeps per row; JointStepper: RNNState
 RNNState = Tuple[torch.Tensor, Optional[torch.Tensor]]  # ((N, A, H), (N, A, H)|None)
 
@@ -129,10 +131,13 @@ class JointStepper(Stepper):
     ``joint(enc, dec)``.
 
     In eval mode, a prediction network made of one-layer unidirectional LSTM/GRU
-    modules (what ``TransducerDecoder`` builds) is stepped with ``torch.lstm_cell`` /
-    ``torch.gru_cell``, one fused op per layer, instead of a full ``nn.LSTM`` call per
-    label (same arithmetic: dropout is the identity in eval mode; see
-    ``bench/decode_steps.py`` for the cost of each).
+    modules (what ``TransducerDecoder`` builds) is stepped by
+    :class:`~espnet_multiblank.decoding.cell_step.CellStep` (on a CPU: the first
+    layer's input projection looked up per label, the recurrent weights transposed;
+    elsewhere ``torch.lstm_cell`` / ``torch.gru_cell``, one fused op per layer)
+    instead of a full ``nn.LSTM`` call per label (the same function within float32
+    rounding: dropout is the identity in eval mode; ``bench/decode_steps.py`` times
+    each).
 
     Args:
         decoder: The prediction network.
@@ -152,9 +157,16 @@ class JointStepper(Stepper):
         self.project = hasattr(joint_network, "lin_enc") and hasattr(
             joint_network, "lin_dec"
         )
+        if self.project:
+            self.lin_dec = RowLinear(joint_network.lin_dec)
         self.cells = rnn_cells(decoder)
         self.lstm = self.cells is not None and isinstance(
             decoder.decoder[0], torch.nn.LSTM
+        )
+        self.cell_step = (
+            CellStep(decoder.embed, self.cells, self.lstm)
+            if self.cells is not None
+            else None
         )
         #: ESPnet's own JointNetwork with a tanh and a linear output layer (joint())
         self.plain_tanh = (
@@ -188,7 +200,7 @@ class JointStepper(Stepper):
         return self.joint_network.lin_enc(enc_out) if self.project else enc_out
 
     def _project_dec(self, dec_out: torch.Tensor) -> torch.Tensor:
-        return self.joint_network.lin_dec(dec_out) if self.project else dec_out
+        return self.lin_dec(dec_out) if self.project else dec_out
 
     def joint(self, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
         if self.project:
@@ -243,18 +255,7 @@ class JointStepper(Stepper):
     def _cell_step(
         self, labels: torch.Tensor, state: RNNState
     ) -> Tuple[torch.Tensor, RNNState]:
-        x = self.decoder.embed(labels.view(-1))  # (A, H)
-        h_prev, c_prev = state
-        hs, cs = [], []
-        for layer, weights in enumerate(self.cells):
-            if self.lstm:
-                h, c = torch.lstm_cell(x, (h_prev[layer], c_prev[layer]), *weights)
-                cs.append(c)
-            else:
-                h = torch.gru_cell(x, h_prev[layer], *weights)
-            hs.append(h)
-            x = h
-        new_state = (torch.stack(hs), torch.stack(cs) if cs else None)
+        x, new_state = self.cell_step(labels, state)  # (A, H)
         return self._project_dec(x), new_state
 
     def select_state(self, state: RNNState, idx: torch.Tensor) -> RNNState:

@@ -159,3 +159,27 @@ def test_cell_step_needs_plain_embedding_for_a_table():
     state = random_state(decoder, 2)
     with torch.no_grad():
         assert_steps_equal(cell(labels, state), cell.fused(labels, state), 1e-12)
+
+
+def test_gradients_reach_the_parameters_when_asked_for():
+    """With gradients on (a user's own code, not the searches), the step runs the
+    modules: the derived tables carry no gradient."""
+    decoder, stepper = make("lstm", 1)
+    labels = torch.tensor([2, 5])
+    state = random_state(decoder, 2)
+    out, _ = stepper.step(labels, state)  # eval mode, grad enabled
+    out.sum().backward()
+    params = (
+        decoder.embed.weight,
+        decoder.decoder[0].weight_ih_l0,
+        stepper.joint_network.lin_dec.weight,
+    )
+    grads = [p.grad.clone() for p in params]
+    assert all(g.abs().sum() > 0 for g in grads)
+    for p in params:
+        p.grad = None
+    emb = decoder.embed(labels.view(-1, 1))
+    ref, _ = decoder.rnn_forward(emb, state)
+    stepper.joint_network.lin_dec(ref[:, 0]).sum().backward()
+    for g, p in zip(grads, params):
+        torch.testing.assert_close(g, p.grad, rtol=1e-10, atol=1e-12)

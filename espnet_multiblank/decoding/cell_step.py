@@ -25,7 +25,9 @@ batch against one utterance where those are tested bit for bit).
 The tables and transposed copies are rebuilt whenever a weight changes (its
 storage or its in-place version counter: an optimizer step, ``load_state_dict``,
 ``.to()``), so a search built once and used between training steps sees the new
-weights. Used on CPU tensors of float32 / float64 only; other devices and dtypes
+weights (with gradients on, as outside the searches, they are built anew through
+autograd for each call, so that gradients reach the parameters). Used on CPU
+tensors of float32 / float64 only; other devices and dtypes
 (a GPU runs ``torch.lstm_cell``'s fused kernel; half precision) and embeddings that
 are not a plain ``nn.Embedding`` (or have hooks) take the per-layer fused cells.
 A table larger than twice W_ih (V > 2E) is not built: the embedding is looked up
@@ -41,6 +43,19 @@ from torch.nn.modules import module as _module
 
 RNNState = Tuple[torch.Tensor, Optional[torch.Tensor]]  # ((N, A, H), (N, A, H)|None)
 Weights = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def hooked(*modules: Any) -> bool:
+    """Whether a forward hook (global or on one of ``modules``) would see their
+    module calls; the fast paths that skip those calls are not taken then."""
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def fast_path(x: torch.Tensor) -> bool:
+    """The transposed / table paths: float32 / float64 CPU tensors."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
 
 
 class _Layer:
@@ -102,8 +117,7 @@ class CellStep:
         Returns:
             ((A, H) last layer's output, the new state: new tensors).
         """
-        w = self.cells[0][1]
-        if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.float64):
+        if not fast_path(self.cells[0][1]):
             return self.fused(labels, state)
         layers = self._current_layers()
         h_prev, c_prev = state
@@ -147,23 +161,15 @@ class CellStep:
     # ------------------------------------------------------------------ weights
 
     def _current_layers(self) -> List[_Layer]:
-        return self._derived.get((self._hooked(),))
+        # a forward hook on the embedding would not see a table lookup
+        return self._derived.get((hooked(self.embed),))
 
-    def _hooked(self) -> bool:
-        """A forward hook on the embedding would not see a table lookup."""
-        return bool(
-            _module._global_forward_hooks
-            or _module._global_forward_pre_hooks
-            or self.embed._forward_hooks
-            or self.embed._forward_pre_hooks
-        )
-
-    def _build(self, hooked: bool) -> List[_Layer]:
+    def _build(self, with_hooks: bool) -> List[_Layer]:
         layers = []
         for n, (w_ih, w_hh, b_ih, b_hh) in enumerate(self.cells):
             rows = None
             vocab, dim = self.embed.weight.shape if self.plain_embed else (0, 0)
-            if n == 0 and not hooked and self.plain_embed and vocab <= 2 * dim:
+            if n == 0 and not with_hooks and self.plain_embed and vocab <= 2 * dim:
                 rows = torch.nn.functional.linear(self.embed.weight, w_ih, b_ih)
                 if self.lstm:
                     rows += b_hh
@@ -200,7 +206,11 @@ class Derived:
 
     def get(self, extra: tuple = ()) -> Any:
         """The derived tensors for the parameters as they are now; ``extra``: more
-        of the key, passed to ``build``."""
+        of the key, passed to ``build``. With gradients on and a parameter that
+        wants one, they are built anew through autograd (the same values), so that
+        a gradient reaches the parameters; the searches run without gradients."""
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.params):
+            return self.build(*extra)
         key = extra + tuple((p.data_ptr(), p._version, p.dtype) for p in self.params)
         if key != self._key:
             with torch.no_grad():
@@ -223,22 +233,13 @@ class RowLinear:
         if self.plain:
             self._derived = Derived(
                 [linear.weight, linear.bias],
-                lambda: (linear.weight.t().contiguous(), linear.bias.detach()),
+                lambda: (linear.weight.t().contiguous(), linear.bias),
             )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(A, in) -> (A, out)."""
         lin = self.linear
-        if (
-            not self.plain
-            or x.dim() != 2
-            or x.device.type != "cpu"
-            or x.dtype not in (torch.float32, torch.float64)
-            or lin._forward_hooks
-            or lin._forward_pre_hooks
-            or _module._global_forward_hooks
-            or _module._global_forward_pre_hooks
-        ):
+        if not self.plain or x.dim() != 2 or not fast_path(x) or hooked(lin):
             return lin(x)
         w_t, b = self._derived.get()
         return torch.addmm(b, x, w_t)

@@ -17,9 +17,8 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 from torch.nn.functional import linear as _linear
-from torch.nn.modules import module as _module
 
-from espnet_multiblank.decoding.cell_step import CellStep, RowLinear
+from espnet_multiblank.decoding.cell_step import CellStep, RowLinear, hooked
 
 State = Any  # whatever the stepper keeps per row; JointStepper: RNNState
 RNNState = Tuple[torch.Tensor, Optional[torch.Tensor]]  # ((N, A, H), (N, A, H)|None)
@@ -183,15 +182,6 @@ class JointStepper(Stepper):
                 joint_network.lin_out,
             )
 
-    def _hooked(self) -> bool:
-        """Whether a forward hook would see the joint network's module calls."""
-        if _module._global_forward_hooks or _module._global_forward_pre_hooks:
-            return True
-        for m in self._joint_parts:
-            if m._forward_hooks or m._forward_pre_hooks:
-                return True
-        return False
-
     def prepare(self, device: torch.device) -> None:
         if hasattr(self.decoder, "set_device"):
             self.decoder.set_device(device)
@@ -205,7 +195,7 @@ class JointStepper(Stepper):
     def joint(self, enc_proj: torch.Tensor, dec_proj: torch.Tensor) -> torch.Tensor:
         if self.project:
             jn = self.joint_network
-            if self.plain_tanh and not self._hooked():
+            if self.plain_tanh and not hooked(*self._joint_parts):
                 # ESPnet's forward with no_projection=True, without its three module
                 # calls: the same ops on the same tensors (the same numbers), about
                 # half the time of a one-row call on a CPU

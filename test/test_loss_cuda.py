@@ -413,3 +413,52 @@ def test_kernels_compile_for_sm90():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (
         out.stdout[-3000:] + out.stderr[-3000:]
     )
+
+
+_WITHOUT_ROW_STACK = """
+import sys
+import numpy as np
+del np.row_stack  # as NumPy >= 2.5 has it
+if sys.argv[1] == "ours":
+    import espnet_multiblank.loss.cuda.launch  # noqa: F401
+from numba import cuda, types
+def kernel(x):  # any kernel will do
+    x[0] = 1.0
+try:
+    cuda.compile_ptx(kernel, (types.float32[:],), cc=(9, 0))
+except Exception as e:  # missing NVVM and the row_stack failure look different
+    print(type(e).__name__, e)
+    sys.exit(3 if "NVVM" in str(e) or "libnvvm" in str(e).lower() else 1)
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first_import", ["ours", "numba_alone"])
+def test_kernels_compile_where_numpy_has_no_row_stack(first_import):
+    """numba-cuda <= 0.30.4 overloads ``numpy.row_stack`` at its first compile, which
+    NumPy 2.5 removed: every compile fails there (seen on a GPU machine). Once the
+    CUDA backend is imported the compile works; without it, it fails (the check
+    reproduces the failure, so it can tell)."""
+    if not devices.numba_cuda_installed():
+        pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_ROW_STACK, first_import],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode == 3:
+        pytest.skip(f"no NVVM to compile with: {out.stdout.strip()[-300:]}")
+    if first_import == "ours":
+        assert out.returncode == 0 and out.stdout.strip() == "compiled", (
+            out.stdout[-2000:] + out.stderr[-2000:]
+        )
+    else:
+        assert out.returncode == 1 and "row_stack" in out.stdout, (
+            out.stdout[-2000:] + out.stderr[-2000:]
+        )

@@ -29,6 +29,8 @@ import numpy as np
 from numba import config as _numba_config
 from numba import cuda, types
 
+import espnet_multiblank.loss.cuda.numpy_compat  # noqa: F401 (before a compile)
+
 NEG_INF = -math.inf
 POS_INF = math.inf
 

@@ -48,6 +48,8 @@ import torch
 from numba import cuda
 from numba.core.errors import NumbaPerformanceWarning
 
+import espnet_multiblank.loss.cuda.numpy_compat  # noqa: F401 (before a compile)
+
 try:  # numba-cuda has its own warning classes
     from numba.cuda.core.errors import NumbaPerformanceWarning as _CudaPerfWarning
 except ImportError:  # pragma: no cover - older numba-cuda / numba's built-in cuda

@@ -19,14 +19,19 @@
 #    It uses the machine's own python3 / torch / numba / numba-cuda / pytest, unpacks
 #    the carried wheels into /tmp/site (no pip or index needed: they are pure Python),
 #    and writes everything to $OUT (default bench/out/gpu):
-#        env.txt  pytest_gpu.log  bench.log  bench.jsonl  pytest_fused.log
-#        joint_loss.log  joint_loss.jsonl  pytest_batched_beam.log  decode_beam.log
-#        decode_beam.jsonl  [decode.log]
+#        env.txt  failures.txt  pytest_gpu.log  pytest_label_looping.log  bench.log
+#        bench.jsonl  pytest_fused.log  joint_loss.log  joint_loss.jsonl
+#        pytest_batched_beam.log  decode_beam.log  decode_beam.jsonl  [decode.log]
 #
 # Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET, and each
-# stage keeps the later stages' defaults in reserve; the defaults add up to 570):
-#   PYTEST_BUDGET=200  LL_BUDGET=45  BENCH_BUDGET=85  FUSED_TEST_BUDGET=60
-#   FUSED_BENCH_BUDGET=90  BEAM_BUDGET=45  DECODE_BUDGET=45
+# stage keeps the budgets of the chosen later stages in reserve; the defaults add up
+# to 570). STAGES (default all: "test ll bench fused_test fused_bench beam decode")
+# chooses stages, for a rerun in what is left of a session's device time:
+#   PYTEST_BUDGET=200  LL_BUDGET=30  BENCH_BUDGET=70  FUSED_TEST_BUDGET=100
+#   FUSED_BENCH_BUDGET=75  BEAM_BUDGET=50  DECODE_BUDGET=45
+# Each failing test's report is appended to $OUT/failures.txt as it fails (a stage
+# cut by its budget prints no summary). The device tool returns at most 8 files:
+# pack the logs (tar) in the command that runs this script.
 # The tests the GPU stages run: the "cuda" device of test_loss.py and
 # test_loss_kernels.py, the GPU tests of test_loss_cuda.py, and the "cuda" device
 # and GPU tests of test_fused_loss.py, test_fused_memory.py and test_loss_stages.py
@@ -58,9 +63,24 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
 fi
 
 left() { echo $((TOTAL_BUDGET - ($(date +%s) - T0))); }
-budget() {  # budget DEFAULT RESERVE: min(default, time left - reserve), >= 10
-    local want=$1 rest
-    rest=$(($(left) - $2))
+# The stages in order, each with its budget (seconds); STAGES picks some of them
+# (say STAGES="test fused_test" to rerun two), each stage keeping the budgets of the
+# chosen stages after it in reserve.
+ORDER=(test ll bench fused_test fused_bench beam decode)
+declare -A BUDGET=(
+    [test]=${PYTEST_BUDGET:-200} [ll]=${LL_BUDGET:-30} [bench]=${BENCH_BUDGET:-70}
+    [fused_test]=${FUSED_TEST_BUDGET:-100} [fused_bench]=${FUSED_BENCH_BUDGET:-75}
+    [beam]=${BEAM_BUDGET:-50} [decode]=${DECODE_BUDGET:-45}
+)
+STAGES=${STAGES:-${ORDER[*]}}
+chosen() { [[ " $STAGES " == *" $1 "* ]]; }
+budget() {  # budget STAGE: min(its budget, time left - later chosen stages'), >= 10
+    local want=${BUDGET[$1]} reserve=0 later=0 st
+    for st in "${ORDER[@]}"; do
+        if ((later)) && chosen "$st"; then reserve=$((reserve + BUDGET[$st])); fi
+        [[ "$st" == "$1" ]] && later=1
+    done
+    local rest=$(($(left) - reserve))
     ((rest < want)) && want=$rest
     ((want < 10)) && want=10
     echo "$want"
@@ -69,6 +89,7 @@ budget() {  # budget DEFAULT RESERVE: min(default, time left - reserve), >= 10
 OUT=${OUT:-bench/out/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export ESPNET_MULTIBLANK_FAILURES_TO="$(cd "$OUT" && pwd)/failures.txt"
 
 SITE=${SITE:-/tmp/site}
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -100,6 +121,10 @@ for m in need + optional:
 import torch
 print("cuda", torch.version.cuda, torch.cuda.is_available(),
       torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+import numpy as np
+print("numpy", np.__version__, "has row_stack:", hasattr(np, "row_stack"),
+      "(numba-cuda <= 0.30.4 needs it; the CUDA backend puts it back)")
+import espnet_multiblank.loss.cuda.numpy_compat  # noqa: F401
 from numba import cuda
 print("numba.cuda available:", cuda.is_available())
 
@@ -114,57 +139,70 @@ print("numba kernel on a torch tensor:", float(x.sum()), "(want 64.0)")
 EOF
 } 2>&1 | tee "$OUT/env.txt"
 
-echo "=== pytest (real-GPU tests of the CUDA backend), $(left) s left ==="
-PYTEST_ARGS=(-q -rs -p no:cacheprovider -k "cuda and not sim and not sm90")
-if $PY -c "import xdist" 2>/dev/null; then
-    NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
-    PYTEST_ARGS+=(-n "$NPROC")
-fi
-if $PY -c "import pytest_timeout" 2>/dev/null; then
-    PYTEST_ARGS+=(--timeout 240)
-fi
-B_TEST=$(budget "${PYTEST_BUDGET:-200}" 370)
-timeout "$B_TEST" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
-    test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
-    tee "$OUT/pytest_gpu.log"
-rc_test=${PIPESTATUS[0]}
+rc_test=0 rc_ll=0 rc_bench=0 rc_fused_test=0 rc_fused_bench=0 rc_beam_test=0
+rc_beam=0 rc_decode=0
+echo "stages: $STAGES"
 
-# The label-looping search on the GPU vs the CPU (same hypotheses). Its test module
-# builds tiny models with ESPnet's decoder and joint network: if ESPnet's own imports
-# fail on this machine, the log says so and the stage counts as not run.
-echo "=== pytest (label-looping search, GPU vs CPU), $(left) s left ==="
-B_LL=$(budget "${LL_BUDGET:-45}" 325)
-timeout "$B_LL" $PY -m pytest -q -rs -p no:cacheprovider \
-    test/test_label_looping.py -k test_cuda_matches_cpu 2>&1 |
-    tee "$OUT/pytest_label_looping.log"
-rc_ll=${PIPESTATUS[0]}
+if chosen test; then
+    echo "=== pytest (real-GPU tests of the CUDA backend), $(left) s left ==="
+    PYTEST_ARGS=(-q -rs -p no:cacheprovider -k "cuda and not sim and not sm90")
+    if $PY -c "import xdist" 2>/dev/null; then
+        NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
+        PYTEST_ARGS+=(-n "$NPROC")
+    fi
+    if $PY -c "import pytest_timeout" 2>/dev/null; then
+        PYTEST_ARGS+=(--timeout 240)
+    fi
+    timeout "$(budget test)" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
+        test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
+        tee "$OUT/pytest_gpu.log"
+    rc_test=${PIPESTATUS[0]}
+fi
 
-echo "=== loss benchmark, $(left) s left ==="
-B_BENCH=$(budget "${BENCH_BUDGET:-85}" 240)
-# the script stops starting new configurations 30 s before its budget
-timeout "$B_BENCH" $PY bench/loss_gpu.py --budget-s $((B_BENCH - 30)) \
-    --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
-rc_bench=${PIPESTATUS[0]}
+# The label-looping search on the GPU vs the CPU (same hypotheses), offline and as
+# streams (a batch of streams on CUDA tensors, fed in random chunks, ends where the
+# CPU's offline search ends). The test modules build tiny models with ESPnet's
+# decoder and joint network: if ESPnet's own imports fail on this machine, the log
+# says so and the stage counts as not run.
+if chosen ll; then
+    echo "=== pytest (label-looping search and streams, GPU vs CPU), $(left) s left ==="
+    timeout "$(budget ll)" $PY -m pytest -q -rs -p no:cacheprovider \
+        test/test_label_looping.py test/test_streaming_search.py -k test_cuda 2>&1 |
+        tee "$OUT/pytest_label_looping.log"
+    rc_ll=${PIPESTATUS[0]}
+fi
+
+if chosen bench; then
+    echo "=== loss benchmark, $(left) s left ==="
+    B_BENCH=$(budget bench)
+    # the script stops starting new configurations 30 s before its budget
+    timeout "$B_BENCH" $PY bench/loss_gpu.py --budget-s $((B_BENCH - 30)) \
+        --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log"
+    rc_bench=${PIPESTATUS[0]}
+fi
 
 # The fused joint + loss on the GPU: its real-GPU tests (the tests the CPU and the
 # simulator run, on CUDA tensors; a medium batch in float32 / bf16; peak memory; the
 # lattice runners against enumeration), then one training step
 # of the joint + loss, dense vs fused vs NeMo's fused batch, at the issue's two shapes
 # (standard and TDT; memory = torch.cuda.max_memory_allocated above the inputs).
-echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
-B_FT=$(budget "${FUSED_TEST_BUDGET:-60}" 180)
-timeout "$B_FT" $PY -m pytest -q -rs -p no:cacheprovider -k "cuda or gpu" \
-    test/test_fused_loss.py test/test_fused_memory.py test/test_loss_stages.py 2>&1 |
-    tee "$OUT/pytest_fused.log"
-rc_fused_test=${PIPESTATUS[0]}
+if chosen fused_test; then
+    echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
+    timeout "$(budget fused_test)" $PY -m pytest -q -rs -p no:cacheprovider \
+        -k "cuda or gpu" test/test_fused_loss.py test/test_fused_memory.py \
+        test/test_loss_stages.py 2>&1 | tee "$OUT/pytest_fused.log"
+    rc_fused_test=${PIPESTATUS[0]}
+fi
 
-echo "=== fused joint + loss benchmark, $(left) s left ==="
-B_FB=$(budget "${FUSED_BENCH_BUDGET:-90}" 90)
-timeout "$B_FB" $PY bench/joint_loss.py --device cuda --threads 1 --runs 3 \
-    --lattices standard,tdt --no-series --shape 8,300,60,320,1024 \
-    --shape 8,300,60,320,5000 --budget-s $((B_FB - 30)) \
-    --out "$OUT/joint_loss.jsonl" 2>&1 | tee "$OUT/joint_loss.log"
-rc_fused_bench=${PIPESTATUS[0]}
+if chosen fused_bench; then
+    echo "=== fused joint + loss benchmark, $(left) s left ==="
+    B_FB=$(budget fused_bench)
+    timeout "$B_FB" $PY bench/joint_loss.py --device cuda --threads 1 --runs 3 \
+        --lattices standard,tdt --no-series --shape 8,300,60,320,1024 \
+        --shape 8,300,60,320,5000 --budget-s $((B_FB - 30)) \
+        --out "$OUT/joint_loss.jsonl" 2>&1 | tee "$OUT/joint_loss.log"
+    rc_fused_bench=${PIPESTATUS[0]}
+fi
 
 # The batched beam searches on the GPU: their GPU == CPU tests (both pruning rules;
 # the test module builds tiny models with ESPnet's decoder and joint network: if
@@ -172,30 +210,36 @@ rc_fused_bench=${PIPESTATUS[0]}
 # benchmark on random networks of the recipe's sizes: batched greedy, the batched beam
 # of both rules and the one-utterance beam, side by side, ratios printed
 # (bench/decode_beam.py; $OUT/decode_beam.jsonl).
-echo "=== batched beam search (GPU vs CPU tests, benchmark), $(left) s left ==="
-B_BEAM=$(budget "${BEAM_BUDGET:-45}" 50)
-timeout "$B_BEAM" $PY -m pytest -q -rs -p no:cacheprovider test/test_batched_beam.py \
-    -k test_cuda_matches_cpu 2>&1 | tee "$OUT/pytest_batched_beam.log"
-rc_beam_test=${PIPESTATUS[0]}
-B_BEAM=$(budget $((B_BEAM - 15)) 50)
-DECODE_BUDGET_S=$((B_BEAM - 5)) OUT=$OUT timeout "$B_BEAM" $PY bench/decode_beam.py \
-    --device cuda --utts 64 --rounds 2 2>&1 | tee "$OUT/decode_beam.log"
-rc_beam=${PIPESTATUS[0]}
+if chosen beam; then
+    echo "=== batched beam search (GPU vs CPU tests, benchmark), $(left) s left ==="
+    B_BEAM=$(budget beam)
+    T_BEAM=$(date +%s)
+    timeout "$B_BEAM" $PY -m pytest -q -rs -p no:cacheprovider \
+        test/test_batched_beam.py -k test_cuda_matches_cpu 2>&1 |
+        tee "$OUT/pytest_batched_beam.log"
+    rc_beam_test=${PIPESTATUS[0]}
+    B_BEAM=$((B_BEAM - ($(date +%s) - T_BEAM)))
+    ((B_BEAM < 10)) && B_BEAM=10
+    DECODE_BUDGET_S=$((B_BEAM - 5)) OUT=$OUT timeout "$B_BEAM" $PY \
+        bench/decode_beam.py --device cuda --utts 64 --rounds 2 2>&1 |
+        tee "$OUT/decode_beam.log"
+    rc_beam=${PIPESTATUS[0]}
+fi
 
 # Slot for the decoding benchmark (written separately): run when present, with what
 # is left; it gets DECODE_BUDGET_S and OUT in its environment.
-rc_decode=0
-if [[ -f bench/decode_gpu.py ]]; then
+if chosen decode && [[ -f bench/decode_gpu.py ]]; then
     echo "=== decoding benchmark, $(left) s left ==="
-    B_DEC=$(budget "${DECODE_BUDGET:-45}" 5)
+    B_DEC=$(budget decode)
     DECODE_BUDGET_S=$B_DEC OUT=$OUT timeout "$B_DEC" $PY bench/decode_gpu.py 2>&1 |
         tee "$OUT/decode.log"
     rc_decode=${PIPESTATUS[0]}
 fi
 
+echo "stages run: $STAGES (0 also for a stage not run; 124 = ran out of its budget)"
 echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench" \
     "fused pytest rc=$rc_fused_test  fused bench rc=$rc_fused_bench" \
     "batched beam pytest rc=$rc_beam_test  batched beam bench rc=$rc_beam" \
-    "decode rc=$rc_decode (124 = ran out of its budget); $(($(date +%s) - T0)) s in all"
-exit $((rc_test != 0 || rc_bench != 0 || rc_fused_test != 0 || rc_fused_bench != 0 ||
-    rc_beam != 0 || rc_decode != 0))
+    "decode rc=$rc_decode; $(($(date +%s) - T0)) s in all"
+exit $((rc_test != 0 || rc_ll != 0 || rc_bench != 0 || rc_fused_test != 0 ||
+    rc_fused_bench != 0 || rc_beam_test != 0 || rc_beam != 0 || rc_decode != 0))

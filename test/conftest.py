@@ -155,7 +155,17 @@ def _route_simulated_device(request, monkeypatch):
 _RECORDS = {}
 
 
+#: set (to a file name) by bench/gpu_check.sh: each failure's report is appended to
+#: that file as it happens, so a run cut short by its time limit still tells why
+FAILURES_AT_ONCE_ENV = "ESPNET_MULTIBLANK_FAILURES_TO"
+
+
 def pytest_runtest_logreport(report):
+    path = os.environ.get(FAILURES_AT_ONCE_ENV)
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"===== {report.nodeid} ({report.when})\n")
+            f.write(str(report.longrepr)[-4000:] + "\n")
     if not devices.in_simulator_process():
         return
     if report.when == "call" or report.outcome != "passed":

@@ -25,6 +25,7 @@ from espnet_multiblank.fused import FusedTransducerLoss
 BACKENDS = ("numba", "torch")
 F64 = dict(rtol=1e-9, atol=1e-10)
 F32 = dict(rtol=2e-4, atol=2e-5)
+F32_ULPS = dict(rtol=1e-5, atol=1e-7)  # float32 sums in another order
 
 #: every device; the simulator runs the Numba backend (its CUDA kernels) only
 device_backends = pytest.mark.parametrize(
@@ -224,7 +225,11 @@ def test_padding_is_never_read(kind, device, backend):
     dirty = _inputs(case, torch.float32, device, padding="nan")
     want = fc.fused_loss(case, clean, "mean", backend=backend)
     got = fc.fused_loss(case, dirty, "mean", backend=backend)
-    fc.assert_same_results(got, want, rtol=0, atol=0)
+    # bit for bit, except on a GPU: its index_add_ (the gradients' scatter) adds with
+    # atomics in no fixed order, so two identical calls can round differently (seen
+    # on an H200); a value read from the padding would be NaN, not a rounding
+    exact = devices.torch_device(device) != "cuda"
+    fc.assert_same_results(got, want, **(dict(rtol=0, atol=0) if exact else F32_ULPS))
     d_enc, d_pred = got[1][:2]
     for b, (T_b, L_b) in enumerate(zip(case.act_lens, case.label_lens)):
         assert torch.count_nonzero(d_enc[b, T_b:]) == 0

@@ -67,17 +67,18 @@ def same(got, want):
     assert got.timing == want.timing and len(got.timing) == len(got.yseq) - 1
 
 
-def stream_rows(search, proj, lens, seed, check_provisional=False):
+def stream_rows(search, proj, lens, seed, check_provisional=False, device="cpu"):
     """Feed each row its frames in random chunks (0-5 frames, the end at a random
     later call), one ``advance`` per round; returns the final hypotheses. A
-    frame-looping ``search`` streams through :class:`StreamingRowGreedySearch`."""
+    frame-looping ``search`` streams through :class:`StreamingRowGreedySearch`;
+    ``device`` is where the streams keep their state (``proj``'s device)."""
     B = len(lens)
     kind = (
         StreamingGreedySearch
         if isinstance(search, LabelLoopingGreedySearch)
         else StreamingRowGreedySearch
     )
-    st = kind(search, B, "cpu")
+    st = kind(search, B, device)
     rng = random.Random(seed)
     pos, done = [0] * B, [False] * B
     while not all(done):
@@ -418,3 +419,23 @@ def test_bad_use():
     sb = StreamingBeamSearch(beam, "cpu")
     with pytest.raises(ValueError, match="not ended"):
         sb.hypotheses()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["standard", "multiblank", "tdt_0_4"])
+def test_cuda_streams_match_the_cpu_offline_search(kind):
+    """A GPU's streams (the label-looping batch on CUDA tensors) end where the
+    offline search on the CPU ends: same labels, frames and skips; scores within
+    float32 rounding of another summation order."""
+    lens = [23, 0, 1, 17, 40, 9, 31, 2]
+    model = MODELS[kind](0)
+    _, search = searches(model)
+    proj = frames_of(search, lens, 0)
+    want = search.search_projected(proj, torch.tensor(lens))
+    model.decoder.cuda()
+    model.joint_network.cuda()
+    got = stream_rows(search, proj.cuda(), lens, 0, device="cuda")
+    for g, w in zip(got, want):
+        assert g.yseq == w.yseq and g.frame == w.frame
+        assert g.frames_skipped == w.frames_skipped
+        assert g.score == pytest.approx(w.score, rel=1e-4, abs=1e-4)

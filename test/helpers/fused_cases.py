@@ -209,7 +209,8 @@ def dense_loss(
         )
     if grad_out is None:
         grad_out = default_grad_out(reduction, case.B, loss.dtype)
-    return loss.detach(), _grads(loss, params, grad_out.to(loss.dtype))
+    # on the loss's device: autograd moves a CPU scalar, not a CPU vector
+    return loss.detach(), _grads(loss, params, grad_out.to(loss.device, loss.dtype))
 
 
 def fused_loss(case: JointCase, inputs, reduction="none", grad_out=None, **over):
@@ -221,7 +222,8 @@ def fused_loss(case: JointCase, inputs, reduction="none", grad_out=None, **over)
     )
     if grad_out is None:
         grad_out = default_grad_out(reduction, case.B, loss.dtype)
-    return loss.detach(), _grads(loss, params, grad_out.to(loss.dtype))
+    # on the loss's device: autograd moves a CPU scalar, not a CPU vector
+    return loss.detach(), _grads(loss, params, grad_out.to(loss.device, loss.dtype))
 
 
 def brute_force_loss(case: JointCase, inputs, reduction="none", grad_out=None):
@@ -239,8 +241,9 @@ def brute_force_loss(case: JointCase, inputs, reduction="none", grad_out=None):
     if grad_out is None:
         grad_out = default_grad_out(reduction, case.B, torch.float64)
     loss = costs if reduction == "none" else (costs * rw).sum()
-    factors = rw * grad_out.double()  # d loss / d cost_b times the incoming gradient
-    return loss, _grads(z, params, gz * factors.view(-1, 1, 1, 1))
+    # d loss / d cost_b times the incoming gradient; the enumeration runs on the CPU
+    factors = rw * grad_out.double().cpu()
+    return loss, _grads(z, params, (gz * factors.view(-1, 1, 1, 1)).to(z.device))
 
 
 def assert_close(name, actual, expected, rtol, atol):

@@ -409,6 +409,31 @@ def test_factory_loop_labels():
     build_transducer_search(std, search_type="greedy", loop_labels=False)
 
 
+@pytest.mark.parametrize(
+    "kind,blank_decision",
+    [(kind, "total") for kind in MODELS]
+    + [(kind, "symbol") for kind in MODELS if not kind.startswith("tdt")],
+)
+def test_one_utterance_runs_the_one_utterance_loop(kind, blank_decision):
+    """search() (ESPnet's one-utterance call, --batch_size 1) runs the frame-looping
+    search's one-utterance loop with the label-looping search's settings: bit for bit
+    its hypothesis, and the batch of one's within float rounding."""
+    model = MODELS[kind](1)
+    fl, ll = searches(model, max_sym=3, blank_decision=blank_decision)
+    enc, lens = enc_batch(1, [29])
+    got = ll.search(enc[0])
+    assert len(got) == 1
+    assert ll.one_utterance is ll.one_utterance  # built once
+    assert type(ll.one_utterance) is type(fl)
+    assert ll.one_utterance.max_sym_per_frame == 3
+    assert ll.one_utterance.blank_decision == ll.blank_decision
+    want = fl.search_one(enc[0])
+    assert got[0].yseq == want.yseq and got[0].score == want.score
+    assert got[0].timing == want.timing
+    (batch_of_one,) = ll.search_batch(enc, lens)
+    assert_same(got[0], batch_of_one, 29)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_matches_cpu():
     for kind in ("multiblank", "standard", "tdt_0_4"):

@@ -70,10 +70,11 @@ from espnet_multiblank.decoding.base import (
     check_batch,
     check_positive_int,
 )
+from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.multiblank_table import check_blank_decision
 from espnet_multiblank.decoding.row_step import MultiblankRowStep, TDTRowStep
-from espnet_multiblank.decoding.tdt_greedy import TDT_GREEDY_DECISION
+from espnet_multiblank.decoding.tdt_greedy import TDT_GREEDY_DECISION, TDTGreedySearch
 from espnet_multiblank.lattice import TDTLattice
 
 
@@ -225,8 +226,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
 
     Subclasses take ``row_arcs`` (the arc a joint row chooses) from their lattice
     kind's :mod:`~espnet_multiblank.decoding.row_step` mixin; the loops,
-    the bookkeeping and the results are here. :meth:`search` decodes one utterance as
-    a batch of one.
+    the bookkeeping and the results are here. :meth:`search` decodes one utterance
+    with the frame-looping search's one-utterance loop (``one_utterance_class``).
 
     Args:
         stepper, lattice, max_sym_per_frame: As for
@@ -275,10 +276,28 @@ class LabelLoopingGreedySearch(TransducerSearch):
             return float("inf")
         return 1 if self.window > 1 else 3
 
+    #: the frame-looping search of the same lattice kind (its one-utterance loop)
+    one_utterance_class: type
+
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
-        """One utterance ((T, D_enc)) as a batch of one."""
-        lens = torch.tensor([enc_out.size(0)], device=enc_out.device)
-        return self.search_batch(enc_out.unsqueeze(0), lens)
+        """One utterance ((T, D_enc)): the frame-looping search's one-utterance loop,
+        the same hypothesis (the class docstring's) without a batch's bookkeeping;
+        a batch of one was 1.3-3x slower on a CPU and about 5x on a GPU."""
+        return self.one_utterance.search(enc_out)
+
+    @property
+    def one_utterance(self) -> TransducerSearch:
+        """The frame-looping search :meth:`search` runs (built once, on the same
+        stepper, lattice, inner-loop limit, blank decision and fusion)."""
+        if getattr(self, "_one", None) is None:
+            self._one = self.one_utterance_class(
+                self.stepper,
+                self.lattice,
+                max_sym_per_frame=self.max_sym_per_frame,
+                blank_decision=self.blank_decision,
+                fusion=self.fusion,
+            )
+        return self._one
 
     def follow_blanks(
         self,
@@ -605,6 +624,8 @@ class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):
         )
         self.blank_decision = check_blank_decision(blank_decision)
 
+    one_utterance_class = MultiblankGreedySearch
+
 
 class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
     """Label-looping TDT greedy search: the hypotheses of
@@ -634,3 +655,5 @@ class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
             fusion=fusion,
         )
         self.blank_decision = check_blank_decision(blank_decision)
+
+    one_utterance_class = TDTGreedySearch

@@ -293,7 +293,8 @@ def test_fused_mb_greedy_equals_the_reference_rule(seed, decision):
     assert sum(len(h.labels) for h in results[0]) >= 4
     for b, T in enumerate(lens):
         labels, score, big = mb_reference_greedy(model, enc[b, :T], decision, 2, oracle)
-        for h in [frame.search_one(enc[b, :T])] + [r[b] for r in results]:
+        alone = [loop.search(enc[b, :T])[0] for loop in loops]  # one utterance
+        for h in [frame.search_one(enc[b, :T])] + [r[b] for r in results] + alone:
             assert h.labels == labels
             assert h.big_blank_emissions == big
             assert h.score == pytest.approx(score, rel=1e-5, abs=1e-4)
@@ -323,7 +324,8 @@ def test_fused_tdt_greedy_equals_the_reference_rule(durations, decision):
         labels, score, skipped, _ = tdt_reference_greedy(
             model, enc[b, :T], 10, decision, oracle
         )
-        for h in (frame.search_one(enc[b, :T]), batch[b], looped[b]):
+        alone = loop.search(enc[b, :T])[0]  # one utterance
+        for h in (frame.search_one(enc[b, :T]), batch[b], looped[b], alone):
             assert h.labels == labels
             assert h.frames_skipped == skipped
             assert h.score == pytest.approx(score, rel=1e-5, abs=1e-4)

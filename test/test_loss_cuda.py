@@ -393,15 +393,16 @@ def test_gpu_numba_backend_forward_only():
     assert math.isfinite(float(c.sum()))
 
 
-@pytest.mark.slow
-def test_kernels_compile_for_sm90():
-    """The kernels pass Numba's real CUDA compiler (PTX for sm_90), no GPU needed."""
+def _compile_without_simulator(*args: str) -> subprocess.CompletedProcess:
+    """``python args`` in the repository, with Numba's real CUDA compiler (the
+    simulator switched off); skips the test without numba-cuda, or when the script
+    exits with 3 (no NVVM to compile with)."""
     if not devices.numba_cuda_installed():
         pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
-        [sys.executable, os.path.join(_HERE, "helpers", "cuda_ptx_check.py")],
+        [sys.executable, *args],
         cwd=_ROOT,
         env=env,
         capture_output=True,
@@ -410,6 +411,15 @@ def test_kernels_compile_for_sm90():
     )
     if out.returncode == 3:
         pytest.skip(f"no NVVM to compile with: {out.stdout.strip()[-300:]}")
+    return out
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90():
+    """The kernels pass Numba's real CUDA compiler (PTX for sm_90), no GPU needed."""
+    out = _compile_without_simulator(
+        os.path.join(_HERE, "helpers", "cuda_ptx_check.py")
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (
         out.stdout[-3000:] + out.stderr[-3000:]
     )
@@ -440,20 +450,7 @@ def test_kernels_compile_where_numpy_has_no_row_stack(first_import):
     NumPy 2.5 removed: every compile fails there (seen on a GPU machine). Once the
     CUDA backend is imported the compile works; without it, it fails (the check
     reproduces the failure, so it can tell)."""
-    if not devices.numba_cuda_installed():
-        pytest.skip("numba-cuda is not installed (pip install numba-cuda)")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_ROW_STACK, first_import],
-        cwd=_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if out.returncode == 3:
-        pytest.skip(f"no NVVM to compile with: {out.stdout.strip()[-300:]}")
+    out = _compile_without_simulator("-c", _WITHOUT_ROW_STACK, first_import)
     if first_import == "ours":
         assert out.returncode == 0 and out.stdout.strip() == "compiled", (
             out.stdout[-2000:] + out.stderr[-2000:]

@@ -281,8 +281,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         """One utterance ((T, D_enc)): the frame-looping search's one-utterance loop,
-        the same hypothesis (the class docstring's) without a batch's bookkeeping;
-        a batch of one was 1.3-3x slower on a CPU and about 5x on a GPU."""
+        the same hypothesis (the class docstring's) without a batch's bookkeeping,
+        which a batch of one pays on every step (bench/RESULTS.md)."""
         return self.one_utterance.search(enc_out)
 
     @property

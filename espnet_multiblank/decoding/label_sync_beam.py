@@ -65,26 +65,27 @@ class LatticeArcs:
         labels: (L,) long, the label symbols (every token but the blanks).
         blank_d: (NB,) long (host), frames each blank arc covers.
         label_d: (NL,) long (host), frames each label arc covers.
+
+    Columns are read through :func:`_columns`: a run of consecutive columns is a
+    slice (a view), which saves a copy of a (rows, frames, columns) tensor per step.
     """
 
     def __init__(self, lattice, num_tokens: int, device: torch.device):
         self.tdt = isinstance(lattice, TDTLattice)
         self.V = num_tokens
         blanks = set(lattice.blank_ids)
-        self.labels = torch.tensor(
-            [k for k in range(num_tokens) if k not in blanks],
-            dtype=torch.long,
-            device=device,
-        )
+        labels = [k for k in range(num_tokens) if k not in blanks]
+        self.labels = torch.tensor(labels, dtype=torch.long, device=device)
+        self.label_cols = _columns(labels, device)
         if self.tdt:
             self.blank = lattice.blank
             moving = [j for j, e in enumerate(lattice.durations) if e >= 1]
-            self.blank_dur = torch.tensor(moving, dtype=torch.long, device=device)
+            self.blank_dur = _columns(moving, device)
             self.blank_d = torch.tensor([lattice.durations[j] for j in moving])
             self.label_d = torch.tensor(lattice.durations, dtype=torch.long)
         else:
             cols = [lattice.blank] + list(lattice.big_blank_ids)
-            self.blank_cols = torch.tensor(cols, dtype=torch.long, device=device)
+            self.blank_cols = _columns(cols, device)
             self.blank_d = torch.tensor([1] + list(lattice.big_blank_durations))
             self.label_d = torch.zeros(1, dtype=torch.long)
 
@@ -111,6 +112,14 @@ class LatticeArcs:
         if self.tdt:
             return tok_l.unsqueeze(-1) + dur
         return tok_l.unsqueeze(-1)
+
+
+def _columns(cols: List[int], device: torch.device):
+    """An index for the last dimension: a slice when ``cols`` are consecutive (a
+    view), else a (len,) long tensor (a gather)."""
+    if cols and cols == list(range(cols[0], cols[0] + len(cols))):
+        return slice(cols[0], cols[0] + len(cols))
+    return torch.tensor(cols, dtype=torch.long, device=device)
 
 
 def _log_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -358,9 +367,10 @@ class LabelSyncRun(BeamRun):
             lands = (t.view(1, -1, 1) + arcs.label_d.to(self.device)) < row_lens.view(
                 -1, 1, 1
             )
-            fits = torch.logsumexp(torch.where(lands, dur, NEG), -1)  # (A, T)
-            weight = weight * torch.exp(fits.double())
-        probs = torch.exp(tok[..., arcs.labels])  # (A, T, L)
+            # (probabilities <= 1: their float32 sum needs no shift)
+            fits = torch.where(lands, dur.exp(), 0.0).sum(-1)  # (A, T)
+            weight = weight * fits.double()
+        probs = torch.exp(tok[..., arcs.label_cols])  # (A, T, L)
         mass = torch.bmm(weight.float().unsqueeze(1), probs).squeeze(1)  # (A, L)
         return top + torch.log(mass.double())
 

@@ -24,11 +24,21 @@ counted in a separate untimed run), and the ratios standard / model. Every round
 final hypotheses are checked to be the same (a streamed hypothesis does not depend
 on the round).
 
+``--split`` (one-utterance loop only) adds, in the same rounds, what the streams'
+search time is made of: ``offline``, the one-utterance search of each utterance's
+chunk-masked encoder output in one call; ``frames``, the same encoder output fed to
+the streaming search chunk by chunk with nothing run between the chunks; and
+``frames+flush``, the same with a 16 MB buffer written before each chunk, as a
+chunk of the encoder evicts the search's weights and state from the CPU's caches
+between two of its calls in a real stream. The final hypotheses of ``frames`` are
+checked against ``offline``.
+
 Usage::
 
     python bench/stream_search.py /work/full/exp /work/full/data/test
     python bench/stream_search.py EXP_ROOT DATA_DIR --chunks 16 --rounds 5 \\
         --partials provisional,decided
+    python bench/stream_search.py EXP_ROOT DATA_DIR --chunks 16 --loops one --split
 """
 
 import argparse
@@ -137,6 +147,71 @@ def stream_all(
     return decoder.stats["search_seconds"], labels, decoder.stats
 
 
+def chunk_encoder_outputs(s2t, utts, chunk: int) -> List[torch.Tensor]:
+    """Each utterance's (T, J) projected chunk-masked encoder output (untimed)."""
+    model = s2t.asr_model
+    stepper = s2t.beam_search_transducer.stepper
+    model.encoder.set_decoding_chunk(chunk, None)
+    out = []
+    with torch.no_grad():
+        for _, speech, _ in utts:
+            x = torch.as_tensor(speech)[None]
+            enc, _ = model.encode(x, torch.tensor([x.size(1)]))
+            out.append(stepper.project_enc(enc[0]))
+    return out
+
+
+def offline_search(s2t, enc_projs) -> Tuple[float, List[List[int]]]:
+    """Seconds and labels of one-utterance searches, one call per utterance (the
+    state before the first frame made untimed, as a stream's is made once)."""
+    import time
+
+    search = s2t.beam_search_transducer
+    seconds, labels = 0.0, []
+    with torch.no_grad():
+        for ep in enc_projs:
+            run = search.start_one(ep.device)
+            start = time.perf_counter()
+            search.run_one(run, ep, ep.size(0))
+            labels.append(search.finish_one(run).labels)
+            seconds += time.perf_counter() - start
+    return seconds, labels
+
+
+_FLUSH = None
+
+
+def frames_search(
+    s2t, enc_projs, chunk: int, partial: str, flush: bool
+) -> Tuple[float, List[List[int]]]:
+    """Seconds and labels of the streaming search fed ``chunk`` frames at a time
+    (``flush``: a 16 MB buffer written, untimed, before each chunk)."""
+    import time
+
+    from espnet_multiblank.decoding.streaming import StreamingRowGreedySearch
+
+    global _FLUSH
+    if flush and _FLUSH is None:
+        _FLUSH = torch.zeros(4 << 20)
+    rows = StreamingRowGreedySearch(s2t.beam_search_transducer, 1, "cpu")
+    seconds, labels = 0.0, []
+    with torch.no_grad():
+        for ep in enc_projs:
+            rows.reset([0])
+            for i in range(0, ep.size(0), chunk):
+                if flush:
+                    _FLUSH.add_(1.0)
+                start = time.perf_counter()
+                last = i + chunk >= ep.size(0)
+                rows.append(0, ep[i : i + chunk], final=last)
+                rows.advance()
+                if partial == "provisional" and not last:
+                    rows.provisional([0])
+                seconds += time.perf_counter() - start
+            labels.append(rows.hypothesis(0).labels)
+    return seconds, labels
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("exp_root", type=Path, help="the recipe's exp/")
@@ -154,6 +229,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default=",".join(KINDS))
     parser.add_argument("--model_file", default="valid.loss.ave.pth")
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also time offline, frames and frames+flush (module docstring)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     kinds = args.models.split(",")
@@ -176,6 +256,20 @@ def main(argv=None) -> int:
                 )
             hyps[k, c, p, lp] = labels
             steps[k, c, p, lp] = (n.joint, n.pred, stats)
+    splits = []  # (chunk, partial, how) of --split
+    if args.split:
+        encs = {
+            (k, c): chunk_encoder_outputs(s2ts[k], utts, c)
+            for k in kinds
+            for c in chunks
+        }
+        for c in chunks:
+            splits.append((c, "-", "offline"))
+            for p in partials:
+                splits += [(c, p, "frames"), (c, p, "frames+flush")]
+        for k in kinds:
+            for c, p, how in splits:
+                times[(k, c, p, how)] = []
     for r in range(args.rounds):
         for c, p, lp in cases:
             for k in kinds:
@@ -185,6 +279,18 @@ def main(argv=None) -> int:
                 if labels != hyps[k, c, p, lp]:
                     raise RuntimeError(f"{k} chunk {c} {p} {lp}: other hypotheses")
                 times[k, c, p, lp].append(seconds)
+        for c, p, how in splits:
+            for k in kinds:
+                if how == "offline":
+                    seconds, labels = offline_search(s2ts[k], encs[k, c])
+                    hyps[k, c, "offline"] = labels
+                else:
+                    seconds, labels = frames_search(
+                        s2ts[k], encs[k, c], c, p, how == "frames+flush"
+                    )
+                    if labels != hyps[k, c, "offline"]:
+                        raise RuntimeError(f"{k} chunk {c} {p} {how}: not offline's")
+                times[k, c, p, how].append(seconds)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(
         f"{len(utts)} utterances ({audio:.1f} s of audio), {args.streams} stream(s) "
@@ -197,16 +303,19 @@ def main(argv=None) -> int:
         "prediction calls | frames skipped | standard / this (median) | (min) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for c, p, lp in cases:
+    for c, p, lp in cases + splits:
         ref = times["standard", c, p, lp]
         for k in kinds:
             t = times[k, c, p, lp]
-            joint, pred, stats = steps[k, c, p, lp]
-            skipped = stats["frames_skipped"] / max(1, stats["total_frames"])
+            joint = pred = skipped = "-"
+            if (k, c, p, lp) in steps:
+                joint, pred, stats = steps[k, c, p, lp]
+                total = max(1, stats["total_frames"])
+                skipped = f"{100 * stats['frames_skipped'] / total:.1f}%"
             print(
                 f"| {c} | {p} | {lp} | {k} | {statistics.median(t):.3f} s | "
                 f"{min(t):.3f} s "
-                f"| {joint} | {pred} | {100 * skipped:.1f}% | "
+                f"| {joint} | {pred} | {skipped} | "
                 f"{statistics.median(ref) / statistics.median(t):.2f}x | "
                 f"{min(ref) / min(t):.2f}x |"
             )

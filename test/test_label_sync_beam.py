@@ -9,6 +9,8 @@ Oracles, independent of the search's kernels:
   of every label sequence up to a length, each scored by the loss;
 * the timing and path statistics are those of the most probable path of the labels,
   found by enumerating every path of the lattice (Python recursion);
+* the forward-sum kernels against their recursions written out term by term
+  (torch.logsumexp, float64);
 * ``frame_prune`` only removes paths and keeps the best hypothesis where it is
   probable; the batch, bad-input, half-precision and CUDA checks are
   test_batched_beam.py's, parametrised by rule.
@@ -432,3 +434,74 @@ def test_label_rule_compiles_its_kernels_when_built():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()[-3:]
     assert lines == ["[0, 0, 0]", "[1, 1, 1]", "[1, 1, 1]"], out.stdout
+
+
+def _lse(terms):
+    return torch.logsumexp(torch.tensor(terms, dtype=torch.float64), 0).item()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_forward_kernels_match_a_term_by_term_sum(seed):
+    """``level_forward`` and ``child_entries`` (max-shifted sums) against their
+    recursions written out with torch.logsumexp in float64, on random weights with
+    -inf entries and weights (unreachable frames and arcs), rows of length 0, 1 and
+    T, duration sets with and without 0, and terms far apart (one term 700 nats
+    below another must not turn the sum into -inf or NaN)."""
+    import numpy as np
+
+    from espnet_multiblank.decoding import prefix_kernels as pk
+
+    g = torch.Generator().manual_seed(seed)
+    A, T = 5, 9
+    blank_d = np.array([1, 2, 4], np.int64)
+    lens = np.array([T, 0, 1, 6, T], np.int64)
+    entry = torch.randn(A, T, generator=g, dtype=torch.float64) * 3 - 2
+    entry[torch.rand(A, T, generator=g) < 0.3] = -math.inf
+    entry[0, 0] = -700.0  # far below the other terms it meets
+    entry[4] = -math.inf  # a row nothing enters
+    blank_w = (torch.randn(A, T, 3, generator=g) - 1).float()
+    blank_w[torch.rand(A, T, 3, generator=g) < 0.2] = -math.inf
+    alpha = np.empty((A, T))
+    end = np.empty(A)
+    pk.level_forward(entry.numpy(), blank_w.numpy(), blank_d, lens, alpha, end)
+    ref = torch.full((A, T), -math.inf, dtype=torch.float64)
+    ref_end = []
+    for a in range(A):
+        for t in range(int(lens[a])):
+            terms = [entry[a, t].item()]
+            for j, d in enumerate(blank_d):
+                if t - d >= 0:
+                    terms.append(ref[a, t - d].item() + blank_w[a, t - d, j].item())
+            ref[a, t] = _lse(terms)
+        ta = int(lens[a])
+        terms = [
+            ref[a, ta - d].item() + blank_w[a, ta - d, j].item()
+            for j, d in enumerate(blank_d)
+            if ta - d >= 0
+        ]
+        ref_end.append(_lse(terms) if terms else -math.inf)
+    torch.testing.assert_close(torch.from_numpy(alpha), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        torch.from_numpy(end), torch.tensor(ref_end, dtype=torch.float64)
+    )
+    assert not np.isnan(alpha).any() and not np.isnan(end).any()
+
+    for label_d in (np.array([0], np.int64), np.array([0, 1, 3], np.int64)):
+        C = 6
+        parent = np.array([0, 0, 2, 3, 4, 1], np.int64)
+        child_lens = lens[parent]
+        label_w = (torch.randn(C, T, len(label_d), generator=g) - 1).float()
+        label_w[torch.rand(C, T, len(label_d), generator=g) < 0.2] = -math.inf
+        got = np.empty((C, T))
+        pk.child_entries(alpha, parent, label_w.numpy(), label_d, child_lens, got)
+        want = torch.full((C, T), -math.inf, dtype=torch.float64)
+        for c in range(C):
+            for t in range(int(child_lens[c])):
+                terms = [
+                    alpha[parent[c], t - e] + label_w[c, t - e, i].item()
+                    for i, e in enumerate(label_d)
+                    if t - e >= 0
+                ]
+                want[c, t] = _lse(terms) if terms else -math.inf
+        torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-12, atol=1e-12)
+        assert not np.isnan(got).any()

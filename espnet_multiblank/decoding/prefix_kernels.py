@@ -37,8 +37,8 @@ NEG_INF = -np.inf
 def level_forward(entry, blank_w, blank_d, lens, alpha, end):
     """Forward sums of A prefixes over their frames.
 
-    Each sum of n terms is max-shifted (n exponentials and one logarithm, not a
-    chain of n - 1 pairwise log-adds: half the time on a TDT's 8 blank arcs).
+    Each sum of n terms is max-shifted: n exponentials and one logarithm, where a
+    chain of n - 1 pairwise log-adds takes an exponential and a logarithm each.
 
     Args:
         entry: (A, T) float64, log-probability of the paths whose last label arc

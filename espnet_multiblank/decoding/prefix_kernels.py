@@ -34,11 +34,29 @@ NEG_INF = -np.inf
 
 
 @njit(**_OPTS)
-def level_forward(entry, blank_w, blank_d, lens, alpha, end):
-    """Forward sums of A prefixes over their frames.
+def _arc_sum(first, alpha, a, weight, w, durations, t):
+    """log( exp(first) + sum_i exp(alpha[a, t - d_i] + weight[w, t - d_i, i]) ) over
+    the arcs i with t - d_i >= 0, max-shifted: one exponential per term and one
+    logarithm, where a chain of pairwise log-adds takes one of each per term."""
+    top = first
+    for i in range(durations.shape[0]):
+        s = t - durations[i]
+        if s >= 0:
+            top = max(top, alpha[a, s] + weight[w, s, i])
+    if top == NEG_INF:
+        return NEG_INF
+    acc = math.exp(first - top)
+    for i in range(durations.shape[0]):
+        s = t - durations[i]
+        if s >= 0:
+            acc += math.exp(alpha[a, s] + weight[w, s, i] - top)
+    return top + math.log(acc)
 
-    Each sum of n terms is max-shifted: n exponentials and one logarithm, where a
-    chain of n - 1 pairwise log-adds takes an exponential and a logarithm each.
+
+@njit(**_OPTS)
+def level_forward(entry, blank_w, blank_d, lens, alpha, end):
+    """Forward sums of A prefixes over their frames (each sum max-shifted,
+    :func:`_arc_sum`).
 
     Args:
         entry: (A, T) float64, log-probability of the paths whose last label arc
@@ -50,47 +68,20 @@ def level_forward(entry, blank_w, blank_d, lens, alpha, end):
         end: (A,) float64, out: log-probability of the complete paths.
     """
     A, T = entry.shape
-    NB = blank_d.shape[0]
     for a in range(A):
         Ta = lens[a]
         for t in range(T):
             if t >= Ta:
                 alpha[a, t] = NEG_INF
-                continue
-            top = entry[a, t]
-            for j in range(NB):
-                s = t - blank_d[j]
-                if s >= 0:
-                    top = max(top, alpha[a, s] + blank_w[a, s, j])
-            if top == NEG_INF:
-                alpha[a, t] = NEG_INF
-                continue
-            acc = math.exp(entry[a, t] - top)
-            for j in range(NB):
-                s = t - blank_d[j]
-                if s >= 0:
-                    acc += math.exp(alpha[a, s] + blank_w[a, s, j] - top)
-            alpha[a, t] = top + math.log(acc)
-        top = NEG_INF
-        for j in range(NB):
-            s = Ta - blank_d[j]
-            if s >= 0:
-                top = max(top, alpha[a, s] + blank_w[a, s, j])
-        if top == NEG_INF:
-            end[a] = NEG_INF
-            continue
-        acc = 0.0
-        for j in range(NB):
-            s = Ta - blank_d[j]
-            if s >= 0:
-                acc += math.exp(alpha[a, s] + blank_w[a, s, j] - top)
-        end[a] = top + math.log(acc)
+            else:
+                alpha[a, t] = _arc_sum(entry[a, t], alpha, a, blank_w, a, blank_d, t)
+        end[a] = _arc_sum(NEG_INF, alpha, a, blank_w, a, blank_d, Ta)
 
 
 @njit(**_OPTS)
 def child_entries(alpha, parent, label_w, label_d, lens, entry):
     """Entries of C children, each its parent's prefix extended by one label
-    (max-shifted sums, as :func:`level_forward`).
+    (max-shifted sums, :func:`_arc_sum`).
 
     Args:
         alpha: (A, T) float64, the parents' forward sums (:func:`level_forward`).
@@ -102,25 +93,13 @@ def child_entries(alpha, parent, label_w, label_d, lens, entry):
         entry: (C, T) float64, out: the children's entries.
     """
     C, T = entry.shape
-    NL = label_d.shape[0]
     for c in range(C):
         p = parent[c]
         for t in range(T):
-            top = NEG_INF
-            if t < lens[c]:
-                for i in range(NL):
-                    s = t - label_d[i]
-                    if s >= 0:
-                        top = max(top, alpha[p, s] + label_w[c, s, i])
-            if top == NEG_INF:
+            if t >= lens[c]:
                 entry[c, t] = NEG_INF
-                continue
-            acc = 0.0
-            for i in range(NL):
-                s = t - label_d[i]
-                if s >= 0:
-                    acc += math.exp(alpha[p, s] + label_w[c, s, i] - top)
-            entry[c, t] = top + math.log(acc)
+            else:
+                entry[c, t] = _arc_sum(NEG_INF, alpha, p, label_w, c, label_d, t)
 
 
 @njit(**_OPTS)

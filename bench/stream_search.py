@@ -44,6 +44,7 @@ Usage::
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -164,8 +165,6 @@ def chunk_encoder_outputs(s2t, utts, chunk: int) -> List[torch.Tensor]:
 def offline_search(s2t, enc_projs) -> Tuple[float, List[List[int]]]:
     """Seconds and labels of one-utterance searches, one call per utterance (the
     state before the first frame made untimed, as a stream's is made once)."""
-    import time
-
     search = s2t.beam_search_transducer
     seconds, labels = 0.0, []
     with torch.no_grad():
@@ -178,29 +177,22 @@ def offline_search(s2t, enc_projs) -> Tuple[float, List[List[int]]]:
     return seconds, labels
 
 
-_FLUSH = None
-
-
 def frames_search(
     s2t, enc_projs, chunk: int, partial: str, flush: bool
 ) -> Tuple[float, List[List[int]]]:
     """Seconds and labels of the streaming search fed ``chunk`` frames at a time
     (``flush``: a 16 MB buffer written, untimed, before each chunk)."""
-    import time
-
     from espnet_multiblank.decoding.streaming import StreamingRowGreedySearch
 
-    global _FLUSH
-    if flush and _FLUSH is None:
-        _FLUSH = torch.zeros(4 << 20)
+    buffer = torch.zeros(4 << 20) if flush else None
     rows = StreamingRowGreedySearch(s2t.beam_search_transducer, 1, "cpu")
     seconds, labels = 0.0, []
     with torch.no_grad():
         for ep in enc_projs:
             rows.reset([0])
             for i in range(0, ep.size(0), chunk):
-                if flush:
-                    _FLUSH.add_(1.0)
+                if buffer is not None:
+                    buffer.add_(1.0)
                 start = time.perf_counter()
                 last = i + chunk >= ep.size(0)
                 rows.append(0, ep[i : i + chunk], final=last)

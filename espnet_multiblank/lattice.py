@@ -41,6 +41,31 @@ from typing import Any, Iterator, Optional, Sequence, Tuple
 NODE, END, NOWHERE = "node", "end", "nowhere"
 
 
+@dataclass(frozen=True)
+class BlankArc:
+    """A blank arc of a lattice, as the joint network's outputs score it.
+
+    Attributes:
+        token: The blank symbol's column among the token log-probabilities.
+        slot: The duration output it takes (TDT), or None (its frames are the
+            symbol's own: standard and big blanks).
+        frames: Frames it covers (>= 1).
+    """
+
+    token: int
+    slot: Optional[int]
+    frames: int
+
+
+@dataclass(frozen=True)
+class LabelMove:
+    """How a label arc may move: with duration output ``slot`` (TDT; None: the
+    label's log-probability alone) over ``frames`` frames (0 keeps the frame)."""
+
+    slot: Optional[int]
+    frames: int
+
+
 def step_target(t: int, frames: int, num_frames: int, is_blank: bool, last_row: bool):
     """Where a step from frame ``t`` that covers ``frames`` frames goes.
 
@@ -213,6 +238,21 @@ class MultiblankLattice:
         """The most frames one symbol covers."""
         return max(self.big_blank_durations, default=1)
 
+    @property
+    def num_duration_outputs(self) -> int:
+        """Duration outputs after the token outputs of the joint network: none."""
+        return 0
+
+    @property
+    def blank_arcs(self) -> Tuple[BlankArc, ...]:
+        """Every blank arc: the standard blank (1 frame), then big blank i."""
+        return tuple(BlankArc(k, None, n) for k, n in self.blank_moves)
+
+    @property
+    def label_moves(self) -> Tuple[LabelMove, ...]:
+        """A label keeps its frame, scored by its log-probability alone."""
+        return (LabelMove(None, 0),)
+
     def frames(self, symbol: int) -> int:
         """Frames covered by ``symbol`` (0 for a label)."""
         if symbol == self.blank:
@@ -286,6 +326,23 @@ class TDTLattice:
     def max_frames(self) -> int:
         return max(self.durations)
 
+    @property
+    def num_duration_outputs(self) -> int:
+        """D: the duration outputs after the V token outputs."""
+        return len(self.durations)
+
+    @property
+    def blank_arcs(self) -> Tuple[BlankArc, ...]:
+        """The blank with each duration >= 1 (a blank never keeps its frame)."""
+        return tuple(
+            BlankArc(self.blank, j, e) for j, e in enumerate(self.durations) if e >= 1
+        )
+
+    @property
+    def label_moves(self) -> Tuple[LabelMove, ...]:
+        """A label takes any duration, 0 included."""
+        return tuple(LabelMove(j, e) for j, e in enumerate(self.durations))
+
     def is_blank(self, symbol: int) -> bool:
         return symbol == self.blank
 
@@ -341,15 +398,13 @@ def move_frames(lattice) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     Standard / multi-blank: blanks cover 1 or ``d_i`` frames, labels 0. TDT: blanks
     take the durations >= 1, labels every duration (0 keeps the frame).
     """
-    if isinstance(lattice, MultiblankLattice):
-        return tuple(sorted({1, *lattice.big_blank_durations})), (0,)
-    if isinstance(lattice, TDTLattice):
-        durations = tuple(sorted(lattice.durations))
-        return tuple(d for d in durations if d >= 1), durations
-    raise TypeError(
-        f"lattice must be a MultiblankLattice or a TDTLattice, got "
-        f"{type(lattice).__name__}"
-    )
+    if not isinstance(lattice, (MultiblankLattice, TDTLattice)):
+        raise TypeError(
+            f"lattice must be a MultiblankLattice or a TDTLattice, got "
+            f"{type(lattice).__name__}"
+        )
+    blank = tuple(sorted({arc.frames for arc in lattice.blank_arcs}))
+    return blank, tuple(sorted({move.frames for move in lattice.label_moves}))
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,40 @@
-"""espnet-multiblank: multi-blank RNN-T and TDT losses (Numba) and an ESPnet plug-in."""
+"""espnet-multiblank: multi-blank RNN-T and TDT losses (Numba) and an ESPnet plug-in.
 
-from espnet_multiblank.autograd import GradMultiply, LogSoftmaxGradModification
-from espnet_multiblank.fused import FusedTransducerLoss, fused_transducer_loss
-from espnet_multiblank.loss import (
-    MultiblankRNNTLoss,
-    MultiblankRNNTLossNumba,
-    TDTLoss,
-    multiblank_rnnt_loss,
-    rnnt_loss,
-    tdt_loss,
-)
+The names below are imported when first used (PEP 562), so that importing a
+sub-package that needs neither torch nor ESPnet (:mod:`espnet_multiblank.runtime`,
+:mod:`espnet_multiblank.lattice`) does not import them.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_LAZY = {
+    "GradMultiply": "espnet_multiblank.autograd",
+    "LogSoftmaxGradModification": "espnet_multiblank.autograd",
+    "FusedTransducerLoss": "espnet_multiblank.fused",
+    "fused_transducer_loss": "espnet_multiblank.fused",
+    "MultiblankRNNTLoss": "espnet_multiblank.loss",
+    "MultiblankRNNTLossNumba": "espnet_multiblank.loss",
+    "TDTLoss": "espnet_multiblank.loss",
+    "multiblank_rnnt_loss": "espnet_multiblank.loss",
+    "rnnt_loss": "espnet_multiblank.loss",
+    "tdt_loss": "espnet_multiblank.loss",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'espnet_multiblank' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def register() -> None:
@@ -21,17 +44,4 @@ def register() -> None:
     _register()
 
 
-__all__ = [
-    "FusedTransducerLoss",
-    "fused_transducer_loss",
-    "GradMultiply",
-    "LogSoftmaxGradModification",
-    "MultiblankRNNTLoss",
-    "MultiblankRNNTLossNumba",
-    "multiblank_rnnt_loss",
-    "rnnt_loss",
-    "TDTLoss",
-    "tdt_loss",
-    "register",
-    "__version__",
-]
+__all__ = sorted(_LAZY) + ["register", "__version__"]

@@ -182,3 +182,18 @@ def pytest_sessionfinish(session):
     if devices.in_simulator_process():
         with open(os.environ[devices.SIM_REPORT_ENV], "w") as f:
             json.dump(_RECORDS, f)
+
+
+@pytest.fixture(scope="session")
+def onnx_export(tmp_path_factory):
+    """``onnx_export(lattice, encoder, **kw)`` -> (experiment dir, exported dir) of
+    a small random model (``helpers/export_cases.py``), made once per session."""
+    import export_cases
+
+    cache = {}
+    root = tmp_path_factory.mktemp("onnx_exports")
+
+    def get(lattice, encoder="chunk_conformer", **kw):
+        return export_cases.exported(cache, root, lattice, encoder, **kw)
+
+    return get

@@ -92,7 +92,9 @@ def model_info(model: Any, args: Any) -> ModelInfo:
     fs = model_sample_rate(args)
     if fs is None:
         raise ExportError("the model's sample rate (frontend_conf.fs) is unknown")
-    min_samples = min_encoder_samples(model, "cpu", torch.float32)
+    min_samples = _min_samples(model, frontend, field)
+    if min_samples is None:
+        min_samples = min_encoder_samples(model, "cpu", torch.float32)
     if min_samples is None:
         raise ExportError("the model gives no encoder frame even for 65536 samples")
     chunk: Dict[str, Any] = {}
@@ -137,6 +139,26 @@ def model_info(model: Any, args: Any) -> ModelInfo:
         version=__version__,
         chunk=chunk,
     )
+
+
+def _min_samples(model: Any, frontend: Any, field: int):
+    """The fewest samples that give one encoder frame: the STFT must give
+    ``field`` (the subsampling's receptive field) frames; checked by encoding that
+    many samples and one fewer (None when the check fails: the caller searches)."""
+    pad = 2 * (frontend.n_fft // 2) if frontend.center else 0
+    n = max((field - 1) * frontend.hop + frontend.n_fft - pad, 1)
+
+    def frames(samples: int) -> int:
+        try:
+            with torch.no_grad():
+                _, lens = model.encode(torch.zeros(1, samples), torch.tensor([samples]))
+        except Exception:  # ESPnet refuses inputs too short for its subsampling
+            return 0
+        return int(lens[0])
+
+    if frames(n) >= 1 and (n == 1 or frames(n - 1) < 1):
+        return n
+    return None
 
 
 def _feature_dim(model: Any) -> int:

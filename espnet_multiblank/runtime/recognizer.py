@@ -17,7 +17,8 @@
 Nothing here imports torch or ESPnet.
 """
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -63,6 +64,39 @@ class Result:
     score: float = 0.0
     key: Optional[str] = None
     error: Optional[str] = None
+
+
+@dataclass
+class DecodingStats:
+    """What a :class:`Recognizer` has decoded so far (``decoding_stats.json``).
+
+    Attributes:
+        utterances: Utterances (or streams) decoded.
+        audio_seconds: Their audio.
+        encode_seconds: Wall time in the encoder graphs (front end included).
+        search_seconds: Wall time in the searches (prediction and joint graphs
+            included).
+        frames: Encoder frames.
+        frames_skipped: Frames the searches skipped (big blanks, durations).
+    """
+
+    utterances: int = 0
+    audio_seconds: float = 0.0
+    encode_seconds: float = 0.0
+    search_seconds: float = 0.0
+    frames: int = 0
+    frames_skipped: int = 0
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        total = self.encode_seconds + self.search_seconds
+        out["real_time_factor"] = (
+            total / self.audio_seconds if self.audio_seconds else None
+        )
+        out["frames_skipped_fraction"] = (
+            self.frames_skipped / self.frames if self.frames else None
+        )
+        return out
 
 
 def make_result(model: ExportedModel, hyp, num_frames: int, key=None) -> Result:
@@ -135,6 +169,7 @@ class Recognizer:
                 f"model's encoder is {self.model.info.encoder_type})"
             )
         self.search_name = search
+        self.stats = DecodingStats()
         self.chunk_size = chunk_size
         self.batch_size = batch_size
         if search == "greedy":
@@ -210,14 +245,30 @@ class Recognizer:
         return self.model.encode(speech, lengths, self.chunk_size)
 
     def _decode(self, waves: List[np.ndarray], keys) -> List[Result]:
+        start = time.perf_counter()
         enc, lens = self.encode(waves)
+        middle = time.perf_counter()
         hyps = self.search.search(enc, lens)
-        return [
+        results = [
             make_result(self.model, hyp, int(n), key)
             for hyp, n, key in zip(hyps, lens, keys)
         ]
+        stats = self.stats
+        stats.encode_seconds += middle - start
+        stats.search_seconds += time.perf_counter() - middle
+        stats.utterances += len(waves)
+        stats.audio_seconds += sum(w.size for w in waves) / self.sample_rate
+        stats.frames += int(lens.sum())
+        stats.frames_skipped += sum(r.frames_skipped for r in results)
+        return results
 
-    def create_stream(self, chunk_size: Optional[int] = None, sample_rate=None):
+    def create_stream(
+        self,
+        chunk_size: Optional[int] = None,
+        sample_rate: Optional[int] = None,
+        partial_results: bool = True,
+        key: Optional[str] = None,
+    ):
         """A :class:`~espnet_multiblank.runtime.stream.Stream` (streaming models:
         ``chunk_conformer``) decoding at ``chunk_size`` encoder frames per chunk
         (default: the recognizer's, else the model's ``decoding_chunk_size``, else
@@ -228,4 +279,11 @@ class Recognizer:
             chunk_size = self.chunk_size or (
                 self.model.info.chunk.get("decoding_chunk_size") or 16
             )
-        return Stream(self, chunk_size, sample_rate)
+        return Stream(self, chunk_size, sample_rate, partial_results, key)
+
+    def decode_streams(self, streams) -> None:
+        """Decode what the new pieces of ``streams`` complete, all together (one
+        chunk-encoder call and one search round per step for all of them)."""
+        from espnet_multiblank.runtime.stream import decode_streams
+
+        decode_streams(self, list(streams))

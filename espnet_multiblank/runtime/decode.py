@@ -235,7 +235,7 @@ def main(cmd: Optional[List[str]] = None) -> int:
         if r.error is not None:
             failed[r.key] = r.error
             continue
-        lines.append(f"{r.key} {r.text}".rstrip() + "\n")
+        lines.append(f"{r.key} {r.text}\n")  # as ESPnet writes it (empty: "key ")
         times.append(
             json.dumps(
                 {

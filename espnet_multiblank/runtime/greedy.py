@@ -5,12 +5,11 @@ utterance sits at a frame t with the prediction network's output for its labels 
 far and takes the arc :class:`~.step_rule.StepRule` chooses; a blank arc moves t on,
 a label advances the prediction network (and moves t by its duration, for a TDT).
 
-The order of work is label-looping (Bataev et al. 2024): the joint network is run on
-a window of the frames ahead of each utterance with its current prediction output
-(one ONNX Runtime call for all utterances), the decisions walk over the window
-until a label is emitted (or the window is used up), and one prediction-network
-call serves every utterance that emitted a label. The decisions are those of the
-frame-by-frame search; only the number of runtime calls changes.
+Frame-looping, batched: a round runs the joint network once on every utterance's
+current frame (one ONNX Runtime call for all), takes each utterance's step, and runs
+the prediction network once for the utterances that emitted a label. A frame that a
+big blank or a duration jumps over is never evaluated: that is where multi-blank and
+TDT models save time, as in the paper.
 
 Streaming (:meth:`GreedyRun.advance` with ``final=False``): with N frames received,
 a step at frame t is taken when N - t > R (the longest arc), or when every length
@@ -26,9 +25,6 @@ import numpy as np
 
 from espnet_multiblank.runtime.model import ExportedModel, State
 from espnet_multiblank.runtime.step_rule import Step, StepRule
-
-#: frames of the joint network's window per utterance and round
-WINDOW = 16
 
 #: the plug-in's greedy defaults per lattice kind (conf/decode/mb_greedy.yaml,
 #: tdt_greedy.yaml): (blank_decision, max_sym_per_frame)
@@ -64,7 +60,6 @@ class GreedyRun:
     frames_skipped: int = 0
     big_blank_emissions: int = 0
     pending: List[Tuple[int, Dict[int, float]]] = field(default_factory=list)
-    needs_step: bool = False
 
     def take(self, step: Step, score=None) -> None:
         """Apply a step at :attr:`frame` (``score``: a dict by room while the
@@ -78,7 +73,6 @@ class GreedyRun:
         if step.is_label:
             self.labels.append(step.symbol)
             self.timing.append((t, step.frames, step.score))
-            self.needs_step = True
         if step.frames == 0:
             self.num_sym += 1
             return
@@ -96,57 +90,37 @@ class GreedyRun:
         self.pending = []
 
 
-def walk(
-    run: GreedyRun,
-    lp: np.ndarray,
-    start: int,
-    rule: StepRule,
-    known: int,
-    final: bool,
+def step_run(
+    run: GreedyRun, row: List[float], rule: StepRule, known: int, final: bool
 ) -> str:
-    """Take the steps of ``run`` on a window of log-probabilities.
+    """Take the step of ``run`` at its frame, from that frame's log-probabilities.
 
     Args:
-        run: The utterance (at frame ``start``).
-        lp: (W, V') float32 log-probabilities of frames ``start .. start + W - 1``
-            with the run's current prediction output.
+        run: The utterance.
+        row: The V' log-probabilities of (its frame, its prediction output).
         rule: The decision.
         known: N, frames received (the utterance's T when ``final``).
         final: No frame will follow the N received.
 
     Returns:
         ``"label"`` (a label was emitted: the prediction network must step),
-        ``"window"`` (the window is used up), ``"end"`` (t reached T) or
-        ``"wait"`` (a step needs more frames).
+        ``"blank"``, or ``"wait"`` (the step needs more frames).
     """
-    free = rule.free(lp) if lp.shape[0] else None
-    W = lp.shape[0]
+    t = run.frame
+    room = known - t
+    guarded = run.num_sym >= rule.max_sym
     R1 = rule.free_room
-    while True:
-        t = run.frame
-        if final and t >= known:
-            return "end"
-        i = t - start
-        if i >= W:
-            return "window"
-        room = known - t
-        guarded = run.num_sym >= rule.max_sym
-        pending = None
-        if room >= R1 and not guarded:
-            step = Step(
-                bool(free[0][i]), int(free[1][i]), int(free[2][i]), float(free[3][i])
-            )
-        elif final or room >= R1:
-            step = rule.decide(lp[i], room, guarded)
-        else:  # T >= N decides: taken when every such T agrees
-            options = [rule.decide(lp[i], r, guarded) for r in range(room, R1 + 1)]
-            if any(o[:3] != options[0][:3] for o in options[1:]):
-                return "wait"
-            step = options[0]
-            pending = {r: o.score for r, o in zip(range(room, R1 + 1), options)}
-        run.take(step, pending)
-        if step.is_label:
-            return "label"
+    pending = None
+    if final or room >= R1:
+        step = rule.decide(row, room, guarded)
+    else:  # T >= N decides: taken when every such T agrees
+        options = [rule.decide(row, r, guarded) for r in range(room, R1 + 1)]
+        if any(o[:3] != options[0][:3] for o in options[1:]):
+            return "wait"
+        step = options[0]
+        pending = {r: o.score for r, o in zip(range(room, R1 + 1), options)}
+    run.take(step, pending)
+    return "label" if step.is_label else "blank"
 
 
 class GreedySearch:
@@ -158,7 +132,6 @@ class GreedySearch:
             lattice, :data:`GREEDY_DEFAULTS`).
         max_sym_per_frame: Labels that may stay at one frame (default: the
             plug-in's for the lattice).
-        window: Frames per utterance and joint-network call.
     """
 
     def __init__(
@@ -166,7 +139,6 @@ class GreedySearch:
         model: ExportedModel,
         blank_decision: Optional[str] = None,
         max_sym_per_frame: Optional[int] = None,
-        window: int = WINDOW,
     ):
         kind = model.lattice.kind
         decision, max_sym = GREEDY_DEFAULTS[kind]
@@ -177,9 +149,6 @@ class GreedySearch:
             decision if blank_decision is None else blank_decision,
             max_sym if max_sym_per_frame is None else max_sym_per_frame,
         )
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an int >= 1, got {window!r}")
-        self.window = window
 
     def start(self, count: int) -> List[GreedyRun]:
         """``count`` fresh runs (the prediction network after the blank)."""
@@ -206,7 +175,9 @@ class GreedySearch:
         known: List[int],
         final: bool,
     ) -> None:
-        """Take every step the frames received allow, for several runs at once.
+        """Take every step the frames received allow, for several runs at once:
+        per round one joint-network call for every run's frame and one
+        prediction-network call for the runs that emitted a label.
 
         Args:
             runs: The runs.
@@ -215,32 +186,18 @@ class GreedySearch:
             known: Per run, N_b, frames received.
             final: The runs' utterances end after their N_b frames.
         """
-        model, rule, W = self.model, self.rule, self.window
+        model, rule = self.model, self.rule
         active = [b for b in range(len(runs)) if runs[b].frame < known[b]]
         while active:
-            enc_rows, dec_rows, spans = [], [], []
-            for b in active:
-                run = runs[b]
-                stop = min(run.frame + W, known[b])
-                enc_rows.append(frames[b][run.frame : stop])
-                spans.append((run.frame, stop - run.frame))
-            for b, (_, w) in zip(active, spans):
-                dec_rows.append(
-                    np.broadcast_to(runs[b].dec_proj, (w,) + runs[b].dec_proj.shape)
-                )
-            lp = model.log_probs(
-                np.concatenate(enc_rows), np.ascontiguousarray(np.concatenate(dec_rows))
-            )
+            enc = np.stack([frames[b][runs[b].frame] for b in active])
+            dec = np.stack([runs[b].dec_proj for b in active])
+            rows = model.log_probs(enc, dec).tolist()
             stepping, still = [], []
-            offset = 0
-            for b, (start, w) in zip(active, spans):
-                outcome = walk(
-                    runs[b], lp[offset : offset + w], start, rule, known[b], final
-                )
-                offset += w
+            for b, row in zip(active, rows):
+                outcome = step_run(runs[b], row, rule, known[b], final)
                 if outcome == "label":
                     stepping.append(b)
-                if outcome in ("label", "window") and runs[b].frame < known[b]:
+                if outcome != "wait" and runs[b].frame < known[b]:
                     still.append(b)
             if stepping:
                 labels = np.array([runs[b].labels[-1] for b in stepping], np.int64)
@@ -249,5 +206,4 @@ class GreedySearch:
                 for i, b in enumerate(stepping):
                     runs[b].dec_proj = dec[i]
                     runs[b].state = model.select_state(state, slice(i, i + 1))
-                    runs[b].needs_step = False
             active = still

@@ -1,8 +1,10 @@
-"""The greedy step of every lattice, on the joint network's log-probabilities (NumPy).
+"""The greedy step of every lattice, on one row of the joint network's
+log-probabilities (plain Python: a step decides among a few dozen numbers, where
+NumPy's per-call cost would dominate).
 
 A greedy hypothesis at frame t of an utterance with T frames, having emitted g labels
 at t, takes one arc of the lattice (:mod:`espnet_multiblank.lattice`: its
-``blank_arcs`` and ``label_moves``; one description for standard, multi-blank and
+``blank_arcs`` and ``label_moves``, one description for standard, multi-blank and
 TDT models). The arcs it may take (the lattice's end rule, as the plug-in's
 searches apply it):
 
@@ -21,20 +23,17 @@ How it chooses (``blank_decision``, as in the plug-in):
   allowed blank arc;
 * ``"symbol"``: the most probable allowed arc (a tie goes to the blanks).
 
-The decision at a frame depends on T only through ``room = T - t`` up to R + 1
-(R: the longest arc), so a step is "free" when room > R and no guard applies;
-:meth:`StepRule.free` decides a whole window of such frames with a few array
-operations, :meth:`StepRule.decide` one frame under any room and guard.
-
-Shapes: W frames, V' joint outputs (V tokens, then D duration outputs for a TDT).
+The decision depends on T only through ``room = T - t`` up to R + 1 (R: the longest
+arc), so :meth:`StepRule.decide` takes ``min(T - t, R + 1)``.
 """
 
-from typing import NamedTuple
-
-import numpy as np
+import math
+from typing import List, NamedTuple
 
 #: ``blank_decision`` values
 BLANK_DECISIONS = ("total", "symbol")
+
+_NEG = -math.inf
 
 
 class Step(NamedTuple):
@@ -47,12 +46,17 @@ class Step(NamedTuple):
     score: float
 
 
-def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    top = np.max(x, axis=axis, keepdims=True)
-    safe = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):
-        out = np.log(np.sum(np.exp(x - safe), axis=axis, keepdims=True)) + safe
-    return np.squeeze(out, axis)
+def log_sum_exp(values: List[float]) -> float:
+    """log(sum(exp(values))) of a short list (-inf when all are -inf or empty)."""
+    top = max(values, default=_NEG)
+    if top == _NEG:
+        return _NEG
+    return top + math.log(sum([math.exp(v - top) for v in values]))
+
+
+def _best(values: List[float]) -> int:
+    """Index of the first largest value."""
+    return max(range(len(values)), key=values.__getitem__)
 
 
 class StepRule:
@@ -62,7 +66,7 @@ class StepRule:
         lattice: A ``MultiblankLattice`` or ``TDTLattice``.
         joint_size: V', the joint network's outputs.
         blank_decision: ``"total"`` or ``"symbol"``.
-        max_sym_per_frame: Labels that may stay at one frame (>= 1).
+        max_sym: Labels that may stay at one frame (``max_sym_per_frame``, >= 1).
     """
 
     def __init__(self, lattice, joint_size: int, blank_decision: str, max_sym: int):
@@ -75,101 +79,64 @@ class StepRule:
             raise ValueError(f"max_sym_per_frame must be an int >= 1, got {max_sym!r}")
         self.total = blank_decision == "total"
         self.max_sym = max_sym
-        D = lattice.num_duration_outputs
-        V = joint_size - D
-        self.V = V
-        arcs = lattice.blank_arcs
-        moves = lattice.label_moves
+        V = joint_size - lattice.num_duration_outputs
         blank_ids = set(lattice.blank_ids)
-        # columns of the log-probabilities (a slot j is column V + j)
-        self.blank_tok = np.array([a.token for a in arcs])
-        self.blank_dur = np.array([-1 if a.slot is None else V + a.slot for a in arcs])
-        self.blank_frames = np.array([a.frames for a in arcs])
-        self.label_tok = np.array([k for k in range(V) if k not in blank_ids])
-        self.move_dur = np.array([-1 if m.slot is None else V + m.slot for m in moves])
-        self.move_frames = np.array([m.frames for m in moves])
-        self.tdt = D > 0
+        #: per blank arc: (token column, duration column or None, frames)
+        self.blank_arcs = [
+            (a.token, None if a.slot is None else V + a.slot, a.frames)
+            for a in lattice.blank_arcs
+        ]
+        #: per label move: (duration column or None, frames)
+        self.moves = [
+            (None if m.slot is None else V + m.slot, m.frames)
+            for m in lattice.label_moves
+        ]
+        self.labels = [k for k in range(V) if k not in blank_ids]
         self.R = lattice.max_frames
-        #: room above which no end-rule mask applies
+        #: rooms from which on no end-rule mask applies
         self.free_room = self.R + 1
+        # the arcs allowed by (room, guarded), as index lists: computed once
+        self._allowed = {}
+        for room in range(1, self.free_room + 1):
+            for guarded in (False, True):
+                blanks = [i for i, a in enumerate(self.blank_arcs) if a[2] <= room]
+                moves = [
+                    i
+                    for i, (_, n) in enumerate(self.moves)
+                    if n < room and (n >= 1 or not guarded)
+                ]
+                if not blanks and not moves:  # stuck: any blank, clipped at T
+                    blanks = list(range(len(self.blank_arcs)))
+                self._allowed[room, guarded] = (blanks, moves)
 
-    # --------------------------------------------------------------- scores
-    def _blank_scores(self, lp: np.ndarray) -> np.ndarray:
-        """(..., NB) log-probabilities of the blank arcs."""
-        s = lp[..., self.blank_tok]
-        if self.tdt:
-            s = s + lp[..., self.blank_dur]
-        return s
-
-    def _move_scores(self, lp: np.ndarray) -> np.ndarray:
-        """(..., NM) the moves' duration log-probabilities (0 without)."""
-        if self.tdt:
-            return lp[..., self.move_dur]
-        return np.zeros(lp.shape[:-1] + (1,), lp.dtype)
-
-    # ------------------------------------------------------------ decisions
-    def free(self, lp: np.ndarray):
-        """Decisions of W frames where room > R and no guard applies.
-
-        Args:
-            lp: (W, V') float32 log-probabilities.
-
-        Returns:
-            (W,) bool is_label, (W,) int64 symbol, (W,) int64 frames, (W,) float64
-            score.
-        """
-        bs = self._blank_scores(lp)  # (W, NB)
-        bj = np.argmax(bs, 1)
-        lt = lp[:, self.label_tok]  # (W, L)
-        lk = np.argmax(lt, 1)
-        rows = np.arange(lp.shape[0])
-        ltop = lt[rows, lk].astype(np.float64)
-        ms = self._move_scores(lp)  # (W, NM)
-        mj = np.argmax(ms, 1)
-        if self.total:
-            blank = _logsumexp(bs.astype(np.float64), 1)
-            label = ltop + _logsumexp(ms.astype(np.float64), 1)
-        else:
-            blank = bs[rows, bj].astype(np.float64)
-            label = ltop + ms[rows, mj]
-        is_label = label > blank
-        symbol = np.where(is_label, self.label_tok[lk], self.blank_tok[bj])
-        frames = np.where(is_label, self.move_frames[mj], self.blank_frames[bj])
-        return is_label, symbol, frames, np.where(is_label, label, blank)
-
-    def decide(self, lp: np.ndarray, room: int, guarded: bool) -> Step:
+    def decide(self, row: List[float], room: int, guarded: bool) -> Step:
         """The step at one frame.
 
         Args:
-            lp: (V',) float32 log-probabilities.
-            room: T - t (>= 1); any value > R means "far from the end".
+            row: The V' log-probabilities of the frame (a Python list).
+            room: T - t (>= 1); values above R mean "far from the end".
             guarded: ``max_sym_per_frame`` labels already stayed at this frame.
         """
         room = min(room, self.free_room)
-        bs = self._blank_scores(lp).astype(np.float64)
-        b_ok = self.blank_frames <= room
-        m_ok = self.move_frames < room
-        if guarded:
-            m_ok = m_ok & (self.move_frames >= 1)
-        if not b_ok.any() and not m_ok.any():
-            b_ok = np.ones_like(b_ok)  # stuck: any blank, clipped at T
-        neg = -np.inf
-        bs = np.where(b_ok, bs, neg)
-        bj = int(np.argmax(bs))
-        if m_ok.any():
-            lt = lp[self.label_tok]
-            lk = int(np.argmax(lt))
-            ms = np.where(m_ok, self._move_scores(lp).astype(np.float64), neg)
-            mj = int(np.argmax(ms))
-            if self.total:
-                label = float(lt[lk]) + float(_logsumexp(ms))
-            else:
-                label = float(lt[lk]) + float(ms[mj])
-        else:
-            label = neg
-        blank = float(_logsumexp(bs)) if self.total else float(bs[bj])
+        blanks, moves = self._allowed[room, guarded]
+        arcs = self.blank_arcs
+        bs = [
+            row[arcs[i][0]] + (0.0 if arcs[i][1] is None else row[arcs[i][1]])
+            for i in blanks
+        ]
+        bj = _best(bs)
+        blank = log_sum_exp(bs) if self.total else bs[bj]
+        label = _NEG
+        if moves:
+            labels = self.labels
+            lk = max(labels, key=row.__getitem__)
+            ms = [
+                0.0 if self.moves[i][0] is None else row[self.moves[i][0]]
+                for i in moves
+            ]
+            mj = _best(ms)
+            label = row[lk] + (log_sum_exp(ms) if self.total else ms[mj])
         if label > blank:
-            frames = int(self.move_frames[mj])
-            return Step(True, int(self.label_tok[lk]), frames, label)
-        frames = min(int(self.blank_frames[bj]), room)
-        return Step(False, int(self.blank_tok[bj]), frames, blank)
+            return Step(True, lk, self.moves[moves[mj]][1], label)
+        arc = arcs[blanks[bj]]
+        return Step(False, arc[0], min(arc[2], room), blank)

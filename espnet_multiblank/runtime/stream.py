@@ -5,7 +5,7 @@ A :class:`Stream` holds one utterance's :class:`~.stream_encoder.StreamEncoder`,
 the projected encoder frames so far and its search:
 
 * greedy: a :class:`~.greedy.GreedyRun` that takes every step the frames received
-  decide (the same steps as offline: :func:`~.greedy.walk`); its partial result is
+  decide (the same steps as offline: :func:`~.greedy.step_run`); its partial result is
   the hypothesis so far and never changes what it has said;
 * beam: the label-synchronous beam search needs the whole utterance (it sums over
   every alignment up to the last frame); its partial result is the beam search on

@@ -28,7 +28,18 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'espnet_multiblank' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("torch", "numba", "typeguard"):
+            raise ModuleNotFoundError(
+                f"espnet_multiblank.{name} needs {e.name.split('.')[0]}, which is not "
+                "installed: pip install 'espnet-multiblank[loss]' (the losses) or "
+                "'espnet-multiblank[espnet]' (the ESPnet plug-in); the torch-free "
+                "runtime is espnet_multiblank.runtime",
+                name=e.name,
+            ) from e
+        raise
     globals()[name] = value
     return value
 

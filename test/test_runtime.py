@@ -213,6 +213,24 @@ def test_bad_input_names_the_problem(onnx_export):
         rec.create_stream(sample_rate=16000)
 
 
+def test_espnets_own_multiblank_model_exports_and_decodes_as_the_plugin(
+    onnx_export,
+):
+    """``model: espnet`` (ESPnet's own class, its multi-blank keys): the lattice
+    comes from its ``transducer_multi_blank_durations``."""
+    exp, out = onnx_export("multiblank", "conformer", blank_bias=-1.0, model="espnet")
+    assert "model: espnet\n" in (exp / "config.yaml").read_text()
+    rec = Recognizer(out)
+    assert rec.model.info.big_blank_durations == [2, 4]
+    s2t = _plugin(exp, "multiblank")
+    emitted = 0
+    for w in _waves()[:5]:
+        ids = s2t(torch.from_numpy(w))[0][2]
+        assert rec.recognize(w).token_ids == ids
+        emitted += len(ids)
+    assert emitted
+
+
 def test_an_offline_model_refuses_streams(onnx_export):
     _, out = onnx_export("multiblank", "conformer", blank_bias=-1.0)
     rec = Recognizer(out)

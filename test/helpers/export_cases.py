@@ -48,8 +48,11 @@ def config(
     token_type: str = "char",
     rnn_type: str = "lstm",
     num_layers: int = 1,
+    model: str = "multiblank_espnet",
 ) -> dict:
-    """The training config of a tiny model."""
+    """The training config of a tiny model (``model``: the plug-in's
+    ``multiblank_espnet`` or ESPnet's own ``espnet``, whose multi-blank models need no
+    plug-in in training)."""
     n_mels = 10
     enc_conf = dict(
         output_size=16,
@@ -72,7 +75,7 @@ def config(
         enc_conf.update(chunk_size_range=[1, 4])
     conf = dict(
         token_type=token_type,
-        model="multiblank_espnet",
+        model=model,
         model_conf=dict(
             LATTICES[lattice], ctc_weight=0.3, report_cer=False, report_wer=False
         ),
@@ -136,7 +139,10 @@ def make_experiment(
         model.joint_network.lin_out.weight.mul_(3.0)
         bias = model.joint_network.lin_out.bias
         blank = model.blank_id
-        bias[blank - len(model.big_blank_durations) : blank + 1] += blank_bias
+        big = getattr(model, "big_blank_durations", None)
+        if big is None:  # ESPnet's own model
+            big = getattr(model, "transducer_multi_blank_durations", None) or ()
+        bias[blank - len(big) : blank + 1] += blank_bias
     torch.save(model.state_dict(), root / "model.pth")
     return root
 

@@ -10,17 +10,10 @@ tests, and their exports.
 
 from pathlib import Path
 
-import numpy as np
-import torch
-import yaml
+from streaming_cases import FS, TOKENS, build_experiment, stats_file, waveform
 
-import espnet_multiblank
-import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
+__all__ = ["FS", "TOKENS", "config", "exported", "make_experiment", "waveform"]
 
-espnet_multiblank.register()
-
-FS = 8000
-TOKENS = ["<blank>", "<unk>", "a", "b", "c", "d", "<space>", "<sos/eos>"]
 LATTICES = {
     "standard": {},
     "multiblank": {"transducer_multi_blank_durations": [2, 4]},
@@ -29,15 +22,6 @@ LATTICES = {
     "tdt_gaps": {"transducer_tdt_durations": [0, 1, 2, 4]},
 }
 ENCODERS = ("chunk_conformer", "conformer", "transformer")
-
-
-def stats_file(root: Path, dim: int) -> Path:
-    """A global-MVN statistics file of ``dim`` features (random, seeded by dim)."""
-    rng = np.random.default_rng(dim)
-    mean, var = rng.normal(-5.0, 2.0, dim), rng.uniform(1.0, 9.0, dim)
-    path = root / "feats_stats.npz"
-    np.savez(path, count=1000.0, sum=mean * 1000, sum_square=(var + mean**2) * 1000)
-    return path
 
 
 def config(
@@ -107,52 +91,13 @@ def make_experiment(
     blank_bias: float = 0.5,
     **kw,
 ) -> Path:
-    """``root/config.yaml`` and ``root/model.pth``: random weights, random
-    batch-norm statistics, sharpened joint outputs and ``blank_bias`` added to the
-    blank logits (short hypotheses that still emit labels)."""
-    from espnet2.tasks.asr import ASRTask
-
+    """``root/config.yaml`` and ``root/model.pth`` of :func:`config`'s model, with
+    the random weights of ``streaming_cases.build_experiment`` (sharpened joint
+    outputs, ``blank_bias`` added to the blank logits)."""
     root.mkdir(parents=True, exist_ok=True)
-    conf = config(root, lattice, encoder, **kw)
-    (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
-    (root / "train.yaml").write_text(yaml.safe_dump(conf))
-    ASRTask.main(
-        cmd=[
-            "--dry_run",
-            "true",
-            "--output_dir",
-            str(root),
-            "--config",
-            str(root / "train.yaml"),
-            "--token_list",
-            str(root / "tokens.txt"),
-        ]
+    return build_experiment(
+        root, config(root, lattice, encoder, **kw), seed, blank_bias
     )
-    torch.manual_seed(seed)
-    model, _ = ASRTask.build_model_from_file(root / "config.yaml", None, "cpu")
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm1d):
-                m.running_mean.normal_(0.0, 0.5, generator=g)
-                m.running_var.uniform_(0.5, 2.0, generator=g)
-        model.joint_network.lin_out.weight.mul_(3.0)
-        bias = model.joint_network.lin_out.bias
-        blank = model.blank_id
-        big = getattr(model, "big_blank_durations", None)
-        if big is None:  # ESPnet's own model
-            big = getattr(model, "transducer_multi_blank_durations", None) or ()
-        bias[blank - len(big) : blank + 1] += blank_bias
-    torch.save(model.state_dict(), root / "model.pth")
-    return root
-
-
-def waveform(samples: int, seed: int) -> np.ndarray:
-    """float32 noise and a tone that changes pitch."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(samples) / FS
-    tone = 0.2 * np.sin(2 * np.pi * (300 + 200 * (seed % 7) + 150 * t) * t)
-    return (tone + 0.05 * rng.standard_normal(samples)).astype(np.float32)
 
 
 def exported(cache: dict, tmp_root: Path, lattice: str, encoder: str, **kw) -> Path:

@@ -71,10 +71,17 @@ def config(root: Path, kind: str, n_mels: int = 10, num_blocks: int = 2) -> dict
 def make_experiment(root: Path, kind: str, seed: int = 0, blank_bias: float = 0.5):
     """``root/config.yaml`` and ``root/model.pth`` (random weights, random batch-norm
     statistics, ``blank_bias`` added to the blank logits: short hypotheses)."""
+    root.mkdir(parents=True, exist_ok=True)
+    return build_experiment(root, config(root, kind), seed, blank_bias)
+
+
+def build_experiment(root: Path, conf: dict, seed: int = 0, blank_bias: float = 0.5):
+    """The model of the training config ``conf`` (ESPnet's dry run writes
+    ``root/config.yaml``), saved as ``root/model.pth`` with random batch-norm
+    statistics, joint outputs times 3 and ``blank_bias`` added to every blank's
+    logit (the plug-in's model or ESPnet's own)."""
     from espnet2.tasks.asr import ASRTask
 
-    root.mkdir(parents=True, exist_ok=True)
-    conf = config(root, kind)
     (root / "tokens.txt").write_text("\n".join(TOKENS) + "\n")
     (root / "train.yaml").write_text(yaml.safe_dump(conf))
     ASRTask.main(  # writes root/config.yaml, the full training arguments
@@ -100,7 +107,10 @@ def make_experiment(root: Path, kind: str, seed: int = 0, blank_bias: float = 0.
         model.joint_network.lin_out.weight.mul_(3.0)
         bias = model.joint_network.lin_out.bias
         blank = model.blank_id
-        bias[blank - len(model.big_blank_durations) : blank + 1] += blank_bias
+        big = getattr(model, "big_blank_durations", None)
+        if big is None:  # ESPnet's own model
+            big = getattr(model, "transducer_multi_blank_durations", None) or ()
+        bias[blank - len(big) : blank + 1] += blank_bias
     torch.save(model.state_dict(), root / "model.pth")
     return root
 

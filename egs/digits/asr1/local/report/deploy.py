@@ -1,0 +1,111 @@
+"""Report section "Deployment without torch": the models exported to ONNX and the
+test set decoded by the torch-free runtime (run.sh stage 13), against the plug-in's
+PyTorch decodings of stages 10 and 12 (same searches)."""
+
+import os
+
+from report.common import fmt_pct, load_json
+from report.streaming import _texts
+
+#: the plug-in's greedy search per model (stage 10's job names)
+GREEDY = {"standard": "mb_greedy", "multiblank": "mb_greedy", "tdt": "tdt_greedy"}
+#: the plug-in's label-synchronous beam search per model (stage 10, batch 32)
+BEAM = {
+    "standard": "mb_beam_label",
+    "multiblank": "mb_beam_label",
+    "tdt": "tdt_beam_label",
+}
+
+
+def runtime_dir(exp, model, tag, inference_model, test_set):
+    return os.path.join(
+        exp, f"asr_{model}", f"runtime_{tag}_{inference_model}", test_set
+    )
+
+
+def plugin_dir(exp, model, tag, inference_model, test_set):
+    """The plug-in's decoding of the same search (None: there is none)."""
+    d = os.path.join(exp, f"asr_{model}")
+    if tag.startswith("greedy_b"):
+        name = f"decode_{GREEDY[model]}_{inference_model}"
+    elif tag.startswith("beam_b"):
+        name = f"decode_{BEAM[model]}_b32_{inference_model}"
+    elif tag.startswith("stream_greedy_c"):
+        chunk = tag.rsplit("_c", 1)[1]
+        name = f"chunk_{GREEDY[model]}_c{chunk}_{inference_model}"
+    else:
+        return None
+    return os.path.join(d, name, test_set)
+
+
+def _run(d):
+    if d is None:
+        return {"score": None, "stats": None, "text": {}}
+    return {
+        "score": load_json(os.path.join(d, "score.json")),
+        "stats": load_json(os.path.join(d, "decoding_stats.json")),
+        "text": _texts(d),
+    }
+
+
+def _describe(tag):
+    if tag.startswith("stream_"):
+        search, chunk = tag[len("stream_") :].rsplit("_c", 1)
+        return f"{search}, streams of {int(chunk) * 40} ms chunks, 16 at a time"
+    search, batch = tag.rsplit("_b", 1)
+    return f"{search}, batch {batch}" + (" (beam 4)" if search == "beam" else "")
+
+
+def section(exp, models, tags, inference_model, test_set):
+    """Markdown lines ([] when stage 13 did not run)."""
+    rows = []
+    for model in models:
+        for tag in tags:
+            rt = _run(runtime_dir(exp, model, tag, inference_model, test_set))
+            if rt["stats"] is None:
+                continue
+            pt = _run(plugin_dir(exp, model, tag, inference_model, test_set))
+            rows.append((model, tag, rt, pt))
+    if not rows:
+        return []
+    L = ["## Deployment without torch (ONNX export, the runtime)", ""]
+    L.append(
+        f"| model | runtime search | WER {test_set} runtime | WER plug-in | hypotheses "
+        "different from the plug-in's | RTF runtime | RTF plug-in (PyTorch) | "
+        "runtime search time | frames skipped |"
+    )
+    L.append("|" + "---|" * 9)
+    for model, tag, rt, pt in rows:
+        s = rt["stats"]
+        if pt["text"]:
+            keys = set(rt["text"]) | set(pt["text"])
+            n = sum(rt["text"].get(k) != pt["text"].get(k) for k in keys)
+            diff = f"{n} / {len(keys)}"
+        else:
+            diff = "-"
+        pt_rtf = (pt["stats"] or {}).get("rtf")
+        skipped = s.get("frames_skipped_fraction")
+        L.append(
+            f"| {model} | {_describe(tag)} | "
+            f"{fmt_pct(rt['score']['wer'] if rt['score'] else None)} | "
+            f"{fmt_pct(pt['score']['wer'] if pt['score'] else None)} | {diff} | "
+            f"{s['real_time_factor']:.4f} | "
+            + ("-" if pt_rtf is None else f"{pt_rtf:.4f}")
+            + f" | {s['search_seconds']:.2f} s | "
+            + ("-" if skipped is None else f"{100 * skipped:.1f}%")
+            + " |"
+        )
+    L.append("")
+    L.append(
+        "Each model exported with `python -m espnet_multiblank.bin.export_onnx` "
+        "(every graph checked against PyTorch within 1e-4 before it is written) and "
+        "decoded with `python -m espnet_multiblank.runtime.decode` (ONNX Runtime and "
+        "NumPy, one thread). The plug-in's decodings are those of stage 10 (greedy: "
+        "one utterance at a time; beam: the label-synchronous rule, batch 32) and, for "
+        "streams, stage 12's offline decoding at the same chunk (a stream's final "
+        "hypothesis is the offline search's on the same encoder output). Real-time "
+        "factors come from separate processes at different times; "
+        "`bench/runtime_decode.py` compares the two side by side in one run."
+    )
+    L.append("")
+    return L

@@ -35,6 +35,7 @@ MODELS = [
     ("multiblank", "chunk_conformer", -1.0),
     ("tdt", "chunk_conformer", -1.0),
     ("tdt_gaps", "chunk_conformer", -1.0),
+    ("tdt_no1", "chunk_conformer", -1.0),
     ("multiblank", "conformer", -1.0),
     ("tdt_gaps", "transformer", -1.0),
 ]
@@ -86,7 +87,7 @@ def test_greedy_equals_the_plugin_one_by_one_and_batched(
     )  # the models emit labels: the comparison means something
 
 
-@pytest.mark.parametrize("lattice", ["standard", "multiblank", "tdt_gaps"])
+@pytest.mark.parametrize("lattice", ["standard", "multiblank", "tdt_gaps", "tdt_no1"])
 def test_beam_search_equals_the_plugins_label_rule(onnx_export, lattice):
     exp, out = onnx_export(lattice, "chunk_conformer", blank_bias=-1.0)
     search = "tdt_beam" if lattice.startswith("tdt") else "mb_beam"
@@ -126,7 +127,9 @@ def test_offline_chunk_size_equals_the_plugin_at_that_chunk(onnx_export, lattice
         assert rec.recognize(w).token_ids == s2t(torch.from_numpy(w))[0][2]
 
 
-@pytest.mark.parametrize("lattice", ["standard", "multiblank", "tdt", "tdt_gaps"])
+@pytest.mark.parametrize(
+    "lattice", ["standard", "multiblank", "tdt", "tdt_gaps", "tdt_no1"]
+)
 @pytest.mark.parametrize("chunk,piece", [(2, 333), (4, 80), (7, 1601)])
 def test_streams_end_with_the_offline_result(onnx_export, lattice, chunk, piece):
     """Several streams decoded together, fed in pieces that do not align with

@@ -124,8 +124,10 @@ class StepRule:
             row[arcs[i][0]] + (0.0 if arcs[i][1] is None else row[arcs[i][1]])
             for i in blanks
         ]
-        bj = _best(bs)
-        blank = log_sum_exp(bs) if self.total else bs[bj]
+        blank = _NEG
+        if bs:  # (none fits only where a label does: a TDT without duration 1)
+            bj = _best(bs)
+            blank = log_sum_exp(bs) if self.total else bs[bj]
         label = _NEG
         if moves:
             labels = self.labels

@@ -20,6 +20,11 @@ LATTICES = {
     "tdt": {"transducer_tdt_durations": [0, 1, 2, 3]},
     # non-contiguous durations: a duration's index is not its frames
     "tdt_gaps": {"transducer_tdt_durations": [0, 1, 2, 4]},
+    # no duration 1: near the end no arc may fit (the searches' "stuck" rule)
+    "tdt_no1": {
+        "transducer_tdt_durations": [0, 2, 3],
+        "transducer_allow_unreachable_lengths": True,
+    },
 }
 ENCODERS = ("chunk_conformer", "conformer", "transformer")
 

@@ -51,6 +51,9 @@ DECODES = [
 STREAM_JOBS = [("multiblank", "mb_greedy"), ("tdt", "tdt_greedy")]
 STREAM_CHUNKS = (4,)
 STREAM_BATCH, STREAM_BATCH_CHUNK, STREAM_UTTS = 4, 4, 20
+# the smoke run's deployment (run.sh: deploy_models, deploy_tags)
+DEPLOY_MODELS = ("multiblank", "tdt")
+DEPLOY_TAGS = ("greedy_b1", "beam_b32", "stream_greedy_c4")
 # the smoke run's --lm_searches, --lm_extra_jobs and --dtype_jobs (directory names)
 LM_SEARCHES = [("tdt", "tdt_beam_label_b32")]
 LM_EXTRA = [("tdt", "tdt_beam", 1), ("tdt", "tdt_beam_b32", 32)]
@@ -343,6 +346,42 @@ def test_streaming_decodings(smoke_run):
     for m, search in STREAM_JOBS:
         rows = [r for r in section.splitlines() if r.startswith(f"| {m} | {search} |")]
         assert len(rows) == len(STREAM_CHUNKS) + 1, section  # + the batched run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_deployment_stage(smoke_run):
+    """Stage 13: each model exported to ONNX and test decoded by the torch-free
+    runtime; the greedy and streamed hypotheses are the plug-in's (the streams'
+    those of the plug-in's offline decoding at the same chunk); scored; reported."""
+    work, _ = smoke_run
+    exp = work / "exp_smoke"
+    n_test = len((work / "data_smoke" / "test" / "wav.scp").read_text().splitlines())
+
+    def texts(d):
+        lines = (d / "1best_recog" / "text").read_text().splitlines()
+        return dict((line.split(" ", 1) + [""])[:2] for line in lines)
+
+    for m in DEPLOY_MODELS:
+        assert (exp / f"asr_{m}" / "onnx_valid.loss.ave" / "encoder.onnx").exists()
+        greedy = "tdt_greedy" if m == "tdt" else "mb_greedy"
+        for tag in DEPLOY_TAGS:
+            d = exp / f"asr_{m}" / f"runtime_{tag}_valid.loss.ave" / "test"
+            stats = json.loads((d / "decoding_stats.json").read_text())
+            assert stats["utterances"] == n_test and stats["failed_utterances"] == {}
+            assert (
+                json.loads((d / "score.json").read_text())["num_utterances"] == n_test
+            )
+            if tag == "greedy_b1":
+                ref = exp / f"asr_{m}" / f"decode_{greedy}_valid.loss.ave" / "test"
+                assert texts(d) == texts(ref)
+            if tag == "stream_greedy_c4":
+                ref = exp / f"asr_{m}" / f"chunk_{greedy}_c4_valid.loss.ave" / "test"
+                assert texts(d) == texts(ref)
+    md = (exp / "RESULTS.md").read_text()
+    section = md.split("\n## Deployment without torch")[1].split("\n## ")[0]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and "---" not in r]
+    assert len(rows) == 1 + len(DEPLOY_MODELS) * len(DEPLOY_TAGS), section
 
 
 @pytest.mark.slow

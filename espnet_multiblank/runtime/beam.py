@@ -134,6 +134,51 @@ def child_entry(alpha_p, tok_l, move_w, move_frames, length):
     return out
 
 
+def _same(a: float, b: float) -> bool:
+    """Whether a recomputed path score is the node's best (the same float sums in
+    another order may differ in the last bits)."""
+    return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+
+
+def _viterbi(bw, blank_frames, tok, mw, move_frames, T: int, U: int) -> np.ndarray:
+    """(T + 1, U + 1) best-path scores of the lattice of one label sequence.
+
+    ``best[t, u]``: the most probable path to frame t with u labels emitted; blank
+    arcs land on t <= T (on T only after the last label), label arcs before T. Per
+    frame, the arcs that move (n >= 1) come from earlier frames (one vector over u);
+    a label that keeps its frame chains along u, solved with a running maximum:
+    ``best[t, u] = C[u] + max_{k <= u} (base[k] - C[k])``, C the cumulative sums of
+    those labels' weights.
+    """
+    best = np.full((T + 1, U + 1), NEG)
+    zero = [i for i, n in enumerate(move_frames) if n == 0]
+    for t in range(T + 1):
+        base = np.full(U + 1, NEG)
+        if t == 0:
+            base[0] = 0.0
+        for j, n in enumerate(blank_frames):
+            s = t - n
+            if s >= 0:
+                cand = best[s] + bw[s, :, j]
+                if t == T:
+                    cand[:U] = NEG  # only after the last label
+                base = np.maximum(base, cand)
+        if t < T and U:
+            for i, n in enumerate(move_frames):
+                s = t - n
+                if n >= 1 and s >= 0:
+                    cand = best[s, :U] + tok[s, :U] + mw[s, :U, i]
+                    base[1:] = np.maximum(base[1:], cand)
+            if zero:
+                w = tok[t, :U] + mw[t, :U, zero[0]]  # label u + 1 at frame t
+                C = np.concatenate([[0.0], np.cumsum(w)])
+                with np.errstate(invalid="ignore"):
+                    run = np.maximum.accumulate(np.where(base > NEG, base - C, NEG))
+                    base = np.where(run > NEG, run + C, NEG)
+        best[t] = base
+    return best
+
+
 @dataclass
 class _Prefix:
     labels: Tuple[int, ...]
@@ -315,42 +360,42 @@ class LabelSyncBeamSearch:
         tok = np.zeros((T, U + 1))
         if U:
             tok[:, :U] = lp[:, np.arange(U), np.array(labels)]
-        best = np.full((T + 1, U + 1), NEG)
-        back = np.zeros((T + 1, U + 1, 2), np.int64)  # (kind: 0 blank 1 label, arc)
-        best[0, 0] = 0.0
-        for t in range(T + 1):
-            for u in range(U + 1):
-                if t == 0 and u == 0:
-                    continue
-                cand = NEG
-                for j, n in enumerate(cols.blank_frames):
-                    s = t - n
-                    if s >= 0 and (t < T or u == U):
-                        v = best[s, u] + bw[s, u, j]
-                        if v > cand:
-                            cand, back[t, u] = v, (0, j)
-                if u > 0 and t < T:
-                    for i, n in enumerate(cols.move_frames):
-                        s = t - n
-                        if s >= 0:
-                            v = best[s, u - 1] + tok[s, u - 1] + mw[s, u - 1, i]
-                            if v > cand:
-                                cand, back[t, u] = v, (1, i)
-                best[t, u] = cand
+        best = _viterbi(bw, cols.blank_frames, tok, mw, cols.move_frames, T, U)
+        return self._backtrack(best, bw, tok, mw, labels, score, T, U)
+
+    def _backtrack(self, best, bw, tok, mw, labels, score, T, U) -> BeamHypothesis:
+        """The arcs of the best alignment, from (T, U) back to (0, 0): at each node
+        the predecessor arc whose sum gives the node's best score."""
+        cols = self.cols
         timing = [None] * U
         skipped = big = 0
         t, u = T, U
         while (t, u) != (0, 0) and best[t, u] > NEG:
-            kind, j = back[t, u]
+            found = None
+            for j, n in enumerate(cols.blank_frames):
+                s = t - n
+                if s >= 0 and (t < T or u == U):
+                    if _same(best[s, u] + bw[s, u, j], best[t, u]):
+                        found = (0, j, s)
+                        break
+            if found is None and u > 0 and t < T:
+                for i, n in enumerate(cols.move_frames):
+                    s = t - n
+                    if s >= 0 and _same(
+                        best[s, u - 1] + tok[s, u - 1] + mw[s, u - 1, i], best[t, u]
+                    ):
+                        found = (1, i, s)
+                        break
+            if found is None:  # cannot happen: best[t, u] came from some arc
+                raise RuntimeError(f"no arc reaches node ({t}, {u}) of the alignment")
+            kind, j, s = found
             if kind == 0:
                 n = int(cols.blank_frames[j])
-                s = t - n
                 if n > 1:
                     skipped += n - 1
                     big += 1
             else:
                 n = int(cols.move_frames[j])
-                s = t - n
                 if n > 1:
                     skipped += n - 1
                 u -= 1

@@ -171,12 +171,20 @@ def decode_streams(recognizer: Recognizer, streams: List[Stream]) -> None:
             if s.encoder.ended:
                 s.run.resolve(n, search.rule)
             s._result = make_result(s.model, s.run, n, s.key)
+    beams = [
+        s
+        for s in todo
+        if not s.greedy and (s.encoder.ended or s.partial_results) and s.frames.shape[0]
+    ]
+    if beams:  # one batched beam search for all of them
+        lens = np.array([s.frames.shape[0] for s in beams])
+        enc = np.zeros((len(beams), int(lens.max()), beams[0].frames.shape[1]))
+        for b, s in enumerate(beams):
+            enc[b, : lens[b]] = s.frames
+        hyps = recognizer.search.search(enc.astype(np.float32), lens)
+        for s, hyp, n in zip(beams, hyps, lens):
+            s._result = make_result(s.model, hyp, int(n), s.key)
     for s in todo:
-        if not s.greedy and (s.encoder.ended or s.partial_results):
-            n = s.frames.shape[0]
-            if n:
-                hyp = recognizer.search.search(s.frames[None], np.array([n]))[0]
-                s._result = make_result(s.model, hyp, n, s.key)
         s._dirty = False
         if s.encoder.ended and not s._counted:
             s._counted = True

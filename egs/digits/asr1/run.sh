@@ -4,7 +4,7 @@
 #
 #   bash egs/digits/asr1/run.sh                 # everything (33-38 min on 2 idle cores, README.md)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
-#   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 14
+#   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 15
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
 #
 # Stages (ESPnet style; each writes a done-marker only after it succeeded, outputs are
@@ -54,9 +54,14 @@
 #      against (a)); (c) --stream_utts utterances of test_real streamed at the same
 #      chunks for the emission delays against its known word boundaries
 #      (--lm_decode_jobs at a time, not timed)
-#  13  score WER / CER; word-time errors of test_real against its known boundaries;
-#      the streaming emission delays
-#  14  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
+#  13  deployment without torch: each model exported to ONNX
+#      (espnet_multiblank.bin.export_onnx, checked against PyTorch) and test decoded
+#      with the torch-free runtime (espnet_multiblank.runtime.decode; --deploy_jobs):
+#      greedy one utterance at a time (timed) and 32 at a time, label-synchronous beam
+#      search, and streams at 640 ms chunks (16 streams together), greedy and beam
+#  14  score WER / CER; word-time errors of test_real against its known boundaries;
+#      the streaming emission delays; the runtime's decodings
+#  15  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
 #      WER-vs-search-time plots
 set -euo pipefail
 
@@ -65,7 +70,7 @@ repo=$(cd "$recipe/../../.." && pwd)
 
 # ---------------------------------------------------------------- options
 stage=1
-stop_stage=14
+stop_stage=15
 smoke=false
 dir=$recipe                 # working directory: data/, wav/, exp/ go there
 python=$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")
@@ -119,6 +124,12 @@ stream_piece=640
 stream_batch=16
 stream_batch_chunk=16
 stream_utts=100             # utterances of each test set streamed (spread over it)
+# stage 13: the models exported to ONNX, and the runtime's decodings of the first test
+# set, "model:tag" with tag one of greedy_b1 (timed), greedy_b32, beam_b32 (beam 4),
+# stream_greedy_c16, stream_beam_c16 (16 encoder frames = 640 ms per chunk, 16
+# streams at a time, pieces of --stream_piece samples)
+deploy_models="standard multiblank tdt"
+deploy_tags="greedy_b1 greedy_b32 beam_b32 stream_greedy_c16 stream_beam_c16"
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
@@ -132,6 +143,7 @@ usage() {
   echo "         --decode_jobs 'model:search[:batch] ...' --lm_extra_jobs 'model:search:batch ...'"
   echo "         --stream_jobs 'model:search ...' --stream_chunks 'C ...' --stream_piece N"
   echo "         --stream_batch N --stream_batch_chunk C --stream_utts N"
+  echo "         --deploy_models 'model ...' --deploy_tags 'tag ...'"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -142,7 +154,7 @@ while [ $# -gt 0 ]; do
     --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs|\
     --dtype_batch|--decode_jobs|--lm_extra_jobs|\
     --stream_jobs|--stream_chunks|--stream_piece|--stream_batch|--stream_batch_chunk|\
-    --stream_utts)
+    --stream_utts|--deploy_models|--deploy_tags)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -189,6 +201,9 @@ if $smoke; then
   # streaming: the two lattices that jump frames, one chunk
   stream_jobs="multiblank:mb_greedy tdt:tdt_greedy"
   stream_chunks="4"; stream_batch=4; stream_batch_chunk=4; stream_utts=20
+  # deployment: the two lattices that jump frames, greedy and one stream of each kind
+  deploy_models="multiblank tdt"
+  deploy_tags="greedy_b1 beam_b32 stream_greedy_c4"
 fi
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -831,7 +846,56 @@ stage_stream() {
   queue_run "$lm_decode_jobs" "streaming test_real"
 }
 
-# ------------------------------------------------------------ stage 13: score
+# ----------------------------------------------------------- stage 13: deploy
+onnx_dir() {  # onnx_dir MODEL: the model exported to ONNX
+  echo "$exp/asr_$1/onnx_${inference_model%.pth}"
+}
+runtime_dir() {  # runtime_dir MODEL TAG: the parent of the runtime's per-set dirs
+  echo "$exp/asr_$1/runtime_${2}_${inference_model%.pth}"
+}
+# runtime_args TAG: the runtime's decode options of a tag (deploy_tags above)
+runtime_args() {
+  local tag=$1 search chunk bs
+  case $tag in
+    greedy_b*|beam_b*)
+      search=${tag%%_b*}; bs=${tag##*_b}
+      echo "--search $search --batch_size $bs" ;;
+    stream_greedy_c*|stream_beam_c*)
+      search=${tag#stream_}; search=${search%%_c*}; chunk=${tag##*_c}
+      echo "--search $search --streaming --chunk_ms $((chunk * 40))" \
+        "--piece_ms $((stream_piece * 1000 / 8000)) --batch_size 16" ;;
+    *) die "unknown deploy tag $tag (greedy_bN, beam_bN, stream_greedy_cN, stream_beam_cN)" ;;
+  esac
+}
+stage_deploy() {
+  local name tag s out
+  s=${test_sets%% *}
+  for name in $deploy_models; do
+    log "deploy: exporting $name to $(onnx_dir "$name")"
+    "$python" -m espnet_multiblank.bin.export_onnx --overwrite \
+      --asr_train_config "$exp/asr_$name/config.yaml" \
+      --asr_model_file "$exp/asr_$name/$inference_model" \
+      --output_dir "$(onnx_dir "$name")" > "$exp/asr_$name/export_onnx.log" 2>&1 \
+      || { tail -n 20 "$exp/asr_$name/export_onnx.log" >&2; die "export of $name failed"; }
+    for tag in $deploy_tags; do
+      out=$(runtime_dir "$name" "$tag")/$s
+      rm -rf "$out" "$out.tmp"
+      mkdir -p "$(dirname "$out")"
+      # shellcheck disable=SC2046
+      "$python" -m espnet_multiblank.runtime.decode --model_dir "$(onnx_dir "$name")" \
+        --wav_scp "$data/$s/wav.scp" --output_dir "$out.tmp" --num_threads 1 \
+        $(runtime_args "$tag") > "$out.tmp.log" 2>&1 \
+        || { tail -n 20 "$out.tmp.log" >&2; die "runtime decoding failed: $out.tmp.log"; }
+      mkdir -p "$out.tmp/1best_recog"
+      mv "$out.tmp/text" "$out.tmp/1best_recog/text"
+      mv "$out.tmp.log" "$out.tmp/decode.log"
+      mv "$out.tmp" "$out"
+      log "deploy: $name $tag: $(grep -o '"real_time_factor": [0-9.e-]*' "$out/decoding_stats.json")"
+    done
+  done
+}
+
+# ------------------------------------------------------------ stage 14: score
 score_subset() {  # score_subset SET DECODE_DIR: the streamed utterances of SET only
   awk 'NR == FNR { keep[$1] = 1; next } $1 in keep' "$(stream_keys "$1")" \
     "$data/$1/text" > "$2/ref_text"
@@ -884,6 +948,12 @@ stage_score() {
     [ -d "$(stream_dir "$name" "$search" "$c" "$stream_batch")/$s" ] \
       && score_subset "$s" "$(stream_dir "$name" "$search" "$c" "$stream_batch")/$s"
   done
+  s=${test_sets%% *}
+  for name in $deploy_models; do
+    for tag in $deploy_tags; do
+      [ -d "$(runtime_dir "$name" "$tag")/$s" ] && score "$s" "$(runtime_dir "$name" "$tag")/$s"
+    done
+  done
   for job in $lm_searches $lm_extra_jobs; do  # the LM decodings (scored in stage 11
     parse_job "$job"                           # already: again)
     for lm in train known; do
@@ -897,7 +967,7 @@ stage_score() {
   done
 }
 
-# ----------------------------------------------------------- stage 14: report
+# ----------------------------------------------------------- stage 15: report
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
@@ -907,6 +977,7 @@ stage_report() {
     --stream_jobs "$stream_jobs" --stream_chunks "$stream_chunks" \
     --stream_batch "$stream_batch" --stream_batch_chunk "$stream_batch_chunk" \
     --stream_utts "$stream_utts" \
+    --deploy_models "$deploy_models" --deploy_tags "$deploy_tags" \
     --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
   if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
@@ -919,10 +990,20 @@ stage_report() {
 
 # the stage numbers of this script: a run dir whose markers were written by a run.sh
 # with other numbers (its layout file says so) would skip the wrong stages
-layout="14 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 score, 14 report"
+layout="15 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 deploy, 14 score, 15 report"
+# the layout before stage 13 (deploy) existed: its markers 1-12 mean the same, its 13
+# (score) and 14 (report) are this layout's 14 and 15
+layout_14="14 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 score, 14 report"
 check_layout() {
   local old
   old=$(cat "$done_dir/layout" 2>/dev/null || true)
+  if [ "$old" = "$layout_14" ]; then
+    rm -f "$done_dir/15"
+    [ -e "$done_dir/14" ] && mv "$done_dir/14" "$done_dir/15"
+    [ -e "$done_dir/13" ] && mv "$done_dir/13" "$done_dir/14"
+    log "stage markers renumbered for the new stage 13 (deploy)"
+    old=$layout
+  fi
   if [ -n "$old" ] && [ "$old" != "$layout" ]; then
     die "$done_dir holds the stage markers of another run.sh ($old): remove it to redo every stage, or use another --dir"
   fi
@@ -942,8 +1023,9 @@ main() {
   run_stage 10 decode stage_decode
   run_stage 11 lm_decode stage_lm_decode
   run_stage 12 streaming stage_stream
-  run_stage 13 score stage_score
-  run_stage 14 report stage_report
+  run_stage 13 deploy stage_deploy
+  run_stage 14 score stage_score
+  run_stage 15 report stage_report
   log "all done ($SECONDS s)"
 }
 

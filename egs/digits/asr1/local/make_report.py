@@ -24,6 +24,7 @@ from report import (  # noqa: E402
     comparison,
     data,
     decoding,
+    deploy,
     lm,
     precision,
     repeats,
@@ -112,6 +113,8 @@ def main():
     p.add_argument("--stream_batch", type=int, default=16)
     p.add_argument("--stream_batch_chunk", type=int, default=16)
     p.add_argument("--stream_utts", type=int, default=0)
+    p.add_argument("--deploy_models", default="", help="models exported (stage 13)")
+    p.add_argument("--deploy_tags", default="", help="the runtime's decodings")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train_jobs", type=int, default=1)
     a = p.parse_args()
@@ -175,6 +178,13 @@ def main():
         )
     if tjobs:
         lines += throughput.section(trows, test_sets[0], res, jobs)
+    lines += deploy.section(
+        a.exp,
+        a.deploy_models.split(),
+        a.deploy_tags.split(),
+        a.inference_model,
+        test_sets[0],
+    )
     lines += stages.section(a.exp)
     # written by local/compare_procs.sh (a separate, optional run)
     procs_md = os.path.join(a.exp, "procs_comparison.md")

@@ -9,6 +9,7 @@ choices         name                   class (:data:`ENTRIES`: module and class)
 ==============  =====================  ===============================================
 ``model``       ``multiblank_espnet``  ``MultiblankESPnetASRModel``
 ``frontend``    ``grad_scaled``        ``GradScaledFrontend``
+``frontend``    ``kaldi_fbank``        ``KaldiFbankFrontend``
 ``preencoder``  ``grad_scaled``        ``GradScaledPreEncoder``
 ``encoder``     ``chunk_conformer``    ``ChunkConformerEncoder``
 ==============  =====================  ===============================================
@@ -41,7 +42,10 @@ ENTRIES: Dict[str, Dict[str, str]] = {
     "frontend": {
         "grad_scaled": (
             "espnet_multiblank.espnet.frontends.grad_scaled:GradScaledFrontend"
-        )
+        ),
+        "kaldi_fbank": (
+            "espnet_multiblank.espnet.frontends.kaldi_fbank:KaldiFbankFrontend"
+        ),
     },
     "preencoder": {
         "grad_scaled": (

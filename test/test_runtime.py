@@ -39,6 +39,8 @@ MODELS = [
     ("multiblank", "conformer", -1.0),
     ("tdt_gaps", "transformer", -1.0),
 ]
+#: the same with the kaldi_fbank front end (sherpa-onnx's features)
+KALDI = {"frontend": "kaldi_fbank"}
 
 
 def _kind(lattice):
@@ -59,11 +61,14 @@ def _waves():
     return [waveform(n, 3 + i) for i, n in enumerate(LENGTHS)]
 
 
-@pytest.mark.parametrize("lattice,encoder,bias", MODELS)
+@pytest.mark.parametrize(
+    "lattice,encoder,bias,extra",
+    [m + ({},) for m in MODELS] + [("tdt", "chunk_conformer", -1.0, KALDI)],
+)
 def test_greedy_equals_the_plugin_one_by_one_and_batched(
-    onnx_export, lattice, encoder, bias
+    onnx_export, lattice, encoder, bias, extra
 ):
-    exp, out = onnx_export(lattice, encoder, blank_bias=bias)
+    exp, out = onnx_export(lattice, encoder, blank_bias=bias, **extra)
     s2t = _plugin(exp, lattice)
     rec = Recognizer(out, batch_size=3)
     waves = _waves()

@@ -47,9 +47,7 @@ def _props(**change):
         token_type="word",
         sample_rate=8000,
         feature_dim=23,
-        n_fft=256,
-        hop_length=80,
-        center=True,
+        framing={"kind": "stft", "length": 256, "shift": 80, "center": True},
         subsampling=4,
         receptive_field=7,
         min_samples=480,
@@ -69,7 +67,7 @@ def _props(**change):
 
 def test_metadata_round_trip_and_refusals():
     info = ModelInfo.from_props(_props())
-    assert info.tdt_durations == [0, 2, 4] and info.center is True
+    assert info.tdt_durations == [0, 2, 4] and info.framing_object().center
     assert info.lattice_object().durations == (0, 2, 4)
     with pytest.raises(ValueError, match="not an espnet-multiblank export"):
         ModelInfo.from_props(_props(format="nemo"), "m.onnx")
@@ -79,6 +77,10 @@ def test_metadata_round_trip_and_refusals():
     del props["blank_id"]
     with pytest.raises(ValueError, match="'blank_id' is missing"):
         ModelInfo.from_props(props)
+    with pytest.raises(ValueError, match="framing kind"):
+        ModelInfo.from_props(
+            _props(framing=json.dumps({"kind": "mfcc", "length": 1, "shift": 1}))
+        )
     # a joint size that does not fit the durations
     with pytest.raises(ValueError, match="joint_size"):
         ModelInfo.from_props(_props(joint_size=json.dumps(3)))

@@ -37,7 +37,12 @@ BEAM = {"standard": "mb_beam", "multiblank": "mb_beam", "tdt": "tdt_beam"}
 @pytest.fixture(scope="module")
 def experiments(tmp_path_factory):
     root = tmp_path_factory.mktemp("streaming")
-    return {kind: make_experiment(root / kind, kind, blank_bias=1.5) for kind in KINDS}
+    out = {kind: make_experiment(root / kind, kind, blank_bias=1.5) for kind in KINDS}
+    # Kaldi's framing (frontend: kaldi_fbank), a TDT
+    out["tdt_kaldi"] = make_experiment(
+        root / "tdt_kaldi", "tdt", blank_bias=1.5, frontend="kaldi_fbank"
+    )
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +53,7 @@ def s2t(experiments):
         key = (kind, search, tuple(sorted(kwargs.items())))
         if key not in cache:
             table = GREEDY if search == "greedy" else BEAM
-            conf = {"search_type": table[kind], **kwargs}
+            conf = {"search_type": table[kind.split("_")[0]], **kwargs}
             beam = 1 if search == "greedy" else 3
             cache[key] = speech2text(
                 experiments[kind], transducer_conf=conf, beam_size=beam, nbest=beam
@@ -58,8 +63,9 @@ def s2t(experiments):
     return get
 
 
-def test_frontend_frames_across_pieces_are_the_whole_waveforms(s2t):
-    model = s2t("multiblank").asr_model
+@pytest.mark.parametrize("kind", ["multiblank", "tdt_kaldi"])
+def test_frontend_frames_across_pieces_are_the_whole_waveforms(s2t, kind):
+    model = s2t(kind).asr_model
     speech = waveform(5003, 0)
     with torch.no_grad():
         feats, lens = model._extract_feats(
@@ -162,7 +168,7 @@ def check_final_hypotheses(speech2text, chunks, sizes):
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", list(KINDS) + ["tdt_kaldi"])
 def test_final_hypothesis_is_the_offline_search_on_the_same_frames(s2t, kind, search):
     check_final_hypotheses(s2t(kind, search), chunks=[3], sizes=[0, 1000])
 

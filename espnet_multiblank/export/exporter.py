@@ -123,9 +123,7 @@ def model_info(model: Any, args: Any) -> ModelInfo:
         token_type=str(getattr(args, "token_type", "char")),
         sample_rate=int(fs),
         feature_dim=_feature_dim(model),
-        n_fft=frontend.n_fft,
-        hop_length=frontend.hop,
-        center=frontend.center,
+        framing=frontend.framing.as_dict(),
         subsampling=stride,
         receptive_field=field,
         min_samples=int(min_samples),
@@ -142,11 +140,13 @@ def model_info(model: Any, args: Any) -> ModelInfo:
 
 
 def _min_samples(model: Any, frontend: Any, field: int):
-    """The fewest samples that give one encoder frame: the STFT must give
+    """The fewest samples that give one encoder frame: the front end must give
     ``field`` (the subsampling's receptive field) frames; checked by encoding that
     many samples and one fewer (None when the check fails: the caller searches)."""
-    pad = 2 * (frontend.n_fft // 2) if frontend.center else 0
-    n = max((field - 1) * frontend.hop + frontend.n_fft - pad, 1)
+    framing = frontend.framing
+    n = 1
+    while framing.total_frames(n) < field:
+        n += 1
 
     def frames(samples: int) -> int:
         try:
@@ -235,8 +235,9 @@ def write_graphs(model: Any, info: ModelInfo, out: Path) -> None:
     props = info.to_props()
     kind = info.encoder_type
     encoder = OfflineEncoder(model, kind)
-    speech = torch.randn(2, info.min_samples + 3 * info.hop_length * 8)
-    lengths = torch.tensor([speech.size(1), speech.size(1) - 5 * info.hop_length])
+    shift = info.framing["shift"]
+    speech = torch.randn(2, info.min_samples + 3 * shift * 8)
+    lengths = torch.tensor([speech.size(1), speech.size(1) - 5 * shift])
     inputs: Tuple = (speech, lengths)
     names = ["speech", "speech_lengths"]
     axes = {"speech": {0: "batch", 1: "samples"}, "speech_lengths": {0: "batch"}}
@@ -301,8 +302,8 @@ def write_graphs(model: Any, info: ModelInfo, out: Path) -> None:
 def _write_streaming_graphs(model, info: ModelInfo, out: Path, props) -> None:
     from espnet_multiblank.export.frontend import ExportFrontend
 
-    frontend = ExportFrontend(model, center=False)
-    n = info.n_fft + 4 * info.hop_length
+    frontend = ExportFrontend(model, segment=True)
+    n = info.framing["length"] + 4 * info.framing["shift"]
     _export(
         frontend,
         (torch.randn(1, n), torch.tensor([n])),

@@ -1,10 +1,11 @@
 """The model's front end as operations every ONNX runtime has.
 
-ESPnet's ``default`` front end computes the STFT with ``torch.stft`` (complex
-output, which ONNX export does not support), the power spectrum, a log-mel filter
-bank, then the model's ``normalize`` (``global_mvn`` / ``utterance_mvn``) and
-``preencoder`` (``linear``). :class:`ExportFrontend` computes the same with real
-operations only:
+The plug-in's ``kaldi_fbank`` front end is already made of such operations and
+is used as it is. ESPnet's ``default`` front end computes the STFT with
+``torch.stft`` (complex output, which ONNX export does not support), the power
+spectrum, a log-mel filter bank, then the model's ``normalize`` (``global_mvn`` /
+``utterance_mvn``) and ``preencoder`` (``linear``). :class:`ExportFrontend` computes
+the same with real operations only:
 
 * the centred STFT's reflection at both ends of *each* utterance of a padded batch
   (what ``torch.stft(center=True)`` does to an utterance alone, as the plug-in's
@@ -18,12 +19,13 @@ Tensors: B utterances, L samples, F frames, M = feature dimension.
 """
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 import torch
 
 from espnet_multiblank.espnet.batch_exact.exact_layers import reflect_pad_each
 from espnet_multiblank.export.support import ExportError, unwrap_frontend
+from espnet_multiblank.framing import Framing
 
 
 def _stft_basis(n_fft: int, window: torch.Tensor) -> torch.Tensor:
@@ -47,31 +49,27 @@ class ExportFrontend(torch.nn.Module):
 
     Args:
         model: An ESPnet ASR model with ``frontend: default`` (STFT + log-mel, no
-            WPE/beamformer), ``normalize`` ``global_mvn`` / ``utterance_mvn`` / none
-            and ``preencoder`` ``linear`` / none (anything else: :class:`ExportError`).
-        center: Reflect-pad each utterance (the model's STFT setting); False computes
-            the frames of a segment that already holds the samples they read (the
-            streaming front end).
+            WPE/beamformer) or ``kaldi_fbank``, ``normalize`` ``global_mvn`` /
+            ``utterance_mvn`` / none and ``preencoder`` ``linear`` / none (anything
+            else: :class:`ExportError`).
+        segment: Compute the frames of a segment that already holds the samples
+            they read, the first frame starting at its first sample (the streaming
+            front end: no reflection at its ends).
+
+    Attributes:
+        framing: The front end's :class:`~espnet_multiblank.framing.Framing`.
     """
 
-    def __init__(self, model: Any, center: Optional[bool] = None):
+    def __init__(self, model: Any, segment: bool = False):
         super().__init__()
         frontend = unwrap_frontend(model)
-        stft = frontend.stft
-        if stft.window is None:
-            window = torch.ones(stft.win_length or stft.n_fft)
+        self.segment = bool(segment)
+        self.kaldi = type(frontend).__name__ == "KaldiFbankFrontend"
+        if self.kaldi:
+            self.fbank = frontend
+            self.framing = frontend.framing()
         else:
-            window_fn = getattr(torch, f"{stft.window}_window")
-            window = window_fn(stft.win_length or stft.n_fft, dtype=torch.float64)
-        self.n_fft = int(stft.n_fft)
-        self.hop = int(stft.hop_length)
-        self.center = bool(stft.center) if center is None else bool(center)
-        scale = 1.0 / math.sqrt(self.n_fft) if stft.normalized else 1.0
-        self.register_buffer("basis", _stft_basis(self.n_fft, window) * scale)
-        self.bins = self.n_fft // 2 + 1
-        logmel = frontend.logmel
-        self.register_buffer("melmat", logmel.melmat.detach().float().clone())
-        self.log_base = logmel.log_base
+            self._init_stft(frontend)
         self.normalize = model.normalize
         self.preencoder = _unwrap_preencoder(model.preencoder)
         self.utterance_mvn = type(self.normalize).__name__ in (
@@ -82,11 +80,34 @@ class ExportFrontend(torch.nn.Module):
             self.register_buffer("mean", self.normalize.mean.detach().float().clone())
             self.register_buffer("std", self.normalize.std.detach().float().clone())
 
+    def _init_stft(self, frontend: Any) -> None:
+        stft = frontend.stft
+        if stft.window is None:
+            window = torch.ones(stft.win_length or stft.n_fft)
+        else:
+            window_fn = getattr(torch, f"{stft.window}_window")
+            window = window_fn(stft.win_length or stft.n_fft, dtype=torch.float64)
+        self.n_fft = int(stft.n_fft)
+        self.hop = int(stft.hop_length)
+        self.framing = Framing("stft", self.n_fft, self.hop, bool(stft.center))
+        self.center = self.framing.center and not self.segment
+        scale = 1.0 / math.sqrt(self.n_fft) if stft.normalized else 1.0
+        self.register_buffer("basis", _stft_basis(self.n_fft, window) * scale)
+        self.bins = self.n_fft // 2 + 1
+        logmel = frontend.logmel
+        self.register_buffer("melmat", logmel.melmat.detach().float().clone())
+        self.log_base = logmel.log_base
+
     def frames(self, lengths: torch.Tensor) -> torch.Tensor:
-        """(B,) int64 feature frames of utterances of ``lengths`` samples (ESPnet's
-        STFT frame count)."""
-        padded = lengths + 2 * (self.n_fft // 2) if self.center else lengths
-        return torch.div(padded - self.n_fft, self.hop, rounding_mode="floor") + 1
+        """(B,) int64 feature frames of utterances (segments) of ``lengths``
+        samples."""
+        f = self.framing
+        if self.segment:
+            return torch.div(lengths - f.length, f.shift, rounding_mode="floor") + 1
+        if self.kaldi:
+            return self.fbank.frames(lengths)
+        padded = lengths + 2 * f.offset
+        return torch.div(padded - f.length, f.shift, rounding_mode="floor") + 1
 
     def forward(
         self, speech: torch.Tensor, lengths: torch.Tensor
@@ -96,6 +117,27 @@ class ExportFrontend(torch.nn.Module):
 
         Returns: (B, F, M) float32 features (0 on padded frames), (B,) int64 frames.
         """
+        if self.kaldi:
+            if self.segment:
+                feats = self.fbank.forward_segment(speech)
+                flens = self.frames(lengths)
+            else:
+                feats, flens = self.fbank(speech, lengths)
+        else:
+            feats, flens = self._stft_features(speech, lengths)
+        F = feats.size(1)
+        valid = (
+            torch.arange(F, device=feats.device).unsqueeze(0) < flens.unsqueeze(1)
+        ).unsqueeze(
+            2
+        )  # (B, F, 1)
+        feats = feats * valid.to(feats.dtype)
+        feats = self._normalize(feats, flens, valid)
+        if self.preencoder is not None:
+            feats = self.preencoder.linear_out(feats)
+        return feats, flens
+
+    def _stft_features(self, speech, lengths):
         if self.center:
             speech = reflect_pad_each(speech, lengths, self.n_fft // 2)
         flens = self.frames(lengths)
@@ -108,16 +150,6 @@ class ExportFrontend(torch.nn.Module):
         feats = mel.log()
         if self.log_base is not None:
             feats = feats / math.log(self.log_base)
-        F = feats.size(1)
-        valid = (
-            torch.arange(F, device=feats.device).unsqueeze(0) < flens.unsqueeze(1)
-        ).unsqueeze(
-            2
-        )  # (B, F, 1)
-        feats = feats * valid.to(feats.dtype)
-        feats = self._normalize(feats, flens, valid)
-        if self.preencoder is not None:
-            feats = self.preencoder.linear_out(feats)
         return feats, flens
 
     def _normalize(self, feats, flens, valid):

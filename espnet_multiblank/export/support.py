@@ -18,6 +18,8 @@ def unwrap_frontend(model: Any) -> Any:
     frontend = model.frontend
     while type(frontend).__name__ == "GradScaledFrontend":
         frontend = frontend.frontend
+    if type(frontend).__name__ == "KaldiFbankFrontend":
+        return frontend
     if frontend is None:
         raise ExportError(
             "a model without a front end (precomputed features) cannot be exported: "
@@ -26,7 +28,7 @@ def unwrap_frontend(model: Any) -> Any:
     if type(frontend).__name__ != "DefaultFrontend" or frontend.stft is None:
         raise ExportError(
             f"frontend {type(frontend).__name__} cannot be exported (supported: "
-            "default, i.e. STFT + log-mel, also inside grad_scaled)"
+            "default, i.e. STFT + log-mel, and kaldi_fbank, also inside grad_scaled)"
         )
     enhancement = frontend.frontend
     if enhancement is not None and (

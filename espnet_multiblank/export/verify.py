@@ -27,7 +27,7 @@ def test_waveforms(info: ModelInfo, seed: int = 0) -> List[np.ndarray]:
     fs = info.sample_rate
     lengths = [
         info.min_samples,
-        info.min_samples + 3 * info.hop_length + 1,
+        info.min_samples + 3 * info.framing["shift"] + 1,
         int(0.9 * fs) + 7,
         int(1.7 * fs) + 3,
     ]
@@ -190,7 +190,7 @@ def _verify_streaming(model, info, out, waves, tol) -> None:
         # one has ended), fed in pieces that do not align with chunks
         streams = [StreamEncoder(exported, chunk) for _ in waves[2:]]
         outputs = [[] for _ in streams]
-        piece = 3 * info.hop_length + 11
+        piece = 3 * info.framing["shift"] + 11
         longest = max(w.size for w in waves[2:])
         for start in range(0, longest, piece):
             for s, w, o in zip(streams, waves[2:], outputs):

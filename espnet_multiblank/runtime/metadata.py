@@ -19,6 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Tuple
 
+from espnet_multiblank.framing import Framing
 from espnet_multiblank.lattice import lattice_from_config
 
 #: the value of the ``format`` key of every graph written by the exporter
@@ -56,8 +57,9 @@ class ModelInfo:
         sample_rate: Samples per second the front end expects.
         feature_dim: Features per frame the encoder reads (after the front end,
             normalisation and pre-encoder).
-        n_fft, hop_length, center: The STFT of the front end (``center``: reflect
-            ``n_fft // 2`` samples at both ends of an utterance, as ESPnet does).
+        framing: Which samples each feature frame reads
+            (:class:`~espnet_multiblank.framing.Framing` as a dict: ``kind``
+            ``stft`` or ``kaldi``, ``length``, ``shift``, ``center``).
         subsampling: Feature frames per encoder frame.
         receptive_field: Feature frames one encoder frame reads.
         min_samples: The fewest samples that give one encoder frame.
@@ -84,9 +86,7 @@ class ModelInfo:
     token_type: str
     sample_rate: int
     feature_dim: int
-    n_fft: int
-    hop_length: int
-    center: bool
+    framing: Dict[str, Any]
     subsampling: int
     receptive_field: int
     min_samples: int
@@ -99,6 +99,10 @@ class ModelInfo:
     decoder_hidden: int
     version: str
     chunk: Dict[str, Any] = field(default_factory=dict)
+
+    def framing_object(self) -> Framing:
+        """The front end's :class:`~espnet_multiblank.framing.Framing`."""
+        return Framing(**self.framing)
 
     def lattice_object(self):
         """The :class:`~espnet_multiblank.lattice.MultiblankLattice` or
@@ -153,6 +157,7 @@ class ModelInfo:
             values[f.name] = raw if f.type is str else json.loads(raw)
         info = cls(**values)
         info.lattice_object()  # validates blank, durations and sizes
+        info.framing_object()
         return info
 
 

@@ -89,7 +89,8 @@ class ExportedModel:
             )
         self._state_names = [i.name for i in self._decoder.get_inputs()[1:]]
         info = self.info
-        self.frame_shift = info.subsampling * info.hop_length / info.sample_rate
+        self.framing = info.framing_object()
+        self.frame_shift = info.subsampling * self.framing.shift / info.sample_rate
         self.num_tokens = info.joint_size - len(info.tdt_durations)
 
     # ------------------------------------------------------------ encoder

@@ -2,9 +2,10 @@
 exports; NumPy + ONNX Runtime).
 
 As the plug-in's streaming encoder (``espnet_multiblank.espnet.inference.
-stream_encoder``): feature frame j reads samples ``j hop - n_fft / 2 .. j hop +
-n_fft / 2 - 1`` (the centred STFT; samples before the first and after the last are
-reflected, the latter once the stream has ended) and is computed by
+stream_encoder``): feature frame j reads the samples the front end's
+:class:`~espnet_multiblank.framing.Framing` says (the centred STFT: ``j hop -
+n_fft / 2 .. j hop + n_fft / 2 - 1``; samples before the first and after the last
+are reflected, the latter once the stream has ended) and is computed by
 ``frontend.onnx`` as soon as they have arrived; a chunk of C encoder frames runs
 ``encoder_chunk.onnx`` once the feature frames it reads have arrived (the
 subsampling's look-ahead), and the last, shorter chunk when the stream ends. The
@@ -48,8 +49,7 @@ class StreamEncoder:
             )
         self.model = model
         self.chunk = chunk
-        self.n_fft, self.hop = info.n_fft, info.hop_length
-        self.pad = self.n_fft // 2 if info.center else 0
+        self.framing = model.framing
         self.S, self.RF = info.subsampling, info.receptive_field
         c = info.chunk
         N, H, dk = c["layers"], c["heads"], c["head_dim"]
@@ -79,8 +79,7 @@ class StreamEncoder:
         self.final = True
 
     def total_feature_frames(self) -> int:
-        frames = (self.received + 2 * self.pad - self.n_fft) // self.hop + 1
-        return max(frames, 0)
+        return self.framing.total_frames(self.received)
 
     def total_frames(self) -> int:
         """Encoder frames of the whole stream (once it has ended)."""
@@ -91,25 +90,21 @@ class StreamEncoder:
         """Feature frames whose samples have all arrived."""
         if self.final:
             return self.total_feature_frames()
-        return max((self.received + self.pad - self.n_fft) // self.hop + 1, 0)
+        return self.framing.complete_frames(self.received)
 
     def _segment(self, first: int, stop: int) -> np.ndarray:
         """The samples feature frames ``first .. stop - 1`` read, reflected at the
-        ends of the waveform as the centred STFT reflects them."""
-        pos = np.arange(
-            first * self.hop - self.pad, (stop - 1) * self.hop - self.pad + self.n_fft
-        )
-        last = self.received - 1
-        pos = np.abs(pos)
-        pos = np.where(pos > last, 2 * last - pos, pos)
-        pos = np.clip(pos, 0, max(last, 0))
+        ends of the waveform as the front end reflects them."""
+        lo, hi = self.framing.segment(first, stop)
+        pos = self.framing.reflect(np.arange(lo, hi), self.received)
         return self._samples[pos - self._base]
 
     def _features(self, first: int, stop: int) -> np.ndarray:
         feats = self.model.features(self._segment(first, stop))
-        # the next frame reads from stop * hop - pad on (a window's margin kept for
-        # the end reflection)
-        drop = max(stop * self.hop - self.pad - self.n_fft, 0) - self._base
+        # the next frame reads from its first sample on; the end reflection of the
+        # last frame reaches up to a frame's length further back
+        keep = self.framing.segment(stop, stop + 1)[0] - self.framing.length
+        drop = max(keep, 0) - self._base
         if drop > 4096:
             self._samples = self._samples[drop:]
             self._base += drop

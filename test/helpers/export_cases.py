@@ -38,6 +38,7 @@ def config(
     rnn_type: str = "lstm",
     num_layers: int = 1,
     model: str = "multiblank_espnet",
+    frontend: str = "default",
 ) -> dict:
     """The training config of a tiny model (``model``: the plug-in's
     ``multiblank_espnet`` or ESPnet's own ``espnet``, whose multi-blank models need no
@@ -78,6 +79,13 @@ def config(
         decoder_conf=dict(rnn_type=rnn_type, num_layers=num_layers, hidden_size=16),
         joint_net_conf=dict(joint_space_size=16),
     )
+    if frontend == "kaldi_fbank":  # frames of the same size: 100 samples every 40
+        conf.update(
+            frontend="kaldi_fbank",
+            frontend_conf=dict(
+                fs="8k", n_mels=n_mels, frame_length_ms=12.5, frame_shift_ms=5.0
+            ),
+        )
     if normalize == "global_mvn":
         conf.update(
             normalize="global_mvn",

@@ -36,9 +36,17 @@ def stats_file(root: Path, dim: int) -> Path:
     return path
 
 
-def config(root: Path, kind: str, n_mels: int = 10, num_blocks: int = 2) -> dict:
-    """The training config of a tiny chunk-conformer model of ``kind``."""
-    return dict(
+def config(
+    root: Path,
+    kind: str,
+    n_mels: int = 10,
+    num_blocks: int = 2,
+    frontend: str = "default",
+) -> dict:
+    """The training config of a tiny chunk-conformer model of ``kind`` (``frontend``:
+    ESPnet's ``default`` or the plug-in's ``kaldi_fbank``, with frames of the same
+    size: 100 samples every 40)."""
+    conf = dict(
         token_type="char",
         model="multiblank_espnet",
         model_conf=dict(
@@ -66,13 +74,28 @@ def config(root: Path, kind: str, n_mels: int = 10, num_blocks: int = 2) -> dict
         decoder_conf=dict(rnn_type="lstm", num_layers=1, hidden_size=16),
         joint_net_conf=dict(joint_space_size=16),
     )
+    if frontend == "kaldi_fbank":
+        conf.update(
+            frontend="kaldi_fbank",
+            frontend_conf=dict(
+                fs="8k", n_mels=n_mels, frame_length_ms=12.5, frame_shift_ms=5.0
+            ),
+        )
+    return conf
 
 
-def make_experiment(root: Path, kind: str, seed: int = 0, blank_bias: float = 0.5):
+def make_experiment(
+    root: Path,
+    kind: str,
+    seed: int = 0,
+    blank_bias: float = 0.5,
+    frontend: str = "default",
+):
     """``root/config.yaml`` and ``root/model.pth`` (random weights, random batch-norm
     statistics, ``blank_bias`` added to the blank logits: short hypotheses)."""
     root.mkdir(parents=True, exist_ok=True)
-    return build_experiment(root, config(root, kind), seed, blank_bias)
+    conf = config(root, kind, frontend=frontend)
+    return build_experiment(root, conf, seed, blank_bias)
 
 
 def build_experiment(root: Path, conf: dict, seed: int = 0, blank_bias: float = 0.5):

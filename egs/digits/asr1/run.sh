@@ -144,6 +144,7 @@ usage() {
   echo "         --stream_jobs 'model:search ...' --stream_chunks 'C ...' --stream_piece N"
   echo "         --stream_batch N --stream_batch_chunk C --stream_utts N"
   echo "         --deploy_models 'model ...' --deploy_tags 'tag ...'"
+  echo "         --train_config F --mb_train_config F --tdt_train_config F"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -154,7 +155,8 @@ while [ $# -gt 0 ]; do
     --lm_searches|--lm_weights|--lm_known_weights|--lm_decode_jobs|--dtype_jobs|\
     --dtype_batch|--decode_jobs|--lm_extra_jobs|\
     --stream_jobs|--stream_chunks|--stream_piece|--stream_batch|--stream_batch_chunk|\
-    --stream_utts|--deploy_models|--deploy_tags)
+    --stream_utts|--deploy_models|--deploy_tags|--train_config|--mb_train_config|\
+    --tdt_train_config)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;

@@ -35,6 +35,7 @@ from espnet2.asr.frontend.abs_frontend import AbsFrontend
 from typeguard import typechecked
 
 from espnet_multiblank.espnet.errors import ConfigError
+from espnet_multiblank.framing import Framing
 
 #: Choice name.
 NAME = "kaldi_fbank"
@@ -196,6 +197,11 @@ class KaldiFbankFrontend(AbsFrontend):
     def output_size(self) -> int:
         return self.n_mels
 
+    def framing(self) -> Framing:
+        """Which samples each frame reads (:class:`~espnet_multiblank.framing.
+        Framing`, kind ``kaldi``)."""
+        return Framing("kaldi", self.frame_length, self.frame_shift)
+
     def frames(self, lengths: torch.Tensor) -> torch.Tensor:
         """(B,) int64 frames of utterances of ``lengths`` samples."""
         return torch.div(
@@ -228,6 +234,28 @@ class KaldiFbankFrontend(AbsFrontend):
         idx = torch.minimum(idx.clamp(min=0), last)
         B = x.size(0)
         win = torch.gather(x, 1, idx.reshape(B, -1)).view(B, -1, self.frame_length)
+        feats = self._frame_features(win)
+        valid = torch.arange(feats.size(1), device=x.device)[None, :] < flens[:, None]
+        return feats * valid.unsqueeze(-1).to(feats.dtype), flens
+
+    def forward_segment(self, segment: torch.Tensor) -> torch.Tensor:
+        """(B, S) samples whose first frame starts at their first sample (a
+        stream's segment, already reflected where it passes an end) -> (B, F, n_mels)
+        features of its ``(S - frame_length) // frame_shift + 1`` frames."""
+        x = segment.float()
+        F = (
+            torch.div(
+                x.size(1) - self.frame_length, self.frame_shift, rounding_mode="floor"
+            )
+            + 1
+        )
+        idx = _frame_indices(F, self.frame_shift, self.frame_length, x.device)
+        idx = idx + (self.frame_length // 2 - self.frame_shift // 2)  # from 0
+        win = x[:, idx]  # (B, F, frame_length)
+        return self._frame_features(win)
+
+    def _frame_features(self, win: torch.Tensor) -> torch.Tensor:
+        """(B, F, frame_length) frames -> (B, F, n_mels) log-mel features."""
         if self.dither > 0 and self.training:
             win = win + self.dither * torch.randn_like(win)
         if self.remove_dc_offset:
@@ -240,9 +268,7 @@ class KaldiFbankFrontend(AbsFrontend):
         spec = torch.matmul(win, self.basis)  # (B, F, 2 bins)
         bins = self.n_fft // 2 + 1
         power = spec[..., :bins] ** 2 + spec[..., bins:] ** 2
-        feats = torch.log(torch.matmul(power, self.melmat).clamp(min=FLOOR))
-        valid = torch.arange(feats.size(1), device=x.device)[None, :] < flens[:, None]
-        return feats * valid.unsqueeze(-1).to(feats.dtype), flens
+        return torch.log(torch.matmul(power, self.melmat).clamp(min=FLOOR))
 
 
 def _frame_indices(num_frames, shift: int, length: int, device) -> torch.Tensor:

@@ -2,10 +2,11 @@
 
 :class:`FeatureStream` computes the model's features (frontend, normalisation,
 pre-encoder) for a waveform that arrives in pieces of any length. A feature frame
-covers ``n_fft`` samples of the padded waveform (ESPnet's ``Stft`` with ``center:
-true`` reflects ``n_fft / 2`` samples at both ends of the utterance); it is computed
-from exactly the samples the whole waveform would give it, once they have arrived
-(the end reflection: once the stream has ended). This is what ESPnet's
+reads the samples its front end's :class:`~espnet_multiblank.framing.Framing` says
+(ESPnet's ``Stft`` with ``center: true``: ``n_fft`` samples, reflected ``n_fft / 2``
+samples at both ends of the utterance; ``kaldi_fbank``: Kaldi's framing); it is
+computed from exactly the samples the whole waveform would give it, once they have
+arrived (the end reflection: once the stream has ended). This is what ESPnet's
 ``Speech2TextStreaming`` does with a buffer of samples and frames trimmed at chunk
 edges; here the frames are computed by index.
 
@@ -26,6 +27,7 @@ frames, D = feature / model size.
 
 from typing import Any, List, Optional
 
+import numpy as np
 import torch
 from espnet2.asr.frontend.default import DefaultFrontend
 from espnet2.asr.preencoder.linear import LinearProjection
@@ -36,6 +38,8 @@ from espnet_multiblank.espnet.frontends.grad_scaled import (
     GradScaledFrontend,
     GradScaledPreEncoder,
 )
+from espnet_multiblank.espnet.frontends.kaldi_fbank import KaldiFbankFrontend
+from espnet_multiblank.framing import Framing
 
 
 def _unwrap(module: Any, wrapper: type, attribute: str) -> Any:
@@ -56,9 +60,14 @@ def streaming_support(model: Any) -> Optional[str]:
             f"{name}, which looks at the whole utterance)"
         )
     frontend = _unwrap(model.frontend, GradScaledFrontend, "frontend")
-    if type(frontend) is not DefaultFrontend or frontend.stft is None:
-        return "streaming needs ESPnet's default frontend (STFT + log-mel)"
-    enhancement = frontend.frontend
+    if type(frontend) is KaldiFbankFrontend:
+        frontend = None  # no enhancement, nothing else to check
+    elif type(frontend) is not DefaultFrontend or frontend.stft is None:
+        return (
+            "streaming needs ESPnet's default frontend (STFT + log-mel) or "
+            "kaldi_fbank"
+        )
+    enhancement = getattr(frontend, "frontend", None)
     if enhancement is not None and (
         getattr(enhancement, "use_wpe", True)
         or getattr(enhancement, "use_beamformer", True)
@@ -78,6 +87,16 @@ def streaming_support(model: Any) -> Optional[str]:
     return None
 
 
+def frontend_framing(model: Any) -> Framing:
+    """Which samples each feature frame of the model's front end reads (ESPnet's
+    default STFT front end, or ``kaldi_fbank``)."""
+    frontend = _unwrap(model.frontend, GradScaledFrontend, "frontend")
+    if type(frontend) is KaldiFbankFrontend:
+        return frontend.framing()
+    stft = frontend.stft
+    return Framing("stft", int(stft.n_fft), int(stft.hop_length), bool(stft.center))
+
+
 class FeatureStream:
     """The features of one waveform that arrives in pieces (module docstring).
 
@@ -90,11 +109,8 @@ class FeatureStream:
     def __init__(self, model: Any, dtype: torch.dtype, device: torch.device):
         self.model = model
         self.frontend = model.frontend
-        stft = _unwrap(model.frontend, GradScaledFrontend, "frontend").stft
-        self.stft = stft
-        self.n_fft = int(stft.n_fft)
-        self.hop = int(stft.hop_length)
-        self.pad = self.n_fft // 2 if stft.center else 0
+        self.inner = _unwrap(model.frontend, GradScaledFrontend, "frontend")
+        self.framing = frontend_framing(model)
         self.dtype = dtype
         self.device = device
         # the samples from sample ``_base`` on (those no frame to come reads are
@@ -125,28 +141,21 @@ class FeatureStream:
             self._base += drop
 
     def total_frames(self) -> int:
-        """F of the whole waveform (once it has ended): ESPnet's STFT frame count."""
-        frames = (self.received + 2 * self.pad - self.n_fft) // self.hop + 1
-        return max(frames, 0)
+        """F of the whole waveform (once it has ended): the front end's frame count."""
+        return self.framing.total_frames(self.received)
 
     def available(self) -> int:
         """Feature frames whose samples have all arrived (all once ended)."""
         if self.final:
             return self.total_frames()
-        # frame j reads samples j * hop - pad .. j * hop - pad + n_fft - 1
-        frames = (self.received + self.pad - self.n_fft) // self.hop + 1
-        return max(frames, 0)
+        return self.framing.complete_frames(self.received)
 
     def _segment(self, first: int, stop: int) -> torch.Tensor:
-        """The samples frames ``first .. stop - 1`` read, reflected at the ends
-        of the waveform as ESPnet's centred STFT reflects them."""
-        lo = first * self.hop - self.pad
-        hi = (stop - 1) * self.hop - self.pad + self.n_fft
-        pos = torch.arange(lo, hi)
-        last = self.received - 1
-        pos = pos.abs()  # before the first sample: -k -> k
-        pos = torch.where(pos > last, 2 * last - pos, pos)  # after the last one
-        return self._samples[pos.clamp(0, max(last, 0)) - self._base]
+        """The samples frames ``first .. stop - 1`` read, reflected at the ends of
+        the waveform as the front end reflects them."""
+        lo, hi = self.framing.segment(first, stop)
+        pos = self.framing.reflect(np.arange(lo, hi), self.received)
+        return self._samples[torch.from_numpy(pos - self._base)]
 
     @torch.no_grad()
     def compute(self, first: int, stop: int) -> torch.Tensor:
@@ -155,18 +164,25 @@ class FeatureStream:
         ``model.encode``."""
         segment = self._segment(first, stop).to(self.device, self.dtype)[None]
         lengths = torch.tensor([segment.size(1)], device=self.device)
-        center, self.stft.center = self.stft.center, False
-        try:
-            feats, lens = self.frontend(segment, lengths)
-        finally:
-            self.stft.center = center
+        if type(self.inner) is KaldiFbankFrontend:
+            feats = self.inner.forward_segment(segment)
+            lens = torch.tensor([feats.size(1)], device=self.device)
+        else:
+            stft = self.inner.stft
+            center, stft.center = stft.center, False
+            try:
+                feats, lens = self.frontend(segment, lengths)
+            finally:
+                stft.center = center
         if self.model.normalize is not None:
             feats, lens = self.model.normalize(feats, lens)
         if self.model.preencoder is not None:
             feats, lens = self.model.preencoder(feats, lens)
-        # the next frame reads from stop * hop - pad on; the end reflection of the
-        # last frame reaches one sample further back: a window's margin
-        self._forget_before(stop * self.hop - self.pad - self.n_fft)
+        # the next frame reads from its first sample on; the end reflection of the
+        # last frame reaches up to a frame's length further back
+        self._forget_before(
+            self.framing.segment(stop, stop + 1)[0] - self.framing.length
+        )
         return feats
 
 

@@ -24,6 +24,7 @@ import torch
 
 from espnet_multiblank.espnet.inference.inputs import Utterance
 from espnet_multiblank.espnet.inference.outputs import result_problem, write_results
+from espnet_multiblank.espnet.inference.stream_encoder import frontend_framing
 from espnet_multiblank.espnet.inference.streaming import StreamingDecoder
 
 logger = logging.getLogger("espnet_multiblank.asr_inference")
@@ -187,41 +188,24 @@ class StreamingRun:
         return stats
 
     def _frame_seconds(self) -> Optional[float]:
-        """Seconds per encoder frame (hop x subsampling)."""
+        """Seconds per encoder frame (frame shift x subsampling)."""
         fs = self.decoder.checks.fs
-        hop = _hop_length(self.decoder.model)
-        if not fs or not hop:
+        if not fs:
             return None
-        return hop * self.decoder.model.encoder.subsampling / fs
+        framing = frontend_framing(self.decoder.model)
+        return framing.shift * self.decoder.model.encoder.subsampling / fs
 
     def _encoder_lookahead(self) -> Optional[float]:
         """Seconds of audio past a chunk's end that its last frame reads: the
-        subsampling's look-ahead and half an STFT window."""
+        subsampling's look-ahead and the part of a feature frame after its start
+        time (half an STFT window)."""
         fs = self.decoder.checks.fs
-        hop = _hop_length(self.decoder.model)
-        n_fft = _n_fft(self.decoder.model)
-        if not fs or not hop:
+        if not fs:
             return None
+        framing = frontend_framing(self.decoder.model)
         encoder = self.decoder.model.encoder
         frames = encoder.receptive_field - encoder.subsampling
-        return (frames * hop + n_fft // 2) / fs
-
-
-def _stft(model: Any):
-    frontend = getattr(model, "frontend", None)
-    while hasattr(frontend, "frontend") and not hasattr(frontend, "stft"):
-        frontend = frontend.frontend
-    return getattr(frontend, "stft", None)
-
-
-def _hop_length(model: Any) -> Optional[int]:
-    stft = _stft(model)
-    return None if stft is None else int(stft.hop_length)
-
-
-def _n_fft(model: Any) -> int:
-    stft = _stft(model)
-    return 0 if stft is None else int(stft.n_fft)
+        return (frames * framing.shift + framing.length - framing.offset) / fs
 
 
 def write_stream_result(writer: Any, key: str, result: Any, nbest: int) -> None:

@@ -2,7 +2,9 @@
 // the server's results shown as they come (protocol: docs/deploy.md, "A live page").
 //
 // URL options: ?seconds=S sends exactly S seconds of audio, then "Done" (a recording
-// of known length, for tests and demos); ?piece_ms=M pieces of M ms (default 100).
+// of known length, for tests and demos); ?piece_ms=M pieces of M ms (default 100);
+// ?resample=page resamples in the page (what a browser gets whose AudioContext cannot
+// run at the model's rate).
 "use strict";
 
 const params = new URLSearchParams(location.search);
@@ -70,7 +72,9 @@ async function startAudio() {
   let context;
   let options = {};
   try {
-    // the browser resamples the microphone to the model's rate
+    // the browser resamples the microphone to the model's rate (?resample=page
+    // tries the page's resampler instead)
+    if (params.get("resample") === "page") throw new Error("?resample=page");
     context = new AudioContext({ sampleRate: info.sample_rate });
     context.createMediaStreamSource(stream).disconnect();
   } catch (e) {

@@ -1,56 +1,70 @@
 // AudioWorklet: the microphone's first channel, posted to the page in blocks of
 // about 20 ms. When the AudioContext could not run at the model's rate, it also
-// resamples (linear interpolation after a moving-average low-pass; the page says
-// so): Chromium runs the context at the model's rate and does not need it.
+// resamples, with a windowed-sinc low-pass interpolator (Chromium runs the context
+// at the model's rate and does not need it; ?resample=page tries it there).
 class Recorder extends AudioWorkletProcessor {
   constructor(options) {
     super();
     const o = options.processorOptions || {};
-    this.ratio = (o.inRate || sampleRate) / (o.outRate || sampleRate);
-    this.block = Math.max(128, Math.round((o.outRate || sampleRate) / 50));
-    this.buffer = new Float32Array(this.block);
+    const inRate = o.inRate || sampleRate;
+    const outRate = o.outRate || sampleRate;
+    this.block = Math.max(128, Math.round(outRate / 50));
+    this.out = new Float32Array(this.block);
     this.filled = 0;
-    this.pos = 0; // next output sample's position in input samples
-    this.prev = 0; // the last (filtered) input sample of the previous call
-    this.taps = Math.max(1, Math.floor(this.ratio));
-    this.history = new Float32Array(this.taps);
-    this.hpos = 0;
-    this.hsum = 0;
+    this.step = inRate / outRate; // input samples per output sample
+    if (this.step !== 1) {
+      // cut-off below the lower Nyquist frequency, in cycles per input sample
+      this.fc = 0.5 * Math.min(1, 1 / this.step) * 0.95;
+      this.half = Math.ceil(8 * Math.max(1, this.step)); // taps on each side
+      this.buf = new Float32Array(0); // input samples base, base + 1, ...
+      this.base = 0;
+      this.pos = 0; // the next output sample's position in input samples
+    }
   }
 
   push(v) {
-    this.buffer[this.filled++] = v;
+    this.out[this.filled++] = v;
     if (this.filled === this.block) {
-      this.port.postMessage(this.buffer);
-      this.buffer = new Float32Array(this.block);
+      this.port.postMessage(this.out);
+      this.out = new Float32Array(this.block);
       this.filled = 0;
     }
+  }
+
+  kernel(t) {
+    const x = 2 * this.fc * t;
+    const sinc = x === 0 ? 1 : Math.sin(Math.PI * x) / (Math.PI * x);
+    const hann = 0.5 + 0.5 * Math.cos((Math.PI * t) / (this.half + 1));
+    return 2 * this.fc * sinc * hann;
   }
 
   process(inputs) {
     const x = inputs[0] && inputs[0][0];
     if (!x) return true;
-    if (this.ratio === 1) {
+    if (this.step === 1) {
       for (let i = 0; i < x.length; i++) this.push(x[i]);
       return true;
     }
-    // moving average over `taps` samples against aliasing, then interpolation
-    const y = new Float32Array(x.length);
-    for (let i = 0; i < x.length; i++) {
-      this.hsum += x[i] - this.history[this.hpos];
-      this.history[this.hpos] = x[i];
-      this.hpos = (this.hpos + 1) % this.taps;
-      y[i] = this.hsum / this.taps;
+    const buf = new Float32Array(this.buf.length + x.length);
+    buf.set(this.buf);
+    buf.set(x, this.buf.length);
+    this.buf = buf;
+    const end = this.base + buf.length;
+    // an output sample needs the inputs up to `half` after its position
+    while (Math.floor(this.pos) + this.half < end) {
+      const c = Math.floor(this.pos);
+      let acc = 0;
+      for (let k = Math.max(c - this.half + 1, this.base); k <= c + this.half; k++) {
+        acc += buf[k - this.base] * this.kernel(this.pos - k);
+      }
+      this.push(acc);
+      this.pos += this.step;
     }
-    while (this.pos < x.length - 1) {
-      const i = Math.floor(this.pos);
-      const f = this.pos - i;
-      const a = i < 0 ? this.prev : y[i];
-      this.push(a + f * (y[i + 1] - a));
-      this.pos += this.ratio;
+    const keep = Math.floor(this.pos) - this.half + 1; // the first input still needed
+    if (keep > this.base) {
+      this.buf = this.buf.slice(keep - this.base);
+      this.base = keep;
     }
-    this.pos -= x.length;
-    this.prev = y[x.length - 1];
     return true;
   }
 }

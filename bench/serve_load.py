@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "test" / "helpers"))
 
 from live_server import live_server  # noqa: E402
 
-from espnet_multiblank.runtime import Recognizer, read_wav  # noqa: E402
+from espnet_multiblank.runtime import ExportedModel, Recognizer, read_wav  # noqa: E402
 from espnet_multiblank.runtime.serve import default_chunk_size  # noqa: E402
 from espnet_multiblank.runtime.serve_client import send_samples  # noqa: E402
 
@@ -80,9 +80,9 @@ def main() -> int:
     args = p.parse_args()
 
     utts = read_scp(Path(args.data_dir), args.clients)
-    offline = Recognizer(args.model_dir)
-    chunk = args.chunk_size or default_chunk_size(offline)
-    offline = Recognizer(offline.model, chunk_size=chunk)
+    model = ExportedModel(args.model_dir)
+    chunk = args.chunk_size or default_chunk_size(model)
+    offline = Recognizer(model, chunk_size=chunk)
     want = [offline.recognize(x, rate) for _, x, rate in utts]
     seconds = [x.size / rate for _, x, rate in utts]
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "test" / "helpers"))
 import browser  # noqa: E402
 from live_server import live_server  # noqa: E402
 
-from espnet_multiblank.runtime import Recognizer, read_wav  # noqa: E402
+from espnet_multiblank.runtime import ExportedModel, Recognizer, read_wav  # noqa: E402
 from espnet_multiblank.runtime.serve import default_chunk_size  # noqa: E402
 
 
@@ -52,9 +52,9 @@ def main() -> int:
     if browser.missing():
         sys.exit(browser.missing())
 
-    offline = Recognizer(args.model_dir)
-    chunk = default_chunk_size(offline)
-    offline = Recognizer(offline.model, chunk_size=chunk)
+    model = ExportedModel(args.model_dir)
+    chunk = default_chunk_size(model)
+    offline = Recognizer(model, chunk_size=chunk)
     lines = (Path(args.data_dir) / "wav.scp").read_text().splitlines()[: args.utts]
     heard_dir = Path(tempfile.mkdtemp(prefix="serve_page_"))
     equal_wav = equal_heard = 0

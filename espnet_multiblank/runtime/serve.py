@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import List, Optional
 
+from espnet_multiblank.runtime.model import ExportedModel
 from espnet_multiblank.runtime.recognizer import Recognizer
 from espnet_multiblank.runtime.serve_decoder import END, Decoder, Session
 from espnet_multiblank.runtime.serve_protocol import (
@@ -69,10 +70,10 @@ def _import_websockets():
     return serve, Headers, ConnectionClosed, Response
 
 
-def default_chunk_size(recognizer: Recognizer) -> int:
+def default_chunk_size(model: ExportedModel) -> int:
     """The model's ``decoding_chunk_size``, else 16 encoder frames (as
     :meth:`Recognizer.create_stream`)."""
-    return recognizer.model.info.chunk.get("decoding_chunk_size") or 16
+    return model.info.chunk.get("decoding_chunk_size") or 16
 
 
 class Client:
@@ -122,7 +123,7 @@ class LiveServer:
             _import_websockets()
         )
         self.recognizer = recognizer
-        self.chunk_size = recognizer.chunk_size or default_chunk_size(recognizer)
+        self.chunk_size = recognizer.chunk_size or default_chunk_size(recognizer.model)
         self.limits = limits
         self.rate = info.sample_rate
         self.decoder = Decoder(
@@ -391,18 +392,10 @@ def main(argv=None) -> int:
     # one line per HTTP request and connection is the server's own log's job
     logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
+        model = ExportedModel(args.model_dir, args.num_threads)
+        chunk = args.chunk_size or default_chunk_size(model)
         recognizer = Recognizer(
-            args.model_dir,
-            search=args.search,
-            beam_size=args.beam_size,
-            num_threads=args.num_threads,
-        )
-        chunk = args.chunk_size or default_chunk_size(recognizer)
-        recognizer = Recognizer(
-            recognizer.model,
-            search=args.search,
-            beam_size=args.beam_size,
-            chunk_size=chunk,
+            model, search=args.search, beam_size=args.beam_size, chunk_size=chunk
         )
         rate = recognizer.sample_rate
         limits = Limits(

@@ -264,6 +264,19 @@ def test_segments_end_with_the_offline_decoding_of_their_samples(
     assert full[1] == 1013 and "the server is full (1 clients)" in full[0][0]["error"]
 
 
+def test_a_beam_search_server_ends_with_the_offline_beam(model, tmp_path):
+    args = ["--chunk_size", str(CHUNK), "--search", "beam", "--endpoint_seconds", "0"]
+    x = waveform(9000, 45)
+    with live_server(model, *args, env=env_without_torch(tmp_path)) as srv:
+        session = run(send_samples(srv.ws_url, x, FS, 1000))
+    want = Recognizer(model, search="beam", chunk_size=CHUNK).recognize(x)
+    final = session.messages[-1]
+    assert want.tokens and final["is_final"] and final["tokens"] == want.tokens
+    assert final["timestamps"] == pytest.approx(want.timestamps)
+    assert final["frames_skipped"] == want.frames_skipped
+    assert final["skips"] == [] and final["decided"] == want.num_frames
+
+
 def test_the_command_line_refuses_what_it_cannot_serve(tmp_path, capsys):
     from espnet_multiblank.runtime import serve
 

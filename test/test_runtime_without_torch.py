@@ -1,43 +1,25 @@
 """The runtime imports and decodes with torch, ESPnet, Numba and typeguard
 unimportable.
 
-A ``sitecustomize`` on the subprocess's path installs an import hook that refuses
-those packages (as if they were not installed); the subprocess imports
+A ``sitecustomize`` on the subprocess's path refuses those packages
+(``helpers/no_torch.py``); the subprocess imports
 ``espnet_multiblank.runtime``, decodes with the Python API and with ``python -m
 espnet_multiblank.runtime.decode``, and the hypotheses must be those this process
 (where torch is importable) gets from the same export.
 """
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import soundfile
 from export_cases import waveform
+from no_torch import BLOCKED, env_without_torch
 
 from espnet_multiblank.runtime import Recognizer
 
 pytestmark = pytest.mark.timeout(600)
-
-BLOCKED = ("torch", "espnet", "espnet2", "numba", "typeguard", "torchaudio")
-
-SITECUSTOMIZE = f"""
-import sys
-
-class _Refuse:
-    blocked = {BLOCKED!r}
-
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name.split(".")[0] in cls.blocked:
-            raise ImportError(f"{{name}} is blocked in this test (not installed)")
-        return None
-
-sys.meta_path.insert(0, _Refuse)
-"""
 
 SCRIPT = """
 import json, sys
@@ -67,16 +49,6 @@ print(json.dumps(out))
 """
 
 
-def _env(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
-    env = dict(os.environ)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([str(site), repo])
-    return env
-
-
 def test_runtime_decodes_without_torch_or_espnet(onnx_export, tmp_path):
     _, out = onnx_export("tdt_gaps", "chunk_conformer", blank_bias=-1.0)
     wavs = []
@@ -87,7 +59,7 @@ def test_runtime_decodes_without_torch_or_espnet(onnx_export, tmp_path):
     script = SCRIPT.replace("{blocked!r}", repr(BLOCKED))
     proc = subprocess.run(
         [sys.executable, "-c", script, str(out), *wavs],
-        env=_env(tmp_path),
+        env=env_without_torch(tmp_path),
         capture_output=True,
         text=True,
         timeout=500,
@@ -124,7 +96,7 @@ def test_runtime_decodes_without_torch_or_espnet(onnx_export, tmp_path):
             "--output_dir",
             str(tmp_path / "dec"),
         ],
-        env=_env(tmp_path),
+        env=env_without_torch(tmp_path),
         capture_output=True,
         text=True,
         timeout=500,

@@ -37,6 +37,14 @@ def get_parser() -> argparse.ArgumentParser:
         "--output_dir", required=True, help="the directory to write (must not exist)"
     )
     parser.add_argument(
+        "--format",
+        choices=["native", "sherpa_onnx"],
+        default="native",
+        help="native: the directory espnet_multiblank.runtime decodes (every "
+        "lattice); sherpa_onnx: sherpa-onnx's NeMo transducer layout (standard and "
+        "TDT models trained on frontend: kaldi_fbank)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace --output_dir if it exists",
@@ -65,6 +73,7 @@ def main(cmd: Optional[List[str]] = None) -> int:
             args.output_dir,
             verify=args.verify == "true",
             overwrite=args.overwrite,
+            format=args.format,
         )
     except (ExportError, FileExistsError) as e:
         print(f"export_onnx: {e}", file=sys.stderr)

@@ -115,6 +115,12 @@ class OfflineEncoder(torch.nn.Module):
 
     def forward(self, speech, speech_lengths, chunk_size=None):
         feats, flens = self.frontend(speech, speech_lengths)
+        out, olens = self.encode_features(feats, flens, chunk_size)
+        return out, self.lin_enc(out), olens
+
+    def encode_features(self, feats, flens, chunk_size=None):
+        """(B, F, M) normalised features, (B,) frames -> (B, T, D) encoder output,
+        (B,) int64 lengths (``chunk_size``: chunk_conformer only)."""
         enc = self.encoder
         x = subsample(enc.embed, feats)  # (B, T, D)
         T = x.size(1)
@@ -141,7 +147,7 @@ class OfflineEncoder(torch.nn.Module):
         out = x_in[0] if isinstance(x_in, tuple) else x_in
         if enc.normalize_before:
             out = enc.after_norm(out)
-        return out, self.lin_enc(out), olens
+        return out, olens
 
     def _chunk_mask(self, frames: torch.Tensor, chunk_size: torch.Tensor):
         """(T, T) bool: the chunk attention mask (every key when chunk_size <= 0)."""

@@ -173,6 +173,10 @@ def _feature_dim(model: Any) -> int:
     return int(frontend.output_size())
 
 
+#: ``export_model``'s formats: this package's runtime, or sherpa-onnx's NeMo layout
+FORMATS = ("native", "sherpa_onnx")
+
+
 def export_model(
     asr_train_config: Any,
     asr_model_file: Any,
@@ -180,6 +184,7 @@ def export_model(
     *,
     verify: bool = True,
     overwrite: bool = False,
+    format: str = "native",
 ) -> ModelInfo:
     """Export a model to ``output_dir`` (module docstring).
 
@@ -192,6 +197,10 @@ def export_model(
             (recommended; without onnxruntime installed, an :class:`ExportError`
             asks for it).
         overwrite: Replace an existing ``output_dir``.
+        format: ``"native"`` (the directory :mod:`espnet_multiblank.runtime`
+            decodes, every lattice) or ``"sherpa_onnx"`` (sherpa-onnx's NeMo
+            transducer layout: standard and TDT models trained on ``frontend:
+            kaldi_fbank``; :mod:`espnet_multiblank.export.sherpa`).
 
     Returns:
         The exported model's :class:`ModelInfo`.
@@ -200,6 +209,8 @@ def export_model(
         ExportError: The model cannot be exported exactly (message: what, why).
         FileExistsError: ``output_dir`` exists and ``overwrite`` is false.
     """
+    if format not in FORMATS:
+        raise ExportError(f"format must be one of {list(FORMATS)}, got {format!r}")
     if asr_model_file is None:
         raise ExportError("asr_model_file is required (the trained weights)")
     output_dir = Path(output_dir)
@@ -213,14 +224,20 @@ def export_model(
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=output_dir.name + ".", dir=output_dir.parent))
     try:
-        write_graphs(model, info, tmp)
-        (tmp / TOKENS).write_text(
-            "".join(f"{t}\n" for t in model.token_list), encoding="utf-8"
-        )
-        if verify:
-            from espnet_multiblank.export.verify import verify_export
+        if format == "sherpa_onnx":
+            from espnet_multiblank.export.sherpa import write_sherpa
 
-            verify_export(model, info, tmp)
+            write_sherpa(model, info, tmp)
+        else:
+            write_graphs(model, info, tmp)
+            (tmp / TOKENS).write_text(
+                "".join(f"{t}\n" for t in model.token_list), encoding="utf-8"
+            )
+        if verify:
+            from espnet_multiblank.export.verify import verify_export, verify_sherpa
+
+            check = verify_sherpa if format == "sherpa_onnx" else verify_export
+            check(model, info, tmp)
         if output_dir.exists():
             shutil.rmtree(output_dir)
         os.replace(tmp, output_dir)

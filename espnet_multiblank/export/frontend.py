@@ -125,17 +125,19 @@ class ExportFrontend(torch.nn.Module):
                 feats, flens = self.fbank(speech, lengths)
         else:
             feats, flens = self._stft_features(speech, lengths)
+        return self.normalized(feats, flens), flens
+
+    def normalized(self, feats: torch.Tensor, flens: torch.Tensor) -> torch.Tensor:
+        """(B, F, M) front-end features -> what the encoder reads: padded frames set
+        to 0, the model's normalisation and pre-encoder applied."""
         F = feats.size(1)
-        valid = (
-            torch.arange(F, device=feats.device).unsqueeze(0) < flens.unsqueeze(1)
-        ).unsqueeze(
-            2
-        )  # (B, F, 1)
+        frames = torch.arange(F, device=feats.device).unsqueeze(0)
+        valid = (frames < flens.unsqueeze(1)).unsqueeze(2)  # (B, F, 1)
         feats = feats * valid.to(feats.dtype)
         feats = self._normalize(feats, flens, valid)
         if self.preencoder is not None:
             feats = self.preencoder.linear_out(feats)
-        return feats, flens
+        return feats
 
     def _stft_features(self, speech, lengths):
         if self.center:

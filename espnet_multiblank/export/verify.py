@@ -207,3 +207,77 @@ def _verify_streaming(model, info, out, waves, tol) -> None:
                 ref_proj,
                 tol,
             )
+
+
+def verify_sherpa(model: Any, info: ModelInfo, out: Path, tol: float = None) -> None:
+    """The sherpa-onnx graphs of ``out`` against the model: the encoder on the
+    model's own features of each test waveform (batched, padded), the decoder and
+    the joiner on random inputs, with sherpa-onnx's token order."""
+    from espnet_multiblank.export.exporter import TOLERANCE
+    from espnet_multiblank.export.sherpa import GRAPHS as SHERPA
+    from espnet_multiblank.export.sherpa import vocabulary
+    from espnet_multiblank.export.support import unwrap_frontend
+
+    tol = TOLERANCE if tol is None else tol
+    waves = test_waveforms(info)
+    frontend = unwrap_frontend(model)
+    feats = []
+    with torch.no_grad():
+        for w in waves:
+            f, n = frontend(torch.from_numpy(w)[None], torch.tensor([w.size]))
+            feats.append(f[0, : int(n[0])].numpy())
+    T = max(f.shape[0] for f in feats) + 7
+    x = np.zeros((len(feats), feats[0].shape[1], T), np.float32)
+    for b, f in enumerate(feats):
+        x[b, :, : f.shape[0]] = f.T
+    lengths = np.array([f.shape[0] for f in feats], np.int64)
+    out_enc, out_lens = _session(out / SHERPA["encoder"]).run(
+        None, {"features": x, "features_length": lengths}
+    )
+    for b, w in enumerate(waves):
+        want, _ = _reference_encode(model, w, 0)
+        n = want.shape[0]
+        if int(out_lens[b]) != n:
+            raise ExportError(
+                f"sherpa-onnx encoder.onnx: {int(out_lens[b])} frames, PyTorch {n}"
+            )
+        _compare("sherpa-onnx encoder.onnx", out_enc[b, :, :n].T, want, tol)
+    _, order = vocabulary(info, list(model.token_list))
+    rng = np.random.default_rng(2)
+    N, L, H = 4, info.decoder_layers, info.decoder_hidden
+    ids = rng.integers(0, len(order), N).astype(np.int32)
+    ids[0] = len(order) - 1  # the blank, sherpa-onnx's start symbol
+    h = (0.5 * rng.standard_normal((L, N, H))).astype(np.float32)
+    c = (0.5 * rng.standard_normal((L, N, H))).astype(np.float32)
+    got = _session(out / SHERPA["decoder"]).run(
+        None,
+        {
+            "targets": ids[:, None],
+            "target_length": np.ones(N, np.int32),
+            "states.1": h,
+            "states.2": c,
+        },
+    )
+    decoder = model.decoder
+    with torch.no_grad():
+        labels = torch.tensor([order[i] for i in ids])
+        dec, (h2, c2) = decoder.rnn_forward(
+            decoder.embed(labels).unsqueeze(1),
+            (torch.from_numpy(h), torch.from_numpy(c)),
+        )
+    _compare("sherpa-onnx decoder.onnx", got[0][:, :, 0], dec[:, 0].numpy(), tol)
+    _compare("sherpa-onnx decoder.onnx (h)", got[2], h2.numpy(), tol)
+    _compare("sherpa-onnx decoder.onnx (c)", got[3], c2.numpy(), tol)
+    enc = rng.standard_normal((N, info.encoder_size, 1)).astype(np.float32)
+    dec_out = got[0]
+    (logits,) = _session(out / SHERPA["joiner"]).run(
+        None, {"encoder_output": enc, "decoder_output": dec_out}
+    )
+    with torch.no_grad():
+        want = model.joint_network(
+            torch.from_numpy(enc[:, :, 0])[:, None, None],
+            torch.from_numpy(dec_out[:, :, 0])[:, None, None],
+        )[:, 0, 0].numpy()
+    V = len(order)
+    columns = list(order) + list(range(V, want.shape[-1]))
+    _compare("sherpa-onnx joiner.onnx", logits[:, 0, 0], want[:, columns], tol)

@@ -29,6 +29,9 @@ from espnet_multiblank.runtime.step_rule import Step, StepRule
 #: the plug-in's greedy defaults per lattice kind (conf/decode/mb_greedy.yaml,
 #: tdt_greedy.yaml): (blank_decision, max_sym_per_frame)
 GREEDY_DEFAULTS = {"multiblank": ("total", 1), "tdt": ("total", 10)}
+#: max_sym_per_frame of the "nemo" rule: sherpa-onnx's max_symbols_per_frame (RNN-T)
+#: and max_tokens_per_frame (TDT)
+NEMO_MAX_SYM = {"multiblank": 10, "tdt": 5}
 
 
 @dataclass
@@ -108,13 +111,12 @@ def step_run(
     """
     t = run.frame
     room = known - t
-    guarded = run.num_sym >= rule.max_sym
     R1 = rule.free_room
     pending = None
     if final or room >= R1:
-        step = rule.decide(row, room, guarded)
+        step = rule.decide(row, room, run.num_sym)
     else:  # T >= N decides: taken when every such T agrees
-        options = [rule.decide(row, r, guarded) for r in range(room, R1 + 1)]
+        options = [rule.decide(row, r, run.num_sym) for r in range(room, R1 + 1)]
         if any(o[:3] != options[0][:3] for o in options[1:]):
             return "wait"
         step = options[0]
@@ -128,8 +130,10 @@ class GreedySearch:
 
     Args:
         model: The exported model.
-        blank_decision: ``"total"`` or ``"symbol"`` (default: the plug-in's for the
-            lattice, :data:`GREEDY_DEFAULTS`).
+        blank_decision: ``"total"``, ``"symbol"`` (default: the plug-in's for the
+            lattice, :data:`GREEDY_DEFAULTS`) or ``"nemo"`` (NeMo's and
+            sherpa-onnx's rule, :mod:`.step_rule`; its ``max_sym_per_frame``
+            default: :data:`NEMO_MAX_SYM`).
         max_sym_per_frame: Labels that may stay at one frame (default: the
             plug-in's for the lattice).
     """
@@ -142,6 +146,8 @@ class GreedySearch:
     ):
         kind = model.lattice.kind
         decision, max_sym = GREEDY_DEFAULTS[kind]
+        if blank_decision == "nemo":
+            max_sym = NEMO_MAX_SYM[kind]
         self.model = model
         self.rule = StepRule(
             model.lattice,

@@ -21,7 +21,14 @@ How it chooses (``blank_decision``, as in the plug-in):
   allowed blank arcs)``; a label is emitted when its score is higher (a tie goes
   to the blanks), with its most probable allowed move, else the most probable
   allowed blank arc;
-* ``"symbol"``: the most probable allowed arc (a tie goes to the blanks).
+* ``"symbol"``: the most probable allowed arc (a tie goes to the blanks);
+* ``"nemo"``: NeMo's and sherpa-onnx's greedy rule, to compare with them: the most
+  probable token, and for a TDT its most probable duration, with no end rule (an
+  arc past T ends the hypothesis), a blank of duration 0 moved by one frame, and
+  the ``max_sym_per_frame``-th label in a row at one frame moved by one frame
+  (sherpa-onnx's ``max_tokens_per_frame``, 5); a standard RNN-T takes the most
+  probable symbol with at most ``max_sym_per_frame`` labels per frame (sherpa-onnx:
+  10). Not for multi-blank models.
 
 The decision depends on T only through ``room = T - t`` up to R + 1 (R: the longest
 arc), so :meth:`StepRule.decide` takes ``min(T - t, R + 1)``.
@@ -31,7 +38,7 @@ import math
 from typing import List, NamedTuple
 
 #: ``blank_decision`` values
-BLANK_DECISIONS = ("total", "symbol")
+BLANK_DECISIONS = ("total", "symbol", "nemo")
 
 _NEG = -math.inf
 
@@ -78,7 +85,16 @@ class StepRule:
         if isinstance(max_sym, bool) or not isinstance(max_sym, int) or max_sym < 1:
             raise ValueError(f"max_sym_per_frame must be an int >= 1, got {max_sym!r}")
         self.total = blank_decision == "total"
+        self.nemo = blank_decision == "nemo" and lattice.num_duration_outputs > 0
+        if blank_decision == "nemo" and getattr(lattice, "big_blank_durations", ()):
+            raise ValueError(
+                "blank_decision 'nemo' (NeMo's and sherpa-onnx's rule) is for standard "
+                "and TDT models; a multi-blank model takes 'total' or 'symbol'"
+            )
         self.max_sym = max_sym
+        self.V = joint_size - lattice.num_duration_outputs
+        self.durations = list(getattr(lattice, "durations", ()))
+        self.blank = lattice.blank
         V = joint_size - lattice.num_duration_outputs
         blank_ids = set(lattice.blank_ids)
         #: per blank arc: (token column, duration column or None, frames)
@@ -109,14 +125,17 @@ class StepRule:
                     blanks = list(range(len(self.blank_arcs)))
                 self._allowed[room, guarded] = (blanks, moves)
 
-    def decide(self, row: List[float], room: int, guarded: bool) -> Step:
+    def decide(self, row: List[float], room: int, num_sym: int) -> Step:
         """The step at one frame.
 
         Args:
             row: The V' log-probabilities of the frame (a Python list).
             room: T - t (>= 1); values above R mean "far from the end".
-            guarded: ``max_sym_per_frame`` labels already stayed at this frame.
+            num_sym: Labels already emitted at this frame.
         """
+        if self.nemo:
+            return self._nemo(row, room, num_sym)
+        guarded = num_sym >= self.max_sym
         room = min(room, self.free_room)
         blanks, moves = self._allowed[room, guarded]
         arcs = self.blank_arcs
@@ -142,3 +161,17 @@ class StepRule:
             return Step(True, lk, self.moves[moves[mj]][1], label)
         arc = arcs[blanks[bj]]
         return Step(False, arc[0], min(arc[2], room), blank)
+
+    def _nemo(self, row: List[float], room: int, num_sym: int) -> Step:
+        """NeMo's / sherpa-onnx's TDT step (module docstring): the first most
+        probable token and duration, each on its own."""
+        V = self.V
+        y = _best(row[:V])
+        j = _best(row[V:])
+        frames = self.durations[j]
+        score = row[y] + row[V + j]
+        if y != self.blank:
+            if frames == 0 and num_sym + 1 >= self.max_sym:
+                frames = 1
+            return Step(True, y, min(frames, room), score)  # past T: the end
+        return Step(False, y, min(max(frames, 1), room), score)

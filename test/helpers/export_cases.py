@@ -86,6 +86,8 @@ def config(
                 fs="8k", n_mels=n_mels, frame_length_ms=12.5, frame_shift_ms=5.0
             ),
         )
+    elif frontend == "sherpa":  # kaldi_fbank as sherpa-onnx computes it (25 / 10 ms)
+        conf.update(frontend="kaldi_fbank", frontend_conf=dict(fs="8k", n_mels=n_mels))
     if normalize == "global_mvn":
         conf.update(
             normalize="global_mvn",

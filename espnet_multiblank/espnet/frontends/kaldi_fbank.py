@@ -179,6 +179,8 @@ class KaldiFbankFrontend(AbsFrontend):
         n = self.frame_length
         self.n_fft = 1 << (n - 1).bit_length() if round_to_power_of_two else n
         self.n_mels = n_mels
+        self.window = window
+        self.low_freq, self.high_freq = float(low_freq), float(high_freq)
         self.preemph_coeff = float(preemph_coeff)
         self.dither = float(dither)
         self.remove_dc_offset = bool(remove_dc_offset)

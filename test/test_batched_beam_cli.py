@@ -122,7 +122,11 @@ def test_batch_4_equals_batch_1_with_nbest_and_ctm(setup, model, conf):
         (line.split(" ", 1) + [""])[:2]
         for line in (runs["1"] / "1best_recog" / "text").read_text().splitlines()
     )
-    lines = [line.split() for line in ctm["1"].splitlines()]
+    header = [line for line in ctm["1"].splitlines() if line.startswith(";;")]
+    # the header says what the times mean, for this lattice (tdt: its durations)
+    assert len(header) == 4 and header[0].startswith(";; espnet-multiblank")
+    assert ("model's own word duration" in header[2]) == (model == "tdt"), header
+    lines = [line.split() for line in ctm["1"].splitlines() if line[:2] != ";;"]
     for utt, text in texts.items():  # char tokens: <space> separates words
         words = [x[4] for x in lines if x[0] == utt]
         assert words == text.split(), utt
@@ -153,7 +157,7 @@ def test_encoder_frame_shift(setup):
     with torch.no_grad():
         _, lens = model.encode(torch.zeros(1, 3 * FS), torch.tensor([3 * FS]))
     assert int(lens[0]) * shift == pytest.approx(3.0, abs=2 * shift)
-    with pytest.raises(ValueError, match="--write_ctm"):
+    with pytest.raises(ValueError, match="word times: the encoder frame shift"):
         encoder_frame_shift(model, None, "cpu", torch.float32)
 
 

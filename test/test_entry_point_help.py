@@ -113,6 +113,16 @@ def test_the_parser_built_from_source_is_espnets():
     assert describe(built) == describe(real)
 
 
+def test_the_loop_is_still_importable_from_the_entry_point():
+    """What the recipe's decode_many.py and the tests import from it (lazily)."""
+    from espnet_multiblank.bin.asr_inference import exit_status, inference
+    from espnet_multiblank.espnet.inference import loop
+
+    assert (exit_status, inference) == (loop.exit_status, loop.inference)
+    with pytest.raises(AttributeError):
+        asr_inference.no_such_name
+
+
 def test_help_loads_no_model_code():
     code = (
         "import sys\n"

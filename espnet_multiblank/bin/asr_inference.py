@@ -34,7 +34,14 @@ from espnet_multiblank.espnet.inference.arguments import (
     espnet_parser,
 )
 
-__all__ = ["dict_arg", "get_parser", "inference", "main"]  # noqa: F822  (lazy)
+# inference and exit_status: the decoding loop's, imported on first use (__getattr__)
+__all__ = [  # noqa: F822
+    "dict_arg",
+    "exit_status",
+    "get_parser",
+    "inference",
+    "main",
+]
 
 
 def dict_arg(value: str) -> Dict[str, Any]:
@@ -93,10 +100,10 @@ def main(cmd=None):
 
 def __getattr__(name: str):
     # the decoding loop imports torch and ESPnet: only when it is used
-    if name == "inference":
-        from espnet_multiblank.espnet.inference.loop import inference
+    if name in ("inference", "exit_status"):
+        from espnet_multiblank.espnet.inference import loop
 
-        return inference
+        return getattr(loop, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

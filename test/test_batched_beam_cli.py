@@ -122,7 +122,11 @@ def test_batch_4_equals_batch_1_with_nbest_and_ctm(setup, model, conf):
         (line.split(" ", 1) + [""])[:2]
         for line in (runs["1"] / "1best_recog" / "text").read_text().splitlines()
     )
-    lines = [line.split() for line in ctm["1"].splitlines()]
+    header = [line for line in ctm["1"].splitlines() if line.startswith(";;")]
+    # the header says what the times mean, for this lattice (tdt: its durations)
+    assert len(header) == 4 and header[0].startswith(";; espnet-multiblank")
+    assert ("model's own word duration" in header[2]) == (model == "tdt"), header
+    lines = [line.split() for line in ctm["1"].splitlines() if line[:2] != ";;"]
     for utt, text in texts.items():  # char tokens: <space> separates words
         words = [x[4] for x in lines if x[0] == utt]
         assert words == text.split(), utt
@@ -131,7 +135,8 @@ def test_batch_4_equals_batch_1_with_nbest_and_ctm(setup, model, conf):
         assert channel == "1"
         assert 0 <= float(start) < float(start) + float(dur) <= durations[utt] + 0.05
         assert 0 <= float(conf_) <= 1
-    for a, b in zip(ctm["1"].splitlines(), ctm["4"].splitlines()):
+    assert ctm["4"].startswith("\n".join(header))  # the same header
+    for a, b in zip(ctm["1"].splitlines()[4:], ctm["4"].splitlines()[4:]):
         assert a.split()[:5] == b.split()[:5]
         assert float(a.split()[5]) == pytest.approx(float(b.split()[5]), abs=2e-4)
 
@@ -153,7 +158,7 @@ def test_encoder_frame_shift(setup):
     with torch.no_grad():
         _, lens = model.encode(torch.zeros(1, 3 * FS), torch.tensor([3 * FS]))
     assert int(lens[0]) * shift == pytest.approx(3.0, abs=2 * shift)
-    with pytest.raises(ValueError, match="--write_ctm"):
+    with pytest.raises(ValueError, match="word times: the encoder frame shift"):
         encoder_frame_shift(model, None, "cpu", torch.float32)
 
 

@@ -154,7 +154,8 @@ def test_batch_8_equals_batch_1_in_input_order(
     keys = [f"u{i:02d}" for i in range(len(LENGTHS)) if i != 4]
     assert [line.split()[0] for line in batch1["token_int"]] == keys
     assert batch1["failed"] == [
-        "u04 too short: 300 samples (0.019 s), the encoder needs at least 960"
+        "u04 too short: 300 samples (0.019 s), the encoder needs at least 960 "
+        "samples"
     ]
     assert batch1["stats"]["num_failed"] == 1
     labels = sum(len(line.split()) - 1 for line in batch1["token_int"])

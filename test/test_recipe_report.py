@@ -394,6 +394,7 @@ def test_score_times_against_hand_computed_errors(tmp_path):
     )
     ctm = tmp_path / "ctm"
     ctm.write_text(
+        ";; a comment line (the plug-in's CTM header): skipped\n"
         "u1 1 0.30 0.04 one 0.9\n"  # start error 0.20, delay -0.20
         "u1 1 0.60 0.04 nine 0.5\n"  # inserted: not counted
         "u1 1 1.40 0.04 two 0.9\n"  # start error 0.60, delay +0.20

@@ -292,6 +292,55 @@ def test_speech2text_streaming_interface(experiments, s2t):
     assert [r[2] for r in streaming(speech)] == [r[2] for r in final]
 
 
+def test_speech2text_streaming_checks_every_piece(experiments, s2t):
+    """The one-stream class raises a ValueError naming the problem (and starts
+    over) for a stereo, NaN, empty, too short piece, and for a sample rate other
+    than the model's given to the constructor, with a piece, or as a pair."""
+    speech = waveform(6000, 5)
+    streaming = MultiblankSpeech2TextStreaming(chunk_size=4, speech2text=s2t("tdt"))
+    want = [r[2] for r in streaming(speech)]
+    assert want[0]  # labels: the comparisons below can fail
+    nan = speech.copy()
+    nan[[1, 2, 3]] = np.nan
+    for piece, kwargs, final, reason in (
+        (np.stack([speech] * 2, 1), {}, False, "speech: 2 channels"),
+        (nan, {}, False, "speech: non-finite samples: 3 NaN, 0 inf"),
+        (speech[:0], {}, True, "speech: empty (no samples)"),
+        (speech[:50], {}, True, "speech: too short: 50 samples"),
+        (speech, {"sample_rate": 16000}, False, "speech: sample rate 16000 Hz"),
+        (speech, {"fs": 16000}, False, "speech: sample rate 16000 Hz"),
+        ((speech, 16000), {}, False, "speech: sample rate 16000 Hz"),
+        (speech.reshape(2, -1, 1), {}, False, "speech: an array of shape"),
+    ):
+        with pytest.raises(ValueError) as info:
+            streaming(piece, is_final=final, **kwargs)
+        assert str(info.value).startswith(reason), info.value
+        # it started over: a good stream decodes as before
+        assert [r[2] for r in streaming(speech)] == want
+    # the rate of the model, said in every way, changes nothing
+    for piece, kwargs in (
+        (speech, {"sample_rate": FS}),
+        (speech, {"fs": FS}),
+        ((speech, FS), {}),
+    ):
+        assert [r[2] for r in streaming(piece, **kwargs)] == want
+    at_16k = MultiblankSpeech2TextStreaming(
+        chunk_size=4, speech2text=s2t("tdt"), fs=16000
+    )
+    with pytest.raises(ValueError, match="^speech: sample rate 16000 Hz"):
+        at_16k(speech[:1000], is_final=False)
+    with pytest.raises(ValueError, match="a piece at 8000 Hz in a stream at 16000"):
+        at_16k((speech, FS))
+    decoder = StreamingDecoder(s2t("tdt"), 4, max_streams=2)
+    decoder.open("a", fs=16000)
+    decoder.open("b", sample_rate=FS)
+    out = decoder.feed({"a": (speech, True), "b": (speech, True)})
+    assert out["a"].error.startswith("sample rate 16000 Hz, the model's is 8000 Hz")
+    assert out["b"].error is None and [r[2] for r in out["b"].results] == want
+    with pytest.raises(ValueError, match="sample_rate=8000 and fs=16000 disagree"):
+        decoder.open("c", sample_rate=FS, fs=16000)
+
+
 def test_models_that_cannot_stream_are_refused(s2t, tmp_path):
     speech2text = s2t("multiblank")
     with pytest.raises(ValueError, match="chunk_size"):

@@ -27,6 +27,7 @@ from espnet_multiblank.decoding.label_looping import (
     TDTLabelLoopingSearch,
 )
 from espnet_multiblank.espnet.inference.timestamps import (
+    ctm_header,
     ctm_lines,
     word_spans,
     word_times,
@@ -225,3 +226,13 @@ def test_word_times_and_ctm_lines():
     ]
     with pytest.raises(ValueError, match="one timing entry per token"):
         word_times(tokens, timing[:2], "bpe", 0.04)
+
+
+def test_the_ctm_header_says_what_the_times_mean():
+    for tdt in (False, True):
+        lines = ctm_header(tdt, 0.04)
+        assert all(line.startswith(";; ") for line in lines)  # NIST CTM comments
+        assert "encoder frame (40 ms)" in lines[1]
+        duration = lines[2]
+        assert ("the model's own word duration" in duration) == tdt
+        assert ("not its length in the audio" in duration) == (not tdt)

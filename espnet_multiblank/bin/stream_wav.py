@@ -24,17 +24,40 @@ from typing import List, Optional
 
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Stream a wav file through a transducer, printing the partial "
-        "hypotheses as they change"
-    )
-    parser.add_argument("--asr_train_config", required=True)
-    parser.add_argument("--asr_model_file", required=True)
-    parser.add_argument("--wav", required=True, help="the audio file (one channel)")
-    parser.add_argument(
-        "--config", default=None, help="a decode config (conf/decode/*.yaml)"
+        description="Stream a wav file through a transducer (encoder: "
+        "chunk_conformer), printing '<seconds received>  <partial text>' whenever "
+        "the partial hypothesis changes, then the final hypothesis and when each of "
+        "its tokens was emitted",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--piece_ms", type=float, default=100.0, help="audio per piece (ms)"
+        "--asr_train_config",
+        required=True,
+        help="the model's training config (exp/asr_*/config.yaml)",
+    )
+    parser.add_argument(
+        "--asr_model_file",
+        required=True,
+        help="the model's parameters (exp/asr_*/valid.loss.ave.pth)",
+    )
+    parser.add_argument(
+        "--wav",
+        required=True,
+        help="the audio file: one channel at the model's sample rate (its rate is "
+        "read from the file and checked)",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="a decode config (conf/decode/*.yaml: its transducer_conf, beam_size, "
+        "nbest, lm_weight, ngram_weight are used); None: mb_greedy with its "
+        "defaults",
+    )
+    parser.add_argument(
+        "--piece_ms",
+        type=float,
+        default=100.0,
+        help="milliseconds of audio per piece fed to the decoder",
     )
     parser.add_argument(
         "--chunk_size",
@@ -42,18 +65,36 @@ def get_parser() -> argparse.ArgumentParser:
         default=0,
         help="encoder frames per chunk (0: the model's decoding_chunk_size, or 16)",
     )
-    parser.add_argument("--left_chunks", type=int, default=None)
     parser.add_argument(
-        "--partial", choices=["provisional", "decided"], default="provisional"
+        "--left_chunks",
+        type=int,
+        default=None,
+        help="chunks to the left a chunk attends to (None: the model's "
+        "num_left_chunks; -1: all)",
     )
-    parser.add_argument("--realtime", action="store_true", help="feed in real time")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--partial",
+        choices=["provisional", "decided"],
+        default="provisional",
+        help="partial hypotheses: the offline result for the audio so far "
+        "(provisional; may change) or only the labels already decided (never "
+        "change)",
+    )
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="feed one piece every --piece_ms of wall time, as from a microphone "
+        "(false: as fast as the decoder goes)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="torch device to decode on (cpu, cuda, ...)"
+    )
     return parser
 
 
 def _decode_config(path: Optional[str]) -> dict:
     if path is None:
-        return {"transducer_conf": {"search_type": "mb_greedy"}, "beam_size": 1}
+        return {"transducer_conf": {"search_type": "mb_greedy"}}
     import yaml
 
     with open(path, encoding="utf-8") as f:

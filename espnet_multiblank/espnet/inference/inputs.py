@@ -1,27 +1,41 @@
-"""Reading the utterances of a decoding run one by one, and checking each.
+"""The input checks of every route into decoding, and reading a run's utterances.
 
-ESPnet's streaming data loader reads a ``sound`` entry with ``soundfile.read(path)[0]``
-and drops the sample rate, and a file it cannot read (or a preprocessing error) ends
-the whole run. :func:`read_utterances` reads the same ``--data_path_and_name_and_type``
-triples (and ``--key_file``) itself, one utterance at a time, keeps the sample rate
-of every ``sound`` file, and turns a failure into a reason attached to the
-utterance's key; :class:`InputChecks` then refuses, with a reason, what the model
+One implementation, :class:`InputChecks`, refuses with a reason what the model
 cannot decode correctly:
 
-* a file that cannot be read, or a key missing from a data file;
 * an empty input (no samples) or one too short for the encoder (fewer samples than
   the shortest input that gives one encoder frame, found once by encoding silence);
-* non-finite samples (NaN, +-inf), also after the conversion to ``--dtype``;
-* a sample rate other than the model's (``frontend_conf.fs``), which would be decoded
-  as audio at the model's rate;
+* non-finite samples (NaN, +-inf), also after the conversion to the decoding dtype;
+* a sample rate other than the model's (``frontend_conf.fs``), whenever the caller
+  says what the rate is: ESPnet would decode the audio as if it were at the model's;
 * more than one channel for a model whose frontend takes one (ESPnet's frontend
   would silently take the first channel of an utterance decoded alone, and batched
-  decoding could not pad it with the others).
+  decoding could not pad it with the others);
+* an array of another rank than a waveform's ``(samples,)`` / ``(samples,
+  channels)`` or a feature matrix's ``(frames, features)``.
+
+Its users: the decoding loop of both entry points (reasons reported by key, the run
+goes on), the plug-in's ``Speech2Text`` (``__call__``, ``batch_decode``,
+``decode_batch``) and the streaming decoder (pieces), which raise or report
+``ValueError("<argument>: <reason>")``. :func:`as_waveform` turns what the Python API
+accepts (an array, a ``(samples, rate)`` pair such as ``soundfile.read`` returns, an
+audio file's path) into samples and the rate the caller gave; :func:`rate_argument`
+reads the ``sample_rate=`` / ``fs=`` keywords.
+
+ESPnet's streaming data loader reads a ``sound`` entry with
+``soundfile.read(path)[0]`` and drops the sample rate, and a file it cannot read (or
+a preprocessing error) ends the whole run. :func:`read_utterances` reads the same
+``--data_path_and_name_and_type`` triples (and ``--key_file``) itself, one utterance
+at a time, keeps the sample rate of every ``sound`` file, and turns a failure (a file
+that cannot be read, a key missing from a data file) into a reason attached to the
+utterance's key.
 
 Notation: L = samples (or feature frames), F = feature size, C = channels.
 """
 
 import logging
+import numbers
+import os
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -147,7 +161,9 @@ class InputChecks:
         multichannel: Whether the frontend takes several channels.
         min_samples: The shortest waveform that gives an encoder frame (None: not
             known).
-        dtype: The decoding dtype (``--dtype``).
+        dtype: The dtype the input is given to the model in.
+        waveform: Whether the model takes waveforms (a frontend) rather than
+            features; default: ``fs is not None``.
     """
 
     def __init__(
@@ -156,11 +172,13 @@ class InputChecks:
         multichannel: bool = False,
         min_samples: Optional[int] = None,
         dtype: torch.dtype = torch.float32,
+        waveform: Optional[bool] = None,
     ):
         self.fs = fs
         self.multichannel = multichannel
         self.min_samples = min_samples
         self.dtype = dtype
+        self.waveform = fs is not None if waveform is None else bool(waveform)
 
     def check(
         self, speech: torch.Tensor, rate: Optional[int]
@@ -169,19 +187,18 @@ class InputChecks:
         decoded.
 
         Args:
-            speech: (L,), (L, C) (a ``sound`` file) or (L, F) float32.
-            rate: The file's sample rate (``sound`` input), else None.
+            speech: (L,), (L, C) waveform or (L, F) features, float32.
+            rate: The sample rate the caller gave (a ``sound`` file's), else None
+                (not checked).
         """
-        waveform = rate is not None
-        if waveform and speech.dim() == 2 and speech.size(1) == 1:
-            speech = speech[:, 0]
-        if speech.numel() == 0:
-            return None, "empty (no samples)"
         speech, bad = self.check_piece(speech, rate)
         if bad is not None:
             return None, bad
-        if waveform and self.min_samples and speech.size(0) < self.min_samples:
-            return None, too_short_reason(speech.size(0), self.min_samples, self.fs)
+        if speech.numel() == 0:
+            return None, "empty (no samples)"
+        if self._waveform(rate) and self.min_samples:
+            if speech.size(0) < self.min_samples:
+                return None, too_short_reason(speech.size(0), self.min_samples, self.fs)
         return speech, None
 
     def check_piece(
@@ -192,17 +209,21 @@ class InputChecks:
 
         Args:
             speech: (n,), (n, C) or (n, F) float32.
-            rate: The sample rate of a waveform, else None.
+            rate: The sample rate the caller gave, else None.
         """
-        waveform = rate is not None
+        waveform = self._waveform(rate)
         if waveform and speech.dim() == 2 and speech.size(1) == 1:
             speech = speech[:, 0]
+        if speech.dim() not in ((1, 2) if waveform else (2,)):
+            shape = tuple(speech.shape)
+            expected = "(samples,) or (samples, channels)" if waveform else "(L, F)"
+            return None, f"an array of shape {shape}, expected {expected}"
         bad = _non_finite(speech, "samples" if waveform else "values")
         if bad is None and self.dtype != torch.float32:
             bad = _non_finite(speech.to(self.dtype), f"values in {_name(self.dtype)}")
         if bad is not None:
             return None, bad
-        if waveform and self.fs is not None and rate != self.fs:
+        if waveform and rate is not None and self.fs is not None and rate != self.fs:
             return None, (
                 f"sample rate {rate} Hz, the model's is {self.fs} Hz (resample the "
                 "audio)"
@@ -214,12 +235,142 @@ class InputChecks:
             )
         return speech, None
 
+    def require(
+        self, speech: torch.Tensor, rate: Optional[int], name: str = "speech"
+    ) -> torch.Tensor:
+        """:meth:`check` for the Python API: the input, or ``ValueError("<name>:
+        <reason>")``."""
+        speech, bad = self.check(speech, rate)
+        if bad is not None:
+            raise ValueError(f"{name}: {bad}")
+        return speech
+
+    def _waveform(self, rate: Optional[int]) -> bool:
+        return self.waveform or rate is not None
+
+
+def rate_argument(sample_rate: Any = None, fs: Any = None) -> Optional[int]:
+    """The sample rate a caller gave as ``sample_rate=`` or ``fs=`` (ESPnet's name),
+    checked (an int > 0); None when neither is given.
+
+    Raises:
+        TypeError, ValueError: not a positive int, or both given and different.
+    """
+    rates = []
+    for name, value in (("sample_rate", sample_rate), ("fs", fs)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(
+                f"{name} must be an int (samples per second), got {value!r}"
+            )
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0 samples per second, got {value}")
+        rates.append(int(value))
+    if len(rates) == 2 and rates[0] != rates[1]:
+        raise ValueError(
+            f"sample_rate={rates[0]} and fs={rates[1]} disagree (give one of them)"
+        )
+    return rates[0] if rates else None
+
+
+def is_rate_pair(speech: Any) -> bool:
+    """Whether ``speech`` is a ``(samples, rate)`` pair (what ``soundfile.read``
+    returns), not a sequence of utterances."""
+    return (
+        isinstance(speech, tuple)
+        and len(speech) == 2
+        and isinstance(speech[1], numbers.Integral)
+        and not isinstance(speech[1], bool)
+        and not isinstance(speech[0], numbers.Number)
+    )
+
+
+def is_utterance_list(speech: Any) -> bool:
+    """Whether ``speech`` is a list (or tuple) of utterances rather than one input
+    (a ``(samples, rate)`` pair, or one given the wrong way round)."""
+    return (
+        isinstance(speech, (list, tuple))
+        and not is_rate_pair(speech)
+        and not _is_swapped_pair(speech)
+    )
+
+
+def _is_swapped_pair(speech: Any) -> bool:
+    return isinstance(speech, tuple) and len(speech) == 2 and _is_int(speech[0])
+
+
+def as_waveform(
+    speech: Any, sample_rate: Optional[int] = None, name: str = "speech"
+) -> Tuple[torch.Tensor, Optional[int]]:
+    """What the Python API accepts as one input, as a float32 tensor and the sample
+    rate the caller gave (None: not given).
+
+    Args:
+        speech: An array (numpy, torch, a list of numbers): (L,) or (L, C) samples,
+            or (L, F) features; a ``(samples, rate)`` pair; or the path (``str``,
+            ``os.PathLike``) of an audio file, read with its rate.
+        sample_rate: The rate given by keyword (checked by :func:`rate_argument`).
+        name: The argument's name in messages.
+
+    Raises:
+        TypeError: not one of these.
+        ValueError: a file that cannot be read, or two rates that disagree.
+    """
+    carried = None
+    if isinstance(speech, (str, os.PathLike)):
+        speech, carried = _read_audio(speech, name)
+    elif is_rate_pair(speech):
+        speech, carried = speech[0], int(speech[1])
+        rate_argument(carried)
+    elif _is_swapped_pair(speech):
+        raise TypeError(
+            f"{name}: a (samples, rate) pair expected, got (rate, samples) (as "
+            "scipy.io.wavfile.read returns): swap them"
+        )
+    if carried is not None and sample_rate is not None and carried != sample_rate:
+        raise ValueError(
+            f"{name}: the audio is at {carried} Hz, but sample_rate / fs says "
+            f"{sample_rate} Hz"
+        )
+    rate = carried if carried is not None else sample_rate
+    if isinstance(speech, torch.Tensor):
+        tensor = speech.detach().cpu()
+    else:
+        try:
+            array = np.asarray(speech)
+        except Exception as e:  # ragged lists and the like: name the argument
+            raise TypeError(f"{name}: not an array of samples ({e})") from e
+        if array.dtype.kind not in "fiub":
+            raise TypeError(
+                f"{name} must be an array of samples (numpy, torch), a (samples, "
+                f"rate) pair or an audio file's path, got {type(speech).__name__}"
+            )
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if not (tensor.is_floating_point() or tensor.dtype in _INT_DTYPES):
+        raise TypeError(f"{name}: samples of dtype {tensor.dtype} are not numbers")
+    return tensor.float(), rate
+
+
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _read_audio(path: Any, name: str) -> Tuple[np.ndarray, int]:
+    try:
+        return _read_sound(os.fspath(path))
+    except Exception as e:  # the file's problem, named with the argument
+        raise ValueError(f"{name}: {os.fspath(path)!r} cannot be read: {e}") from e
+
 
 def too_short_reason(samples: int, min_samples: int, fs: Optional[int]) -> str:
     secs = f" ({samples / fs:.3f} s)" if fs else ""
     return (
         f"too short: {samples} samples{secs}, the encoder needs at least "
-        f"{min_samples}"
+        f"{min_samples} samples"
     )
 
 
@@ -298,13 +449,20 @@ def min_encoder_samples(
 
 
 def input_checks(speech2text: Any) -> InputChecks:
-    """The :class:`InputChecks` of a built ``Speech2Text``."""
-    dtype = getattr(torch, speech2text.dtype)
+    """The :class:`InputChecks` of a built ``Speech2Text`` (the decoding loop's, the
+    streaming decoder's; the plug-in's ``Speech2Text`` keeps one,
+    ``speech2text.input_checks()``)."""
+    dtype = getattr(speech2text, "input_dtype", None) or getattr(
+        torch, speech2text.dtype
+    )
     fs = model_sample_rate(speech2text.asr_train_args)
+    waveform = getattr(speech2text.asr_model, "frontend", None) is not None
     min_samples = None
-    if getattr(speech2text.asr_model, "frontend", None) is not None:
+    if waveform:
         # the plug-in's Speech2Text finds it once for the loop and its __call__
         min_samples = speech2text.min_input_samples()
         if min_samples is None:
             logger.info("the shortest input the encoder takes could not be found")
-    return InputChecks(fs, takes_channels(speech2text.asr_model), min_samples, dtype)
+    return InputChecks(
+        fs, takes_channels(speech2text.asr_model), min_samples, dtype, waveform
+    )

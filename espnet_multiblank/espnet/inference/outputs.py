@@ -16,7 +16,9 @@ FAILED_FILE = "failed_utterances"
 
 class CtmWriter:
     """``<output_dir>/1best_recog/ctm``: the words of each 1-best with their start,
-    duration and confidence (:mod:`.timestamps`), in input order.
+    duration and confidence (:mod:`.timestamps`, ``speech2text.word_times``), in
+    input order, after a ``;;`` header that says what the times mean for the
+    model's lattice.
 
     Raises:
         ValueError: the search gives no label timing (ESPnet's own searches), or the
@@ -26,41 +28,26 @@ class CtmWriter:
     def __init__(self, speech2text: Any, output_dir: str):
         from pathlib import Path
 
-        from espnet_multiblank.decoding import TransducerSearch
-        from espnet_multiblank.espnet.inference.inputs import model_sample_rate
-        from espnet_multiblank.espnet.inference.timestamps import (
-            encoder_frame_shift,
-        )
+        from espnet_multiblank.espnet.inference.timestamps import ctm_header
+        from espnet_multiblank.lattice import TDTLattice
 
-        search = speech2text.beam_search_transducer
-        if not isinstance(search, TransducerSearch):
-            raise ValueError(
-                f"--write_ctm: word times come from the plug-in's searches; "
-                f"{type(search).__name__} gives none (use search_type mb_greedy, "
-                "mb_beam, tdt_greedy or tdt_beam)"
-            )
-        args = speech2text.asr_train_args
-        self.token_type = getattr(args, "token_type", None)
-        self.frame_shift = encoder_frame_shift(
-            speech2text.asr_model,
-            model_sample_rate(args),
-            speech2text.device,
-            speech2text.input_dtype,
-        )
+        self.speech2text = speech2text
+        try:  # before the file is opened: no empty CTM
+            frame_shift = speech2text.frame_shift()
+        except ValueError as e:
+            raise ValueError(f"--write_ctm: {e}") from e
+        tdt = isinstance(getattr(speech2text, "lattice", None), TDTLattice)
         path = Path(output_dir) / "1best_recog" / "ctm"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "w", encoding="utf-8")
+        for line in ctm_header(tdt, frame_shift):
+            self.file.write(line + "\n")
 
     def write(self, key: str, result: Tuple) -> None:
         """The lines of one utterance's 1-best ``(text, token, token_int, hyp)``."""
-        from espnet_multiblank.espnet.inference.timestamps import (
-            ctm_lines,
-            word_times,
-        )
+        from espnet_multiblank.espnet.inference.timestamps import ctm_lines
 
-        _, token, _, hyp = result
-        words = word_times(token, hyp.timing, self.token_type, self.frame_shift)
-        for line in ctm_lines(key, words):
+        for line in ctm_lines(key, self.speech2text.word_times(result)):
             self.file.write(line + "\n")
 
     def close(self) -> None:

@@ -35,6 +35,11 @@ Before any search is built ``decoder.blank_id`` is set to the model's standard b
 (ESPnet leaves it at 0, which is ``<blank8>`` in a multi-blank vocabulary). ESPnet's
 beam searches other than greedy hard-code index 0 as the blank,
 so they are refused when the model's blank is elsewhere.
+
+:func:`build_transducer_search` takes its arguments as given (the search classes'
+own defaults); the decode-config defaults of each search type
+(:mod:`~espnet_multiblank.espnet.inference.search_defaults`) are filled in by the
+plug-in's ``Speech2Text`` before it calls it.
 """
 
 import logging

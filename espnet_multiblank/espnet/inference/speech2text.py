@@ -21,6 +21,8 @@ This module does not import ``espnet2.bin.asr_inference`` until
 while it is being executed.
 """
 
+# before ESPnet's modules: their import prints nothing (quiet's docstring)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  isort: skip
 import functools
 import logging
 import math
@@ -46,9 +48,12 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
 )
 from espnet_multiblank.espnet.compat import TooShortUttError
 from espnet_multiblank.espnet.inference.inputs import (
+    InputChecks,
+    as_waveform,
+    input_checks,
+    is_utterance_list,
     min_encoder_samples,
-    model_sample_rate,
-    too_short_reason,
+    rate_argument,
 )
 from espnet_multiblank.espnet.inference.lm_fusion import read_token_list
 from espnet_multiblank.espnet.inference.search import (
@@ -56,6 +61,10 @@ from espnet_multiblank.espnet.inference.search import (
     PLUGIN_SEARCH_TYPES,
     build_transducer_search,
     lattice_from_model,
+)
+from espnet_multiblank.espnet.inference.search_defaults import (
+    ESPNET_BEAM_SIZE,
+    search_settings,
 )
 from espnet_multiblank.espnet.registration import PLUGIN_MODELS
 
@@ -277,6 +286,26 @@ class _without_espnet_lm_warning:
         return False
 
 
+def _require_model_file(asr_model_file: Any, random_weights: bool) -> None:
+    """No untrained model by accident: ESPnet builds the config's model with its
+    random initial weights when ``asr_model_file`` is None (which then decodes
+    nothing useful, silently)."""
+    if not isinstance(random_weights, bool):
+        raise TypeError(f"random_weights must be True or False, got {random_weights!r}")
+    if asr_model_file is None and not random_weights:
+        raise ValueError(
+            "asr_model_file is required: without it the model keeps the random "
+            "initial weights of its config and decodes nothing useful (give the "
+            "trained model's file, e.g. exp/asr/valid.loss.ave.pth, or "
+            "random_weights=True to decode with untrained weights on purpose)"
+        )
+    if asr_model_file is not None and random_weights:
+        raise ValueError(
+            f"random_weights=True and asr_model_file={str(asr_model_file)!r}: give "
+            "one of them"
+        )
+
+
 def requests_plugin_search(transducer_conf: Optional[Dict]) -> bool:
     """True when a decode config's ``transducer_conf`` names a plug-in search type or
     a key only the plug-in's searches know."""
@@ -291,11 +320,23 @@ class PluginSearchMixin:
     ``Speech2Text`` in the bases; see :func:`plugin_speech2text`).
 
     Accepts every argument of ESPnet's ``Speech2Text``. ``transducer_conf`` takes
-    ``search_type`` (``mb_greedy``, ``mb_beam``, or ESPnet's ``greedy``, ``default``,
-    ``tsd``, ``alsd``, ``nsc``, ``maes``, ``mbg``), ``max_sym_per_frame`` and
-    ``score_norm`` (plug-in searches) or ESPnet's search keys, and optionally
-    ``beam_size`` (overrides the ``beam_size`` argument). Non-transducer models are
+    ``search_type`` (``mb_greedy``, ``mb_beam``, ``tdt_greedy``, ``tdt_beam``, or
+    ESPnet's ``greedy``, ``default``, ``tsd``, ``alsd``, ``nsc``, ``maes``, ``mbg``),
+    the plug-in searches' keys (``max_sym_per_frame``, ``blank_decision``,
+    ``score_norm``, ``beam_sync``, ``frame_prune``, ``loop_labels``) or ESPnet's
+    search keys, and optionally ``beam_size`` (overrides the ``beam_size``
+    argument); what is not given comes from the search type's defaults
+    (:data:`~espnet_multiblank.espnet.inference.search_defaults.SEARCH_DEFAULTS`:
+    the settings of ``conf/decode/<search_type>.yaml``). Non-transducer models are
     decoded exactly as by ESPnet.
+
+    Args:
+        asr_model_file: The trained model's parameters (required: without it ESPnet
+            would decode with the config's random initial weights).
+        random_weights: Decode with random initial weights on purpose (tests,
+            demos); ``asr_model_file`` must then be None.
+        beam_size: None: the search type's default (ESPnet's 20 for the models the
+            plug-in leaves to ESPnet).
 
     Attributes:
         stats (DecodingStats): counters of the utterances decoded so far.
@@ -311,16 +352,19 @@ class PluginSearchMixin:
         asr_train_config: Any = None,
         asr_model_file: Any = None,
         transducer_conf: Optional[Dict] = None,
-        beam_size: int = 20,
+        beam_size: Optional[int] = None,
         nbest: int = 1,
         ngram_file: Any = None,
         ngram_weight: float = 0.9,
+        random_weights: bool = False,
         **kwargs: Any,
     ):
         config = _read_config(asr_train_config)
         replace = self.replace_search == "all" or _plugin_decodes(
             config, transducer_conf
         )
+        if replace:
+            _require_model_file(asr_model_file, random_weights)
         transducer = _config_is_transducer(config)
         if transducer and ngram_file is not None and not replace:
             raise ValueError(
@@ -333,9 +377,10 @@ class PluginSearchMixin:
             # at > 1 (202511's has no such argument): the plug-in batches itself
             # (decode_batch, batch_decode, a list given to __call__)
             kwargs.pop("batch_size", None)
-        conf = dict(transducer_conf or {})
-        search_beam = int(conf.pop("beam_size", beam_size))
-        search_type = conf.pop("search_type", "default")
+        search_type, search_beam, conf = search_settings(transducer_conf, beam_size)
+        search_beam = int(search_beam)
+        if beam_size is None:
+            beam_size = ESPNET_BEAM_SIZE
         # ESPnet would build its own BeamSearchTransducer from transducer_conf, and
         # reject the plug-in's search types and keys: give it a neutral one and
         # replace the object below (its greedy search would also warn that the LM
@@ -435,19 +480,38 @@ class PluginSearchMixin:
         float32)."""
         return torch.float32 if self.float32_frontend else getattr(torch, self.dtype)
 
-    def __call__(self, speech):
-        """ESPnet's ``Speech2Text.__call__`` (one utterance), with the waveform left
-        in float32 when the frontend runs in float32. A list of utterances (what
-        ESPnet 202611's ``__call__`` also takes) is decoded by :meth:`batch_decode`.
+    def __call__(self, speech: Any, sample_rate: Any = None, fs: Any = None):
+        """ESPnet's ``Speech2Text.__call__`` (one utterance), the input checked first
+        (:meth:`checked_input`) and left in float32 when the frontend runs in
+        float32. A list of utterances (what ESPnet 202611's ``__call__`` also takes)
+        is decoded by :meth:`batch_decode`.
+
+        Args:
+            speech: (L,) or (L, 1) samples (numpy, torch), a ``(samples, rate)``
+                pair (``soundfile.read``'s), or an audio file's path; (L, F)
+                features for a model without a frontend.
+            sample_rate, fs: The audio's sample rate (either name), checked against
+                the model's when given (a pair or a file gives it too).
+
+        Returns:
+            The n-best list ``[(text, token, token_int, hyp)]``, best first.
 
         Raises:
-            ValueError: a waveform too short for the model's frontend and encoder
-                (ESPnet's own code would fail deep inside the STFT or the
-                subsampling, naming nothing).
+            ValueError: an input the model cannot decode correctly, named with the
+                reason (``speech: 2 channels, the model takes one ...``).
         """
-        if isinstance(speech, (list, tuple)) and self.plugin_search:
-            return self.batch_decode(speech)
-        self._check_length(speech)
+        rate = rate_argument(sample_rate, fs)
+        if is_utterance_list(speech):
+            if self.plugin_search:
+                return self.batch_decode(speech, sample_rate=rate)
+            # ESPnet's searches: its own list handling, on checked inputs
+            return super().__call__(
+                [
+                    self.checked_input(item, rate, f"speech[{b}]")
+                    for b, item in enumerate(speech)
+                ]
+            )
+        speech = self.checked_input(speech, rate)
         if not getattr(self, "float32_frontend", False):
             return super().__call__(speech)
         dtype, self.dtype = self.dtype, "float32"  # ESPnet casts speech to self.dtype
@@ -456,11 +520,29 @@ class PluginSearchMixin:
         finally:
             self.dtype = dtype
 
+    def input_checks(self) -> InputChecks:
+        """The model's :class:`~espnet_multiblank.espnet.inference.inputs.InputChecks`
+        (built once; shared with the decoding loop and the streaming decoder)."""
+        if getattr(self, "_input_checks", None) is None:
+            self._input_checks = input_checks(self)
+        return self._input_checks
+
+    def checked_input(
+        self, speech: Any, sample_rate: Optional[int] = None, name: str = "speech"
+    ) -> torch.Tensor:
+        """One input as the model takes it ((L,) float32 samples or (L, F)
+        features), or a ``ValueError`` naming ``name`` and what is wrong: several
+        channels, NaN / inf samples, empty or too short for the encoder, a sample
+        rate (``sample_rate``, a pair's or a file's) other than the model's, an
+        array of another rank. Takes what :meth:`__call__` takes."""
+        speech, rate = as_waveform(speech, sample_rate, name)
+        return self.input_checks().require(speech, rate, name)
+
     def min_input_samples(self) -> Optional[int]:
         """The fewest waveform samples the model's frontend and encoder take (None:
         not known), found once per ``Speech2Text`` by encoding silence
         (:func:`~espnet_multiblank.espnet.inference.inputs.min_encoder_samples`) and
-        shared by the decoding loop's input checks and :meth:`__call__`."""
+        shared by every input check."""
         if not hasattr(self, "_min_samples"):
             model = self.asr_model
             was_training = model.training
@@ -473,17 +555,45 @@ class PluginSearchMixin:
                 model.train(was_training)
         return self._min_samples
 
-    def _check_length(self, speech: Any) -> None:
-        model = self.asr_model
-        if getattr(model, "frontend", None) is None or not hasattr(speech, "shape"):
-            return  # features, or not an array: ESPnet's own checks apply
-        if len(speech.shape) == 0:
-            return
-        need = self.min_input_samples()
-        samples = int(speech.shape[0])
-        if need and samples < need:
-            fs = model_sample_rate(getattr(self, "asr_train_args", None))
-            raise ValueError(f"speech: {too_short_reason(samples, need, fs)} samples")
+    def frame_shift(self) -> float:
+        """Seconds per encoder frame, measured once
+        (:func:`~espnet_multiblank.espnet.inference.timestamps.encoder_frame_shift`).
+
+        Raises:
+            ValueError: the search gives no label timing (ESPnet's own searches), or
+                the model takes features or has no known sample rate.
+        """
+        if getattr(self, "_frame_shift", None) is None:
+            from espnet_multiblank.espnet.inference.timestamps import (
+                encoder_frame_shift,
+            )
+
+            if not isinstance(self.beam_search_transducer, TransducerSearch):
+                raise ValueError(
+                    "word times come from the plug-in's searches; "
+                    f"{type(self.beam_search_transducer).__name__} gives none (use "
+                    "search_type mb_greedy, mb_beam, tdt_greedy or tdt_beam)"
+                )
+            self._frame_shift = encoder_frame_shift(
+                self.asr_model,
+                self.input_checks().fs,
+                self.device,
+                self.input_dtype,
+            )
+        return self._frame_shift
+
+    def word_times(self, result: Tuple) -> List[Any]:
+        """The words of one result ``(text, token, token_int, hyp)`` (an entry of
+        an n-best list) with their start and end (seconds) and confidence:
+        ``[WordTime(word, start, end, confidence)]``
+        (:func:`~espnet_multiblank.espnet.inference.timestamps.word_times`; what
+        the times mean: that module's docstring). Words by the model's
+        ``token_type``."""
+        from espnet_multiblank.espnet.inference.timestamps import word_times
+
+        _, token, _, hyp = result
+        token_type = getattr(self.asr_train_args, "token_type", None)
+        return word_times(token, hyp.timing, token_type, self.frame_shift())
 
     @property
     def supports_batch(self) -> bool:
@@ -547,6 +657,8 @@ class PluginSearchMixin:
         self,
         speech: Union[torch.Tensor, np.ndarray, Sequence[Any]],
         speech_lengths: Optional[Any] = None,
+        sample_rate: Any = None,
+        fs: Any = None,
     ) -> List[List[Tuple]]:
         """ESPnet 202611's ``Speech2Text.batch_decode`` (same arguments, same
         results) with the plug-in's searches: the n-best list of each utterance, in
@@ -554,27 +666,42 @@ class PluginSearchMixin:
         when the search decodes several utterances at once.
 
         Args:
-            speech: a list of unpadded waveforms ``(L_b,)``, or padded ``(B, L)``
-                with ``speech_lengths``.
+            speech: a list of unpadded inputs (anything :meth:`__call__` takes:
+                ``(L_b,)`` samples, ``(samples, rate)`` pairs, file paths), or
+                padded ``(B, L)`` samples with ``speech_lengths``.
             speech_lengths: ``(B,)`` valid samples of a padded ``speech``.
+            sample_rate, fs: The sample rate of every utterance (either name).
 
         Returns:
             For each utterance, ``[(text, token, token_int, hyp)]``.
+
+        Raises:
+            ValueError: an utterance the model cannot decode correctly, named by
+                its index (``speech[2]: non-finite samples ...``).
         """
         if not self.plugin_search:
             return super().batch_decode(speech, speech_lengths)
+        rate = rate_argument(sample_rate, fs)
         if isinstance(speech, (list, tuple)):
-            waves = [torch.as_tensor(w).reshape(-1) for w in speech]
+            items = list(speech)
         else:
-            speech = torch.as_tensor(speech)
+            speech, _ = as_waveform(speech, None)
             if speech_lengths is None:
                 raise ValueError(
                     "speech_lengths is required with a padded speech array (B, L)"
                 )
             lengths = torch.as_tensor(np.asarray(speech_lengths)).tolist()
-            waves = [speech[b, : int(n)] for b, n in enumerate(lengths)]
-        for wave in waves:
-            self._check_length(wave)
+            if speech.dim() < 2 or len(lengths) != speech.size(0):
+                raise ValueError(
+                    f"speech_lengths: {len(lengths)} lengths for a padded speech "
+                    f"array of shape {tuple(speech.shape)} (expected (B, L) and B "
+                    "lengths)"
+                )
+            items = [speech[b, : int(n)] for b, n in enumerate(lengths)]
+        waves = [
+            self.checked_input(item, rate, f"speech[{b}]")
+            for b, item in enumerate(items)
+        ]
         if not self.supports_batch or len(waves) < 2:
             return [self(wave) for wave in waves]
         lengths = torch.tensor([w.numel() for w in waves], dtype=torch.long)
@@ -590,7 +717,11 @@ class PluginSearchMixin:
 
     @torch.no_grad()
     def decode_batch(
-        self, speech: torch.Tensor, speech_lengths: torch.Tensor
+        self,
+        speech: torch.Tensor,
+        speech_lengths: torch.Tensor,
+        sample_rate: Any = None,
+        fs: Any = None,
     ) -> List[List[Tuple]]:
         """Batched encoder and search; the same hypotheses as one at a time.
 
@@ -603,21 +734,31 @@ class PluginSearchMixin:
         batched greedy and beam searches).
 
         Args:
-            speech: (B, L) or (B, L, F) padded input.
-            speech_lengths: (B,) lengths.
+            speech: (B, L) or (B, L, F) padded float input.
+            speech_lengths: (B,) int lengths.
+            sample_rate, fs: The utterances' sample rate (either name), checked
+                against the model's when given.
 
         Returns:
             For each utterance, ESPnet's n-best list
             ``[(text, token, token_int, hyp)]``.
 
         Raises:
-            TooShortUttError: an utterance is too short for the encoder (decode the
-                batch one utterance at a time to find it).
+            ValueError: an utterance the model cannot decode correctly (the checks
+                of :meth:`checked_input`), named by its row.
+            TooShortUttError: the encoder gave an utterance no frames all the same.
         """
         if not self.supports_batch:
             raise NotImplementedError(
                 f"{type(self.beam_search_transducer).__name__} decodes one utterance "
                 "at a time"
+            )
+        rate = rate_argument(sample_rate, fs)
+        speech = torch.as_tensor(speech)
+        speech_lengths = torch.as_tensor(speech_lengths)
+        for b in range(speech.size(0)):
+            self.input_checks().require(
+                speech[b, : int(speech_lengths[b])].float(), rate, f"speech[{b}]"
             )
         dtype = self.input_dtype
         if self.batch_exactness().exact:

@@ -29,11 +29,12 @@ as soon as it has executed:
   character``) get their stray ``%`` escaped.
 """
 
-import argparse
 import functools
-import re
 
-from espnet_multiblank.espnet.inference.arguments import add_plugin_arguments
+from espnet_multiblank.espnet.inference.arguments import (
+    add_plugin_arguments,
+    escape_stray_percents,
+)
 from espnet_multiblank.espnet.inference.speech2text import (
     plugin_decodes,
     plugin_speech2text,
@@ -74,24 +75,6 @@ def _wrap_inference(inference, namespace: dict):
 
     wrapped.espnet_inference = inference
     return wrapped
-
-
-def escape_stray_percents(parser: argparse.ArgumentParser) -> None:
-    """Escape the ``%`` of every help text that argparse's ``--help`` cannot format
-    (it expands ``help % {"default": ...}``); texts that format are left alone."""
-    formatter = parser._get_formatter()
-    for action in parser._actions:
-        if not action.help:
-            continue
-        try:
-            formatter._expand_help(action)
-        except (ValueError, TypeError, KeyError):
-            # "%%" and "%(name)" stay; a lone "%" becomes "%%"
-            action.help = re.sub(r"%%|%\(|%", _escape_percent, action.help)
-
-
-def _escape_percent(match: "re.Match[str]") -> str:
-    return "%%" if match.group(0) == "%" else match.group(0)
 
 
 def _wrap_get_parser(get_parser):

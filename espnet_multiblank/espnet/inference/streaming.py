@@ -25,13 +25,14 @@ received (``provisional=False``: only the labels already decided, which never
 change).
 """
 
+# before ESPnet's modules: their import prints nothing (quiet's docstring)
+import espnet_multiblank.espnet.registration.quiet  # noqa: F401  isort: skip
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-import numpy as np
 import torch
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 
@@ -55,7 +56,12 @@ from espnet_multiblank.decoding.streaming import (
     StreamingRowGreedySearch,
     decision_lookahead,
 )
-from espnet_multiblank.espnet.inference.inputs import input_checks, too_short_reason
+from espnet_multiblank.espnet.inference.inputs import (
+    as_waveform,
+    input_checks,
+    rate_argument,
+    too_short_reason,
+)
 from espnet_multiblank.espnet.inference.search import joint_size_of, lattice_from_model
 from espnet_multiblank.espnet.inference.stream_encoder import (
     StreamEncoder,
@@ -255,7 +261,8 @@ class StreamingDecoder:
         self.lookahead = decision_lookahead(self.search)
         self.beam = isinstance(self.search, MultiblankBeamSearch)
         self.provisional = provisional
-        self.checks = input_checks(speech2text)
+        checks = getattr(speech2text, "input_checks", None)
+        self.checks = checks() if callable(checks) else input_checks(speech2text)
         self.input_dtype = getattr(speech2text, "input_dtype", torch.float32)
         self.greedy = None
         if not self.beam:
@@ -280,9 +287,15 @@ class StreamingDecoder:
 
     # ------------------------------------------------------------- streams
 
-    def open(self, key: str, sample_rate: Optional[int] = None) -> None:
-        """Start a stream (its waveform's sample rate, when known, is checked
-        against the model's with its first piece)."""
+    def open(self, key: str, sample_rate: Any = None, fs: Any = None) -> None:
+        """Start a stream.
+
+        Args:
+            key: The stream's name.
+            sample_rate, fs: Its waveform's sample rate (either name; None: not
+                known), checked against the model's with its first piece.
+        """
+        sample_rate = rate_argument(sample_rate, fs)
         if key in self.streams:
             raise ValueError(f"stream {key!r} is already open")
         if not self._free:
@@ -361,13 +374,11 @@ class StreamingDecoder:
     def _check(
         self, stream: _Stream, piece: Any
     ) -> Tuple[Optional[torch.Tensor], Optional[str]]:
-        if isinstance(piece, np.ndarray):
-            piece = torch.from_numpy(np.ascontiguousarray(piece, dtype=np.float32))
-        if not isinstance(piece, torch.Tensor) or piece.dim() not in (1, 2):
-            shape = tuple(getattr(piece, "shape", ()))
-            return None, f"a piece must be (samples,) or (samples, 1), got {shape}"
-        rate = stream.rate if stream.rate is not None else self.checks.fs
-        return self.checks.check_piece(piece.float(), rate)
+        try:
+            piece, _ = as_waveform(piece, None, "piece")
+        except (TypeError, ValueError) as e:
+            return None, str(e)
+        return self.checks.check_piece(piece, stream.rate)
 
     def _feed_encoder(self, stream: _Stream, piece: Any, final: bool) -> Optional[str]:
         """Features and encoder chunks of a piece, given to the search; the reason
@@ -478,8 +489,9 @@ class MultiblankSpeech2TextStreaming:
         num_left_chunks: Chunks to the left a chunk attends to (None: the
             model's).
         provisional: See :class:`StreamingDecoder`.
-        sample_rate: The waveform's sample rate, checked against the model's
-            (None: assumed to be the model's).
+        sample_rate, fs: The waveform's sample rate (either name), checked against
+            the model's with every piece (None: not known, not checked; a piece
+            given as a ``(samples, rate)`` pair also says it).
         speech2text: A plug-in ``Speech2Text`` already built (instead of
             ``**kwargs``).
         **kwargs: The arguments of the plug-in's ``Speech2Text``
@@ -492,7 +504,8 @@ class MultiblankSpeech2TextStreaming:
         s2t = MultiblankSpeech2TextStreaming(
             asr_train_config="exp/asr/config.yaml",
             asr_model_file="exp/asr/valid.loss.ave.pth",
-            transducer_conf={"search_type": "mb_greedy"}, chunk_size=8)
+            transducer_conf={"search_type": "mb_greedy"}, chunk_size=8,
+            sample_rate=8000)
         for piece in pieces[:-1]:
             text = s2t(piece, is_final=False)[0][0]   # partial hypothesis
         nbest = s2t(pieces[-1], is_final=True)       # [(text, token, token_int, hyp)]
@@ -505,19 +518,20 @@ class MultiblankSpeech2TextStreaming:
         chunk_size: int = 16,
         num_left_chunks: Optional[int] = None,
         provisional: bool = True,
-        sample_rate: Optional[int] = None,
+        sample_rate: Any = None,
         speech2text: Any = None,
+        fs: Any = None,
         **kwargs: Any,
     ):
+        sample_rate = rate_argument(sample_rate, fs)
         if speech2text is None:
             from espnet_multiblank.espnet.inference.speech2text import (
                 MultiblankSpeech2Text,
             )
 
-            # greedy by default (ESPnet's default, a beam of 20, cannot stream)
+            # greedy by default (ESPnet's default search, a beam, cannot stream)
             if kwargs.get("transducer_conf") is None:
                 kwargs["transducer_conf"] = {"search_type": "mb_greedy"}
-                kwargs.setdefault("beam_size", 1)
             speech2text = MultiblankSpeech2Text(**kwargs)
         elif kwargs:
             raise TypeError(
@@ -541,8 +555,21 @@ class MultiblankSpeech2TextStreaming:
         self.decoder.open(self.KEY, self.sample_rate)
         self.last: Optional[StreamResult] = None
 
-    def __call__(self, speech: Any, is_final: bool = True) -> List[Tuple]:
-        """Feed the next piece (any length, (n,) samples).
+    def __call__(
+        self,
+        speech: Any,
+        is_final: bool = True,
+        sample_rate: Any = None,
+        fs: Any = None,
+    ) -> List[Tuple]:
+        """Feed the next piece (any length).
+
+        Args:
+            speech: (n,) or (n, 1) samples (numpy, torch), or a ``(samples, rate)``
+                pair.
+            is_final: The stream ends with this piece.
+            sample_rate, fs: The piece's sample rate (either name; default: the
+                constructor's), checked against the model's.
 
         Returns:
             ESPnet's ``[(text, token, token_int, hyp)]``: the partial hypothesis,
@@ -553,6 +580,19 @@ class MultiblankSpeech2TextStreaming:
                 channels, another sample rate, too short in all): the stream starts
                 over.
         """
+        try:
+            speech, rate = as_waveform(speech, rate_argument(sample_rate, fs))
+        except (TypeError, ValueError):
+            self.reset()
+            raise
+        stream = self.decoder.streams[self.KEY]
+        if rate is not None and stream.rate is None:
+            stream.rate = rate  # checked with this piece
+        elif rate is not None and rate != stream.rate:
+            self.reset()
+            raise ValueError(
+                f"speech: a piece at {rate} Hz in a stream at {stream.rate} Hz"
+            )
         result = self.decoder.feed({self.KEY: (speech, is_final)})[self.KEY]
         self.last = result
         if result.is_final:

@@ -13,7 +13,17 @@ TDT label's duration, 0 otherwise) and its acoustic log-probability. Here:
 * :func:`word_times`: each word's start (its first label's frame), end (its last
   label's frame plus the frames that label covers, at least one) in seconds, and
   confidence (the geometric mean of its labels' acoustic probabilities);
-* :func:`ctm_lines`: ``<key> 1 <start> <duration> <word> <confidence>``.
+* :func:`ctm_lines`: ``<key> 1 <start> <duration> <word> <confidence>``;
+  :func:`ctm_header`: the ``;;`` comment lines (NIST's CTM comments) that open a CTM
+  file and say what its times mean for the model's lattice.
+
+A transducer emits each label at one frame. A TDT label's arc also covers the
+frames the model predicts for it, so a TDT word's duration is the model's own; a
+standard or multi-blank label covers none, and such a word's "duration" is only
+the span of its tokens' emission frames plus one frame (one frame for a word of one
+token): not its length in the audio. The CTM's header says which. The
+plug-in's ``Speech2Text`` gives the same from Python:
+``speech2text.word_times(result)``.
 """
 
 import math
@@ -112,6 +122,37 @@ def ctm_lines(key: str, words: Sequence[WordTime]) -> List[str]:
     ]
 
 
+def ctm_header(tdt: bool, frame_shift: float) -> List[str]:
+    """The comment lines that open a CTM file (``;;``, NIST's CTM comments).
+
+    Args:
+        tdt: Whether the model is a TDT (its labels' arcs cover frames).
+        frame_shift: Seconds per encoder frame.
+    """
+    if tdt:
+        duration = (
+            "from the first token's frame to the end of the last token's arc (the "
+            "frames the TDT predicts for it): the model's own word duration"
+        )
+    else:
+        duration = (
+            "none known: this model's lattice (standard or multi-blank) emits each "
+            "token at one frame and predicts no duration, so a word lasts from its "
+            "first token's frame to its last token's frame plus one frame (one "
+            "frame for a one-token word), not its length in the audio"
+        )
+    ms = 1000 * frame_shift
+    return [
+        ";; espnet-multiblank word times: <key> <channel> <start> <duration> <word> "
+        "<confidence>",
+        f";; start: the encoder frame ({ms:.0f} ms) at which the word's first token "
+        "was emitted (a transducer emits a word near or after its end)",
+        f";; duration: {duration}",
+        ";; confidence: the geometric mean of the word's tokens' acoustic "
+        "probabilities",
+    ]
+
+
 def encoder_frame_shift(
     asr_model: Any, fs: Optional[int], device: Any, dtype: torch.dtype
 ) -> float:
@@ -128,7 +169,7 @@ def encoder_frame_shift(
     """
     if getattr(asr_model, "frontend", None) is None or not fs:
         raise ValueError(
-            "--write_ctm: the encoder frame shift is measured on waveforms at the "
+            "word times: the encoder frame shift is measured on waveforms at the "
             "model's sample rate; this model takes features (no frontend) or its "
             "rate is not known"
         )
@@ -146,6 +187,6 @@ def encoder_frame_shift(
         asr_model.train(was_training)
     if frames[1] <= frames[0]:
         raise ValueError(
-            f"--write_ctm: the encoder gave {frames} frames for {lengths} samples"
+            f"word times: the encoder gave {frames} frames for {lengths} samples"
         )
     return (lengths[1] - lengths[0]) / (frames[1] - frames[0]) / fs

@@ -65,16 +65,36 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
+#: help texts of ESPnet's training options that have none (the others keep ESPnet's)
+TRAINING_HELP = {
+    "output_dir": "the experiment's directory: config.yaml, checkpoints, "
+    "*epoch.pth, valid.*.ave.pth, train.log, images (with --collect_stats: the "
+    "shape and feature statistics files)",
+    "train_shape_file": "a shape file of the training data (key and length per "
+    "line; --collect_stats writes <output_dir>/train/speech_shape); repeatable",
+    "valid_shape_file": "a shape file of the validation data; repeatable",
+    "fold_length": "per input, a length above which an utterance halves its "
+    "batch (batch_type folded); repeatable",
+    "valid_data_path_and_name_and_type": "PATH,NAME,TYPE of the validation data, "
+    "as --train_data_path_and_name_and_type; repeatable",
+}
+
+
 class MultiblankASRTask(ASRTask):
     """``ASRTask`` whose ``build_model`` first checks the plug-in's config keys and
     whose ``main`` / ``main_worker`` also run DDP on CPU."""
 
     @classmethod
     def get_parser(cls) -> argparse.ArgumentParser:
-        """ESPnet's ASR parser; ``--dist_backend`` defaults by device and
-        ``--dist_timeout`` is added."""
+        """ESPnet's ASR parser; ``--dist_backend`` defaults by device,
+        ``--dist_timeout`` is added, and the options without a help text get one
+        (:data:`TRAINING_HELP`: ``--help`` then shows their defaults too)."""
         register()
-        return ddp.add_arguments(super().get_parser())
+        parser = ddp.add_arguments(super().get_parser())
+        for action in parser._actions:
+            if not action.help and action.dest in TRAINING_HELP:
+                action.help = TRAINING_HELP[action.dest]
+        return parser
 
     @classmethod
     def build_model(cls, args: argparse.Namespace) -> ESPnetASRModel:

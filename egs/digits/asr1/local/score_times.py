@@ -50,7 +50,7 @@ def read_ctm(path: str) -> Dict[str, List[Word]]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             parts = line.split()
-            if len(parts) < 5:
+            if len(parts) < 5 or line.startswith(";;"):  # ";;": NIST CTM comments
                 continue
             start, dur = float(parts[2]), float(parts[3])
             out.setdefault(parts[0], []).append((parts[4], start, start + dur))

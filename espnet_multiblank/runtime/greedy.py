@@ -23,12 +23,13 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from espnet_multiblank.espnet.inference.search_defaults import SEARCH_DEFAULTS
 from espnet_multiblank.runtime.model import ExportedModel, State
 from espnet_multiblank.runtime.step_rule import Step, StepRule
 
-#: the plug-in's greedy defaults per lattice kind (conf/decode/mb_greedy.yaml,
-#: tdt_greedy.yaml): (blank_decision, max_sym_per_frame)
-GREEDY_DEFAULTS = {"multiblank": ("total", 1), "tdt": ("total", 10)}
+#: the plug-in's greedy search per lattice kind, whose defaults (the plug-in's one
+#: table, also behind conf/decode/) the runtime's greedy search takes
+GREEDY_SEARCH = {"multiblank": "mb_greedy", "tdt": "tdt_greedy"}
 #: max_sym_per_frame of the "nemo" rule: sherpa-onnx's max_symbols_per_frame (RNN-T)
 #: and max_tokens_per_frame (TDT)
 NEMO_MAX_SYM = {"multiblank": 10, "tdt": 5}
@@ -131,7 +132,8 @@ class GreedySearch:
     Args:
         model: The exported model.
         blank_decision: ``"total"``, ``"symbol"`` (default: the plug-in's for the
-            lattice, :data:`GREEDY_DEFAULTS`) or ``"nemo"`` (NeMo's and
+            lattice: ``mb_greedy`` / ``tdt_greedy`` in the plug-in's table of search
+            defaults, ``search_defaults.SEARCH_DEFAULTS``) or ``"nemo"`` (NeMo's and
             sherpa-onnx's rule, :mod:`.step_rule`; its ``max_sym_per_frame``
             default: :data:`NEMO_MAX_SYM`).
         max_sym_per_frame: Labels that may stay at one frame (default: the
@@ -145,7 +147,8 @@ class GreedySearch:
         max_sym_per_frame: Optional[int] = None,
     ):
         kind = model.lattice.kind
-        decision, max_sym = GREEDY_DEFAULTS[kind]
+        table = SEARCH_DEFAULTS[GREEDY_SEARCH[kind]]
+        decision, max_sym = table["blank_decision"], table["max_sym_per_frame"]
         if blank_decision == "nemo":
             max_sym = NEMO_MAX_SYM[kind]
         self.model = model

@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from espnet_multiblank.espnet.inference.search_defaults import SEARCH_DEFAULTS
 from espnet_multiblank.runtime.audio import check_samples
 from espnet_multiblank.runtime.model import ExportedModel
 
@@ -184,8 +185,11 @@ class Recognizer:
                     "blank_decision is an option of greedy search (the beam search "
                     "sums every alignment of a hypothesis)"
                 )
+            table = SEARCH_DEFAULTS["mb_beam"]  # the label rule's guard: the table's
             self.search = LabelSyncBeamSearch(
-                self.model, beam_size, max_sym_per_frame=max_sym_per_frame or 10
+                self.model,
+                beam_size,
+                max_sym_per_frame=max_sym_per_frame or table["max_sym_per_frame"],
             )
 
     @property

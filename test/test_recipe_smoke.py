@@ -193,6 +193,16 @@ def test_configs_differ_only_in_loss_keys():
     assert mb["model_conf"].pop("transducer_multi_blank_sigma") == 0.05
     assert std["model_conf"].pop("transducer_multi_blank_sigma") == 0.05
     assert mb == std == tdt
+    # the models for sherpa-onnx: the same but for the front end (sherpa-onnx's)
+    for name in ("standard", "tdt"):
+        base = yaml.safe_load((RECIPE / "conf" / f"train_{name}.yaml").read_text())
+        kaldi = yaml.safe_load(
+            (RECIPE / "conf" / f"train_{name}_kaldi.yaml").read_text()
+        )
+        assert kaldi.pop("frontend") == "kaldi_fbank"
+        assert kaldi.pop("frontend_conf") == {"fs": "8k", "n_mels": 23}
+        base.pop("frontend"), base.pop("frontend_conf")
+        assert kaldi == base
 
 
 @pytest.mark.slow
@@ -353,7 +363,7 @@ def test_streaming_decodings(smoke_run):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_deployment_stage(smoke_run):
-    """Stage 13: each model exported to ONNX and test decoded by the torch-free
+    """Stage 14: each model exported to ONNX and test decoded by the torch-free
     runtime; the greedy and streamed hypotheses are the plug-in's (the streams'
     those of the plug-in's offline decoding at the same chunk); scored; reported."""
     work, _ = smoke_run
@@ -384,6 +394,15 @@ def test_deployment_stage(smoke_run):
     section = md.split("\n## Deployment without torch")[1].split("\n## ")[0]
     rows = [r for r in section.splitlines() if r.startswith("| ") and "---" not in r]
     assert len(rows) == 1 + len(DEPLOY_MODELS) * len(DEPLOY_TAGS), section
+    # stage 9's TDT on sherpa-onnx's features, decoded by sherpa-onnx: the runtime
+    # with sherpa-onnx's rule gives its hypotheses
+    name = "tdt_kaldi"
+    sherpa = exp / f"asr_{name}" / "sherpa_greedy_valid.loss.ave" / "test"
+    nemo = exp / f"asr_{name}" / "runtime_nemo_b1_valid.loss.ave" / "test"
+    assert texts(sherpa) == texts(nemo) and len(texts(sherpa)) == n_test
+    stats = json.loads((sherpa / "decoding_stats.json").read_text())
+    assert stats["num_utterances"] == n_test and stats["rtf"] > 0
+    assert "\n## sherpa-onnx\n" in md
 
 
 @pytest.mark.slow

@@ -57,10 +57,11 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beam_size", type=int, default=4, help="beam search's K")
     parser.add_argument(
         "--blank_decision",
-        choices=["total", "symbol"],
+        choices=["total", "symbol", "nemo"],
         default=None,
         help="greedy search's blank-or-label rule (default: the plug-in's for the "
-        "model's lattice: total)",
+        "model's lattice: total; nemo: NeMo's and sherpa-onnx's rule, for standard "
+        "and TDT models)",
     )
     parser.add_argument(
         "--max_sym_per_frame",

@@ -4,7 +4,7 @@
 #
 #   bash egs/digits/asr1/run.sh                 # everything (33-38 min on 2 idle cores, README.md)
 #   bash egs/digits/asr1/run.sh --smoke         # tiny data + model, 2 epochs
-#   bash egs/digits/asr1/run.sh --stage 10 --stop_stage 15
+#   bash egs/digits/asr1/run.sh --stage 11 --stop_stage 16
 #   bash egs/digits/asr1/run.sh --dir /tmp/digits   # write data/, exp/ elsewhere
 #
 # Stages (ESPnet style; each writes a done-marker only after it succeeded, outputs are
@@ -30,21 +30,24 @@
 #      processes, so the training is the same. With --train_jobs J > 1 that makes up to
 #      J*N processes of one torch thread each; with --train_jobs 1 the N processes share
 #      the CPUs (cpus / N threads each).
-#   9  train two word LMs with ESPnet's LM trainer: "train" on the training transcripts,
+#   9  train the models of --sherpa_models again on sherpa-onnx's features (frontend:
+#      kaldi_fbank, conf/train_<model>_kaldi.yaml; default: the TDT), side by side
+#      with 6-8: the models sherpa-onnx can decode (stage 14)
+#  10  train two word LMs with ESPnet's LM trainer: "train" on the training transcripts,
 #      "known" on the account list
-#  10  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
+#  11  decode test, test_real: standard greedy + beam (+ mb_greedy, the same greedy code
 #      as the multi-blank model's); multi-blank mb_greedy + mb_beam; TDT tdt_greedy +
 #      tdt_beam, one utterance at a time; the batched beam searches (frame and label
 #      rules, batch 32); the plug-in's searches write test_real's word times (1best_recog/ctm);
 #      then the throughput runs, and every plug-in search on test in float16 and
 #      bfloat16 (--dtype_jobs, batch --dtype_batch 32; not timed)
-#  11  LM fusion, the label-synchronous batched beam searches (--lm_searches): the
+#  12  LM fusion, the label-synchronous batched beam searches (--lm_searches): the
 #      weight of each LM chosen on its dev set (dev for "train", dev_known for
 #      "known"; --lm_weights, --lm_known_weights), then test, test_real with the
 #      "train" LM and test_known without and with the "known" LM; at the chosen
 #      weights one one-at-a-time beam run per model and the frame-synchronous batched
 #      beams (--lm_extra_jobs); --lm_decode_jobs decodings at a time
-#  12  streaming (the models' chunk conformers, docs/streaming.md), with each model's
+#  13  streaming (the models' chunk conformers, docs/streaming.md), with each model's
 #      greedy search: (a) test decoded offline at --stream_chunks encoder frames per
 #      chunk (4 16: 160, 640 ms; batched: the chunk-masked encoder output, i.e. the
 #      hypotheses the streams give) for the streaming WER; (b) --stream_utts
@@ -54,14 +57,17 @@
 #      against (a)); (c) --stream_utts utterances of test_real streamed at the same
 #      chunks for the emission delays against its known word boundaries
 #      (--lm_decode_jobs at a time, not timed)
-#  13  deployment without torch: each model exported to ONNX
+#  14  deployment without torch: each model exported to ONNX
 #      (espnet_multiblank.bin.export_onnx, checked against PyTorch) and test decoded
-#      with the torch-free runtime (espnet_multiblank.runtime.decode; --deploy_jobs):
+#      with the torch-free runtime (espnet_multiblank.runtime.decode; --deploy_tags):
 #      greedy one utterance at a time (timed) and 32 at a time, label-synchronous beam
-#      search, and streams at 640 ms chunks (16 streams together), greedy and beam
-#  14  score WER / CER; word-time errors of test_real against its known boundaries;
-#      the streaming emission delays; the runtime's decodings
-#  15  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
+#      search, and streams at 640 ms chunks (16 streams together), greedy and beam;
+#      stage 9's models exported for sherpa-onnx too (--format sherpa_onnx) and test
+#      decoded by sherpa-onnx, by the runtime (its greedy rule and sherpa-onnx's) and
+#      by the plug-in (PyTorch, greedy, one utterance at a time)
+#  15  score WER / CER; word-time errors of test_real against its known boundaries;
+#      the streaming emission delays; the runtime's and sherpa-onnx's decodings
+#  16  report: exp/RESULTS.md (+ RESULTS.md next to this script), validation-loss and
 #      WER-vs-search-time plots
 set -euo pipefail
 
@@ -70,7 +76,7 @@ repo=$(cd "$recipe/../../.." && pwd)
 
 # ---------------------------------------------------------------- options
 stage=1
-stop_stage=15
+stop_stage=16
 smoke=false
 dir=$recipe                 # working directory: data/, wav/, exp/ go there
 python=$(source "$repo/tools/venv_path.sh" && echo "$VENV/bin/python")
@@ -103,8 +109,8 @@ lm_extra_jobs="standard:mb_beam:1 multiblank:mb_beam:1 tdt:tdt_beam:1
 lm_weights="0.1 0.2 0.4"    # candidates for LM "train", chosen on dev (0, no LM, too)
 lm_known_weights="0.2 0.4 0.8 1.6"  # candidates for LM "known", on dev_known (and 0)
 lm_decode_jobs=2            # LM decodings at a time (not timed: they may share CPUs)
-decode_jobs=""              # stage 10's model:search[:batch] (default below)
-# the batched beam searches decoded in stage 10 (with the one-at-a-time ones)
+decode_jobs=""              # stage 11's model:search[:batch] (default below)
+# the batched beam searches decoded in stage 11 (with the one-at-a-time ones)
 batched_jobs="standard:mb_beam:32 standard:mb_beam_label:32 multiblank:mb_beam:32
   multiblank:mb_beam_label:32 tdt:tdt_beam:32 tdt:tdt_beam_label:32"
 # model:search decoded on the first test set in half precision too (--dtype), to
@@ -113,9 +119,9 @@ dtype_jobs="standard:mb_greedy multiblank:mb_greedy multiblank:mb_beam tdt:tdt_g
   tdt:tdt_beam"
 dtypes="float16 bfloat16"
 # their batch: float32's batched decoding gives the hypotheses of batch 1, so half
-# precision at batch 32 is compared with float32 at batch 1 (stage 10's decodings)
+# precision at batch 32 is compared with float32 at batch 1 (stage 11's decodings)
 dtype_batch=32
-# streaming (stage 12): model:search decoded as streams, chunk sizes (encoder frames of
+# streaming (stage 13): model:search decoded as streams, chunk sizes (encoder frames of
 # 40 ms), the piece length (samples: 640 = 80 ms at 8 kHz), the batched run's streams
 # and chunk
 stream_jobs="standard:mb_greedy multiblank:mb_greedy tdt:tdt_greedy"
@@ -124,11 +130,14 @@ stream_piece=640
 stream_batch=16
 stream_batch_chunk=16
 stream_utts=100             # utterances of each test set streamed (spread over it)
-# stage 13: the models exported to ONNX, and the runtime's decodings of the first test
+# stage 14: the models exported to ONNX, and the runtime's decodings of the first test
 # set, "model:tag" with tag one of greedy_b1 (timed), greedy_b32, beam_b32 (beam 4),
 # stream_greedy_c16, stream_beam_c16 (16 encoder frames = 640 ms per chunk, 16
 # streams at a time, pieces of --stream_piece samples)
 deploy_models="standard multiblank tdt"
+# stage 9: the models trained again on sherpa-onnx's features (conf/train_<m>_kaldi.yaml,
+# exp/asr_<m>_kaldi), exported for sherpa-onnx in stage 14 ("": none)
+sherpa_models="tdt"
 deploy_tags="greedy_b1 greedy_b32 beam_b32 stream_greedy_c16 stream_beam_c16"
 
 usage() {
@@ -145,6 +154,7 @@ usage() {
   echo "         --stream_batch N --stream_batch_chunk C --stream_utts N"
   echo "         --deploy_models 'model ...' --deploy_tags 'tag ...'"
   echo "         --train_config F --mb_train_config F --tdt_train_config F"
+  echo "         --sherpa_models 'model ...'"
 }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -156,7 +166,7 @@ while [ $# -gt 0 ]; do
     --dtype_batch|--decode_jobs|--lm_extra_jobs|\
     --stream_jobs|--stream_chunks|--stream_piece|--stream_batch|--stream_batch_chunk|\
     --stream_utts|--deploy_models|--deploy_tags|--train_config|--mb_train_config|\
-    --tdt_train_config)
+    --tdt_train_config|--sherpa_models)
       [ $# -ge 2 ] || { echo "$1 needs a value" >&2; exit 1; }
       declare "${1#--}=$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -220,6 +230,7 @@ infer_cmd=("$python" -m espnet_multiblank.bin.asr_inference)
 test_sets="test test_real"
 token_list=$data/token_list/word/tokens.txt
 stats_dir=$exp/asr_stats_word
+stats_dir_kaldi=$exp/asr_stats_word_kaldi   # sherpa-onnx's features (stage 9's models)
 
 log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') [run.sh] $*"; }
 die() { log "ERROR: $*" >&2; exit 1; }
@@ -406,31 +417,44 @@ common_args() {
     --valid_data_path_and_name_and_type "$data/dev/wav.scp,speech,sound" \
     --valid_data_path_and_name_and_type "$data/dev/text,text,text"
 }
-stage_stats() {
-  rm -rf "$stats_dir" "$stats_dir.tmp"
-  mkdir -p "$stats_dir.tmp"
-  # the model is built (to run its frontend) from the standard config; the frontend is
-  # the same in both configs
+collect_stats() {  # collect_stats CONFIG DIR: feature statistics and shapes into DIR
+  local config=$1 dir=$2
+  rm -rf "$dir" "$dir.tmp"
+  mkdir -p "$dir.tmp"
   # shellcheck disable=SC2046
-  "${train_cmd[@]}" --collect_stats true --ngpu 0 --config "$train_config" \
+  "${train_cmd[@]}" --collect_stats true --ngpu 0 --config "$config" \
     $(common_args) --normalize none \
     --train_shape_file "$data/train/wav.scp" --valid_shape_file "$data/dev/wav.scp" \
-    --batch_size 32 --output_dir "$stats_dir.tmp" > "$stats_dir.tmp/collect_stats.log" 2>&1 \
-    || { tail -n 30 "$stats_dir.tmp/collect_stats.log" >&2; die "collect_stats failed"; }
+    --batch_size 32 --output_dir "$dir.tmp" > "$dir.tmp/collect_stats.log" 2>&1 \
+    || { tail -n 30 "$dir.tmp/collect_stats.log" >&2; die "collect_stats failed"; }
   # ESPnet's asr.sh: text_shape.<token_type> = "utt length,vocab_size"
   local v s
   v=$(wc -l < "$token_list")
   for s in train valid; do
-    awk -v N="$v" '{ print $0 "," N }' "$stats_dir.tmp/$s/text_shape" \
-      > "$stats_dir.tmp/$s/text_shape.word"
+    awk -v N="$v" '{ print $0 "," N }' "$dir.tmp/$s/text_shape" \
+      > "$dir.tmp/$s/text_shape.word"
   done
-  [ -s "$stats_dir.tmp/train/feats_stats.npz" ] || die "no feats_stats.npz"
-  mv "$stats_dir.tmp" "$stats_dir"
+  [ -s "$dir.tmp/train/feats_stats.npz" ] || die "no feats_stats.npz in $dir.tmp"
+  mv "$dir.tmp" "$dir"
+}
+stage_stats() {
+  # the model is built (to run its frontend) from the standard config; the frontend is
+  # the same in the three configs; stage 9's models have sherpa-onnx's (kaldi_fbank)
+  local pid="" m
+  for m in $sherpa_models; do
+    collect_stats "$(sherpa_config "$m")" "$stats_dir_kaldi" & pid=$!
+    break  # one front end for all of them
+  done
+  collect_stats "$train_config" "$stats_dir"
+  [ -z "$pid" ] || wait "$pid" || die "collect_stats ($stats_dir_kaldi) failed"
+}
+sherpa_config() {  # sherpa_config MODEL: its config on sherpa-onnx's features
+  echo "$recipe/conf/train_${1}_kaldi.yaml"
 }
 
 # ----------------------------------------------------- stages 6, 7, 8: training
-train_model() {
-  local name=$1 config=$2
+train_model() {  # train_model NAME CONFIG [STATS_DIR]
+  local name=$1 config=$2 stats=${3:-$stats_dir}
   local out=$exp/asr_$name
   rm -rf "$out" "$out.tmp"
   mkdir -p "$out.tmp"
@@ -446,11 +470,11 @@ train_model() {
       --dist_timeout 600)
   fi
   "${threads[@]}" "${train_cmd[@]}" --ngpu 0 --config "$config" $(common_args) \
-    --normalize_conf stats_file="$stats_dir/train/feats_stats.npz" \
-    --train_shape_file "$stats_dir/train/speech_shape" \
-    --train_shape_file "$stats_dir/train/text_shape.word" \
-    --valid_shape_file "$stats_dir/valid/speech_shape" \
-    --valid_shape_file "$stats_dir/valid/text_shape.word" \
+    --normalize_conf stats_file="$stats/train/feats_stats.npz" \
+    --train_shape_file "$stats/train/speech_shape" \
+    --train_shape_file "$stats/train/text_shape.word" \
+    --valid_shape_file "$stats/valid/speech_shape" \
+    --valid_shape_file "$stats/valid/text_shape.word" \
     --resume false --output_dir "$out.tmp" "${ddp[@]}" $train_args \
     > "$out.tmp/train.log" 2>&1 &
   local pid=$!
@@ -476,20 +500,28 @@ train_model() {
 stage_train_std() { train_model standard "$train_config"; }
 stage_train_mb() { train_model multiblank "$mb_train_config"; }
 stage_train_tdt() { train_model tdt "$tdt_train_config"; }
+stage_train_sherpa() {  # one after the other (one by default: the TDT)
+  local m
+  for m in $sherpa_models; do
+    train_model "${m}_kaldi" "$(sherpa_config "$m")" "$stats_dir_kaldi"
+  done
+}
 
-# stage number, name, function of the trainings, in order
+# stage number, name, function of the trainings, in order (and the first stage that
+# depends on them: decoding, 11, for 6-8; deployment, 14, for 9)
 train_stages=(
-  "6 train_standard stage_train_std"
-  "7 train_multiblank stage_train_mb"
-  "8 train_tdt stage_train_tdt"
+  "6 train_standard stage_train_std 11"
+  "7 train_multiblank stage_train_mb 11"
+  "8 train_tdt stage_train_tdt 11"
 )
+[ -z "$sherpa_models" ] || train_stages+=("9 train_sherpa stage_train_sherpa 14")
 # at most $train_jobs trainings at a time, in stage order
 run_trainings() {
   local spec p rc=0 running pids=()
   if [ "$train_jobs" -le 1 ]; then
     for spec in "${train_stages[@]}"; do
       # shellcheck disable=SC2086
-      run_stage $spec 10
+      run_stage $spec
     done
     return 0
   fi
@@ -503,7 +535,7 @@ run_trainings() {
       sleep 5
     done
     # shellcheck disable=SC2086
-    run_stage $spec 10 &
+    run_stage $spec &
     pids+=($!)
   done
   for p in "${pids[@]}"; do
@@ -512,7 +544,7 @@ run_trainings() {
   [ $rc -eq 0 ] || die "training failed"
 }
 
-# ------------------------------------------------------------ stage 9: LMs
+# ----------------------------------------------------------- stage 10: LMs
 # train_lm NAME CONFIG TRAIN_TEXT VALID_TEXT: ESPnet's LM trainer (espnet2.bin.lm_train,
 # imported after the plug-in's quiet module, as the ASR trainings are)
 train_lm() {
@@ -666,7 +698,7 @@ score() {  # score SET DECODE_DIR (and its word times against known boundaries)
       "$2/1best_recog/ctm" "$2"
   fi
 }
-# ------------------------------------------------------------ stage 10: decode
+# ------------------------------------------------------------ stage 11: decode
 stage_decode() {
   local job name search s bs entry tag dtype
   queue_reset
@@ -708,7 +740,7 @@ stage_decode() {
   queue_run "$lm_decode_jobs" "half precision on $s"
 }
 
-# ----------------------------------------------------- stage 11: LM decoding
+# ----------------------------------------------------- stage 12: LM decoding
 # LM NAME: its dev set and test sets
 lm_dev() { case $1 in train) echo dev ;; known) echo dev_known ;; esac; }
 lm_tests() { case $1 in train) echo "$test_sets" ;; known) echo test_known ;; esac; }
@@ -795,7 +827,7 @@ stage_lm_decode() {
   queue_run "$lm_decode_jobs" "the test sets at the chosen LM weights"
 }
 
-# --------------------------------------------------------- stage 12: streaming
+# --------------------------------------------------------- stage 13: streaming
 chunk_dir() {  # chunk_dir MODEL SEARCH CHUNK: offline at a chunk (per-set dirs below)
   echo "$exp/asr_$1/chunk_${2}_c${3}_${inference_model%.pth}"
 }
@@ -848,7 +880,7 @@ stage_stream() {
   queue_run "$lm_decode_jobs" "streaming test_real"
 }
 
-# ----------------------------------------------------------- stage 13: deploy
+# ----------------------------------------------------------- stage 14: deploy
 onnx_dir() {  # onnx_dir MODEL: the model exported to ONNX
   echo "$exp/asr_$1/onnx_${inference_model%.pth}"
 }
@@ -869,35 +901,70 @@ runtime_args() {
     *) die "unknown deploy tag $tag (greedy_bN, beam_bN, stream_greedy_cN, stream_beam_cN)" ;;
   esac
 }
+export_model() {  # export_model NAME DIR [FORMAT]: the model exported to ONNX
+  local name=$1 out=$2 format=${3:-native}
+  log "deploy: exporting $name ($format) to $out"
+  "$python" -m espnet_multiblank.bin.export_onnx --overwrite --format "$format" \
+    --asr_train_config "$exp/asr_$name/config.yaml" \
+    --asr_model_file "$exp/asr_$name/$inference_model" \
+    --output_dir "$out" > "$out.log" 2>&1 \
+    || { tail -n 20 "$out.log" >&2; die "export of $name failed: $out.log"; }
+}
+# runtime_decode NAME TAG ARGS...: the runtime's decoding of the first test set into
+# runtime_dir NAME TAG (written as .tmp, renamed when complete)
+runtime_decode() {
+  local name=$1 tag=$2 s=${test_sets%% *} out
+  shift 2
+  out=$(runtime_dir "$name" "$tag")/$s
+  rm -rf "$out" "$out.tmp"
+  mkdir -p "$(dirname "$out")"
+  "$python" -m espnet_multiblank.runtime.decode --model_dir "$(onnx_dir "$name")" \
+    --wav_scp "$data/$s/wav.scp" --output_dir "$out.tmp" --num_threads 1 "$@" \
+    > "$out.tmp.log" 2>&1 \
+    || { tail -n 20 "$out.tmp.log" >&2; die "runtime decoding failed: $out.tmp.log"; }
+  mkdir -p "$out.tmp/1best_recog"
+  mv "$out.tmp/text" "$out.tmp/1best_recog/text"
+  mv "$out.tmp.log" "$out.tmp/decode.log"
+  mv "$out.tmp" "$out"
+  log "deploy: $name $tag: $(grep -o '"real_time_factor": [0-9.e-]*' "$out/decoding_stats.json")"
+}
+sherpa_dir() {  # sherpa_dir NAME: the model exported for sherpa-onnx
+  echo "$exp/asr_$1/sherpa_onnx_${inference_model%.pth}"
+}
+sherpa_decode_dir() {  # sherpa_decode_dir NAME: sherpa-onnx's decodings (per set)
+  echo "$exp/asr_$1/sherpa_greedy_${inference_model%.pth}"
+}
 stage_deploy() {
-  local name tag s out
+  local name tag s out m greedy
   s=${test_sets%% *}
   for name in $deploy_models; do
-    log "deploy: exporting $name to $(onnx_dir "$name")"
-    "$python" -m espnet_multiblank.bin.export_onnx --overwrite \
-      --asr_train_config "$exp/asr_$name/config.yaml" \
-      --asr_model_file "$exp/asr_$name/$inference_model" \
-      --output_dir "$(onnx_dir "$name")" > "$exp/asr_$name/export_onnx.log" 2>&1 \
-      || { tail -n 20 "$exp/asr_$name/export_onnx.log" >&2; die "export of $name failed"; }
+    export_model "$name" "$(onnx_dir "$name")"
     for tag in $deploy_tags; do
-      out=$(runtime_dir "$name" "$tag")/$s
-      rm -rf "$out" "$out.tmp"
-      mkdir -p "$(dirname "$out")"
       # shellcheck disable=SC2046
-      "$python" -m espnet_multiblank.runtime.decode --model_dir "$(onnx_dir "$name")" \
-        --wav_scp "$data/$s/wav.scp" --output_dir "$out.tmp" --num_threads 1 \
-        $(runtime_args "$tag") > "$out.tmp.log" 2>&1 \
-        || { tail -n 20 "$out.tmp.log" >&2; die "runtime decoding failed: $out.tmp.log"; }
-      mkdir -p "$out.tmp/1best_recog"
-      mv "$out.tmp/text" "$out.tmp/1best_recog/text"
-      mv "$out.tmp.log" "$out.tmp/decode.log"
-      mv "$out.tmp" "$out"
-      log "deploy: $name $tag: $(grep -o '"real_time_factor": [0-9.e-]*' "$out/decoding_stats.json")"
+      runtime_decode "$name" "$tag" $(runtime_args "$tag")
     done
   done
+  # stage 9's models: sherpa-onnx, and the runtime and the plug-in beside it (one
+  # utterance at a time, one thread each)
+  queue_reset
+  for m in $sherpa_models; do
+    name=${m}_kaldi
+    greedy=mb_greedy; [ "$m" = tdt ] && greedy=tdt_greedy
+    export_model "$name" "$(sherpa_dir "$name")" sherpa_onnx
+    export_model "$name" "$(onnx_dir "$name")"
+    out=$(sherpa_decode_dir "$name")/$s
+    rm -rf "$out"
+    "$python" "$recipe/local/decode_sherpa.py" "$(sherpa_dir "$name")" \
+      "$data/$s/wav.scp" "$out" || die "sherpa-onnx decoding of $name failed"
+    log "deploy: $name sherpa-onnx: $(grep -o '"rtf": [0-9.e-]*' "$out/decoding_stats.json")"
+    runtime_decode "$name" greedy_b1 --search greedy --batch_size 1
+    runtime_decode "$name" nemo_b1 --search greedy --blank_decision nemo --batch_size 1
+    queue_decode "$(decode_dir "$name" "$greedy")/$s" "$name" "$greedy" "$s" 1
+  done
+  queue_run 1 "the plug-in's greedy search on stage 9's models"
 }
 
-# ------------------------------------------------------------ stage 14: score
+# ------------------------------------------------------------ stage 15: score
 score_subset() {  # score_subset SET DECODE_DIR: the streamed utterances of SET only
   awk 'NR == FNR { keep[$1] = 1; next } $1 in keep' "$(stream_keys "$1")" \
     "$data/$1/text" > "$2/ref_text"
@@ -908,7 +975,7 @@ emission_delay() {  # emission_delay DECODE_DIR: test_real word ends vs emission
     "$data/test_real/word_times" "$1"
 }
 stage_score() {
-  local job name search s bs entry lm w tag
+  local job name search s bs entry lm w tag m d
   for job in $decode_jobs; do
     parse_job "$job"
     for s in $test_sets; do
@@ -956,7 +1023,15 @@ stage_score() {
       [ -d "$(runtime_dir "$name" "$tag")/$s" ] && score "$s" "$(runtime_dir "$name" "$tag")/$s"
     done
   done
-  for job in $lm_searches $lm_extra_jobs; do  # the LM decodings (scored in stage 11
+  for m in $sherpa_models; do
+    name=${m}_kaldi
+    for d in "$(sherpa_decode_dir "$name")" "$(runtime_dir "$name" greedy_b1)" \
+        "$(runtime_dir "$name" nemo_b1)" "$(decode_dir "$name" mb_greedy)" \
+        "$(decode_dir "$name" tdt_greedy)"; do
+      [ -d "$d/$s" ] && score "$s" "$d/$s"
+    done
+  done
+  for job in $lm_searches $lm_extra_jobs; do  # the LM decodings (scored in stage 12
     parse_job "$job"                           # already: again)
     for lm in train known; do
       for w in $(lm_candidates $lm); do
@@ -969,7 +1044,7 @@ stage_score() {
   done
 }
 
-# ----------------------------------------------------------- stage 15: report
+# ----------------------------------------------------------- stage 16: report
 stage_report() {
   "$python" "$recipe/local/make_report.py" --exp "$exp" --data "$data" --wavdir "$wavdir" \
     --inference_model "${inference_model%.pth}" --decode_jobs "$decode_jobs" \
@@ -980,6 +1055,7 @@ stage_report() {
     --stream_batch "$stream_batch" --stream_batch_chunk "$stream_batch_chunk" \
     --stream_utts "$stream_utts" \
     --deploy_models "$deploy_models" --deploy_tags "$deploy_tags" \
+    --sherpa_models "$sherpa_models" \
     --test_sets "$test_sets" --train_jobs "$train_jobs" $($smoke && echo --smoke)
   if ! $smoke; then
     cp "$exp/RESULTS.md" "$recipe/RESULTS.md"
@@ -992,18 +1068,20 @@ stage_report() {
 
 # the stage numbers of this script: a run dir whose markers were written by a run.sh
 # with other numbers (its layout file says so) would skip the wrong stages
-layout="15 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 deploy, 14 score, 15 report"
-# the layout before stage 13 (deploy) existed: its markers 1-12 mean the same, its 13
-# (score) and 14 (report) are this layout's 14 and 15
+layout="16 stages: 6-9 models, 10 LMs, 11 decode, 12 LM decode, 13 streaming, 14 deploy, 15 score, 16 report"
+# earlier numberings: their markers 1-8 mean the same, 9-12 (LMs to streaming) are
+# this layout's 10-13, the later ones (deploy, score, report) are redone
 layout_14="14 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 score, 14 report"
+layout_15="15 stages: 6-8 models, 9 LMs, 10 decode, 11 LM decode, 12 streaming, 13 deploy, 14 score, 15 report"
 check_layout() {
-  local old
+  local old k
   old=$(cat "$done_dir/layout" 2>/dev/null || true)
-  if [ "$old" = "$layout_14" ]; then
-    rm -f "$done_dir/15"
-    [ -e "$done_dir/14" ] && mv "$done_dir/14" "$done_dir/15"
-    [ -e "$done_dir/13" ] && mv "$done_dir/13" "$done_dir/14"
-    log "stage markers renumbered for the new stage 13 (deploy)"
+  if [ "$old" = "$layout_14" ] || [ "$old" = "$layout_15" ]; then
+    rm -f "$done_dir"/1[3-9]
+    for k in 12 11 10 9; do
+      if [ -e "$done_dir/$k" ]; then mv "$done_dir/$k" "$done_dir/$((k + 1))"; fi
+    done
+    log "stage markers renumbered for stage 9 (sherpa-onnx's models) and 14 (deploy)"
     old=$layout
   fi
   if [ -n "$old" ] && [ "$old" != "$layout" ]; then
@@ -1021,13 +1099,13 @@ main() {
   run_stage 4 token_list stage_tokens
   run_stage 5 collect_stats stage_stats
   run_trainings
-  run_stage 9 train_lms stage_lms
-  run_stage 10 decode stage_decode
-  run_stage 11 lm_decode stage_lm_decode
-  run_stage 12 streaming stage_stream
-  run_stage 13 deploy stage_deploy
-  run_stage 14 score stage_score
-  run_stage 15 report stage_report
+  run_stage 10 train_lms stage_lms 11
+  run_stage 11 decode stage_decode
+  run_stage 12 lm_decode stage_lm_decode
+  run_stage 13 streaming stage_stream
+  run_stage 14 deploy stage_deploy
+  run_stage 15 score stage_score
+  run_stage 16 report stage_report
   log "all done ($SECONDS s)"
 }
 

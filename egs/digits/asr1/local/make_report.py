@@ -113,8 +113,9 @@ def main():
     p.add_argument("--stream_batch", type=int, default=16)
     p.add_argument("--stream_batch_chunk", type=int, default=16)
     p.add_argument("--stream_utts", type=int, default=0)
-    p.add_argument("--deploy_models", default="", help="models exported (stage 13)")
+    p.add_argument("--deploy_models", default="", help="models exported (stage 14)")
     p.add_argument("--deploy_tags", default="", help="the runtime's decodings")
+    p.add_argument("--sherpa_models", default="", help="stage 9's models")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--train_jobs", type=int, default=1)
     a = p.parse_args()
@@ -184,6 +185,9 @@ def main():
         a.deploy_tags.split(),
         a.inference_model,
         test_sets[0],
+    )
+    lines += deploy.sherpa_section(
+        a.exp, a.sherpa_models.split(), a.inference_model, test_sets[0]
     )
     lines += stages.section(a.exp)
     # written by local/compare_procs.sh (a separate, optional run)

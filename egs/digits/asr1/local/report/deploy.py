@@ -1,15 +1,15 @@
 """Report section "Deployment without torch": the models exported to ONNX and the
-test set decoded by the torch-free runtime (run.sh stage 13), against the plug-in's
-PyTorch decodings of stages 10 and 12 (same searches)."""
+test set decoded by the torch-free runtime (run.sh stage 14), against the plug-in's
+PyTorch decodings of stages 11 and 13 (same searches)."""
 
 import os
 
 from report.common import fmt_pct, load_json
 from report.streaming import _texts
 
-#: the plug-in's greedy search per model (stage 10's job names)
+#: the plug-in's greedy search per model (stage 11's job names)
 GREEDY = {"standard": "mb_greedy", "multiblank": "mb_greedy", "tdt": "tdt_greedy"}
-#: the plug-in's label-synchronous beam search per model (stage 10, batch 32)
+#: the plug-in's label-synchronous beam search per model (stage 11, batch 32)
 BEAM = {
     "standard": "mb_beam_label",
     "multiblank": "mb_beam_label",
@@ -35,7 +35,7 @@ def plugin_dirs(exp, model, tag, inference_model, test_set):
     elif tag.startswith("stream_greedy_c"):
         chunk = tag.rsplit("_c", 1)[1]
         # the offline decoding at the chunk (the streams' hypotheses); the speed of
-        # stage 12's streams, 16 at a time (of fewer utterances)
+        # stage 13's streams, 16 at a time (of fewer utterances)
         same = f"chunk_{GREEDY[model]}_c{chunk}_{inference_model}"
         speed = f"stream_{GREEDY[model]}_c{chunk}_b16_{inference_model}"
     else:
@@ -62,7 +62,7 @@ def _describe(tag):
 
 
 def section(exp, models, tags, inference_model, test_set):
-    """Markdown lines ([] when stage 13 did not run)."""
+    """Markdown lines ([] when stage 14 did not run)."""
     rows = []
     for model in models:
         for tag in tags:
@@ -105,13 +105,90 @@ def section(exp, models, tags, inference_model, test_set):
         "Each model exported with `python -m espnet_multiblank.bin.export_onnx` "
         "(every graph checked against PyTorch within 1e-4 before it is written) and "
         "decoded with `python -m espnet_multiblank.runtime.decode` (ONNX Runtime and "
-        "NumPy, one thread). The plug-in's decodings are those of stage 10 (greedy: "
+        "NumPy, one thread). The plug-in's decodings are those of stage 11 (greedy: "
         "one utterance at a time; beam: the label-synchronous rule, batch 32) and, for "
-        "streams, stage 12's offline decoding at the same chunk (a stream's final "
+        "streams, stage 13's offline decoding at the same chunk (a stream's final "
         "hypothesis is the offline search's on the same encoder output), whose speed "
-        "is that of stage 12's streams, 16 at a time (of fewer utterances). Real-time "
+        "is that of stage 13's streams, 16 at a time (of fewer utterances). Real-time "
         "factors come from separate processes at different times; "
         "`bench/runtime_decode.py` compares the two side by side in one run."
+    )
+    L.append("")
+    return L
+
+
+def sherpa_section(exp, models, inference_model, test_set):
+    """Markdown lines on stage 9's models decoded by sherpa-onnx ([] without)."""
+    rows = []
+    for m in models:
+        name = f"{m}_kaldi"
+        d = os.path.join(exp, f"asr_{name}")
+        greedy = GREEDY[m]
+        runs = [
+            ("sherpa-onnx, greedy (its rule)", f"sherpa_greedy_{inference_model}"),
+            (
+                "runtime, sherpa-onnx's rule (nemo)",
+                f"runtime_nemo_b1_{inference_model}",
+            ),
+            (
+                "runtime, the plug-in's greedy rule",
+                f"runtime_greedy_b1_{inference_model}",
+            ),
+            (f"plug-in (PyTorch), {greedy}", f"decode_{greedy}_{inference_model}"),
+        ]
+        loaded = [(what, _run(os.path.join(d, sub, test_set))) for what, sub in runs]
+        if loaded[0][1]["stats"] is None:
+            continue
+        base = _run(
+            os.path.join(
+                exp, f"asr_{m}", f"decode_{greedy}_{inference_model}", test_set
+            )
+        )
+        rows.append((m, loaded, base))
+    if not rows:
+        return []
+    L = ["## sherpa-onnx", ""]
+    L.append(
+        f"| model | decoder | WER {test_set} | hypotheses different from "
+        "sherpa-onnx's | RTF (one utterance at a time, one thread) |"
+    )
+    L.append("|" + "---|" * 5)
+    for m, loaded, base in rows:
+        ref = loaded[0][1]["text"]
+        for what, run in loaded:
+            keys = set(ref) | set(run["text"])
+            n = (
+                sum(ref.get(k) != run["text"].get(k) for k in keys)
+                if run["text"]
+                else None
+            )
+            stats = run["stats"] or {}
+            rtf = stats.get("rtf", stats.get("real_time_factor"))
+            L.append(
+                f"| {m} on kaldi_fbank | {what} | "
+                f"{fmt_pct(run['score']['wer'] if run['score'] else None)} | "
+                + ("-" if n is None else f"{n} / {len(keys)}")
+                + " | "
+                + ("-" if rtf is None else f"{rtf:.4f}")
+                + " |"
+            )
+        wer = base["score"]["wer"] if base["score"] else None
+        L.append(
+            f"| {m} (the default front end) | plug-in (PyTorch), {GREEDY[m]} | "
+            f"{fmt_pct(wer)} | - | - |"
+        )
+    L.append("")
+    L.append(
+        "Stage 9 trains these models again on sherpa-onnx's features (`frontend: "
+        "kaldi_fbank`, equal to kaldi-native-fbank's); stage 14 exports them with "
+        "`export_onnx --format sherpa_onnx` and decodes `test` with the sherpa-onnx "
+        "wheel, with the torch-free runtime (sherpa-onnx's greedy rule, "
+        "`--blank_decision nemo`, whose hypotheses must be sherpa-onnx's, and the "
+        "plug-in's rule) and "
+        "with the plug-in. sherpa-onnx's TDT rule (the token's and the duration's "
+        "arg-max on their own, no end rule, up to 5 labels per frame) is not the "
+        "plug-in's (`blank_decision: total` over the arcs the end rule allows), so "
+        "their hypotheses may differ where the two rules choose differently."
     )
     L.append("")
     return L

@@ -1,5 +1,5 @@
 """Report section "Language models": the two LMs, the weights chosen on dev, and WER
-without and with them for every beam search (run.sh stages 9 and 11)."""
+without and with them for every beam search (run.sh stages 10 and 12)."""
 
 import os
 

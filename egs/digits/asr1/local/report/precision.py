@@ -1,5 +1,5 @@
 """Report section "Half precision": the plug-in's searches with ``--dtype float16`` /
-``bfloat16`` against float32 on the first test set (run.sh stage 10's dtype jobs)."""
+``bfloat16`` against float32 on the first test set (run.sh stage 11's dtype jobs)."""
 
 import os
 

@@ -1,5 +1,5 @@
 """Report section "Streaming": WER at each chunk size, latency, emission delay and
-speed of the streaming decodings (run.sh stage 12) against the same models' offline
+speed of the streaming decodings (run.sh stage 13) against the same models' offline
 decodings."""
 
 import os
@@ -93,7 +93,7 @@ def section(res, offline, jobs, chunks, batch, batch_chunk, test_set, utts=None)
     """Markdown lines; ``offline``: decoding.load_results's dict."""
     L = ["## Streaming", ""]
     if not any(r["stats"] or r["score"] for r in res.values()):
-        return L + ["No streaming decodings (stage 12).", ""]
+        return L + ["No streaming decodings (stage 13).", ""]
     L.append(
         f"| model | search | chunk | algorithmic latency | WER {test_set} full context "
         f"| WER {test_set} at the chunk | streamed: same hypotheses | RTF (1 stream) "

@@ -27,6 +27,7 @@ import torch
 from espnet_experiments import (  # noqa: F401  (BLANK_BIAS: test_decoding_stock)
     BLANK_BIAS,
     DECODE_TDT_DURS,
+    inference_args,
     make_experiment,
     make_tdt_experiment,
 )
@@ -66,19 +67,7 @@ def run_inference(exp: Path, scp: Path, out: Path, conf: str, *extra: str):
     from espnet_multiblank.bin.asr_inference import get_parser, inference
 
     args = get_parser().parse_args(
-        [
-            "--config",
-            str(CONF / conf),
-            "--asr_train_config",
-            str(exp / "config.yaml"),
-            "--asr_model_file",
-            str(exp / "model.pth"),
-            "--data_path_and_name_and_type",
-            f"{scp},speech,sound",
-            "--output_dir",
-            str(out),
-            *extra,
-        ]
+        inference_args(exp, scp, out, "--config", str(CONF / conf), *extra)
     )
     kwargs = vars(args)
     kwargs.pop("config", None)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from espnet_experiments import inference_args
 from hook_env import stock_env
 from test_decoding_cli import (  # noqa: I100
     CONF,
@@ -71,20 +72,9 @@ def setup(tmp_path_factory):
 
 
 def decode_args(exp: Path, scp: Path, out: Path, conf: str):
-    return [
-        "--config",
-        str(CONF / conf),
-        "--batch_size",
-        "1",
-        "--asr_train_config",
-        str(exp / "config.yaml"),
-        "--asr_model_file",
-        str(exp / "model.pth"),
-        "--data_path_and_name_and_type",
-        f"{scp},speech,sound",
-        "--output_dir",
-        str(out),
-    ]
+    return inference_args(
+        exp, scp, out, "--config", str(CONF / conf), "--batch_size", "1"
+    )
 
 
 # (model, decode config): greedy/beam are ESPnet's search types (served by the plug-in

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from espnet_experiments import inference_args
 from hook_env import stock_env
 from test_decoding_cli import REPO, make_data, run_inference  # noqa: I100
 from test_decoding_stock import plugin_experiments, read_outputs
@@ -189,16 +190,13 @@ def test_entry_points_print_no_notes_about_optional_packages(tmp_path):
         sys.executable,
         "-m",
         "espnet_multiblank.bin.asr_inference",
-        "--config",
-        str(REPO / "conf" / "decode" / "mb_greedy.yaml"),
-        "--asr_train_config",
-        str(exp / "config.yaml"),
-        "--asr_model_file",
-        str(exp / "model.pth"),
-        "--data_path_and_name_and_type",
-        f"{scp},speech,sound",
-        "--output_dir",
-        str(tmp_path / "out"),
+        *inference_args(
+            exp,
+            scp,
+            tmp_path / "out",
+            "--config",
+            str(REPO / "conf" / "decode" / "mb_greedy.yaml"),
+        ),
     ]
     proc = subprocess.run(
         decode, cwd=REPO, env=env, capture_output=True, text=True, timeout=900

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from espnet_experiments import inference_args
 from test_decoding_cli import CONF, REPO, make_data  # noqa: I100
 from test_decoding_stock import plugin_experiments, read_outputs
 from test_tdt_cli import make_tdt_experiment
@@ -103,19 +104,7 @@ def setup(tmp_path_factory):
 def _cli(exp: Path, scp: Path, out: Path, *extra: str) -> dict:
     from espnet_multiblank.bin.asr_inference import get_parser, inference
 
-    args = get_parser().parse_args(
-        [
-            "--asr_train_config",
-            str(exp / "config.yaml"),
-            "--asr_model_file",
-            str(exp / "model.pth"),
-            "--data_path_and_name_and_type",
-            f"{scp},speech,sound",
-            "--output_dir",
-            str(out),
-            *extra,
-        ]
-    )
+    args = get_parser().parse_args(inference_args(exp, scp, out, *extra))
     kwargs = vars(args)
     kwargs.pop("config", None)
     kwargs.pop("allow_failed_utterances", None)

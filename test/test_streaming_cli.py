@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+from espnet_experiments import inference_args
 from hook_env import stock_env
 from streaming_cases import (
     FS,
@@ -41,21 +42,9 @@ def setup(tmp_path_factory):
 def decode_args(exp, scp, out, *extra):
     conf = out.parent / "decode_mb_greedy.yaml"  # ESPnet's parser: a YAML only
     conf.write_text("beam_size: 1\ntransducer_conf:\n    search_type: mb_greedy\n")
-    return [
-        "--config",
-        str(conf),
-        "--asr_train_config",
-        str(exp / "config.yaml"),
-        "--asr_model_file",
-        str(exp / "model.pth"),
-        "--data_path_and_name_and_type",
-        f"{scp},speech,sound",
-        "--output_dir",
-        str(out),
-        "--streaming",
-        "true",
-        *extra,
-    ]
+    return inference_args(
+        exp, scp, out, "--config", str(conf), "--streaming", "true", *extra
+    )
 
 
 def run_plugin(exp, scp, out, *extra):

@@ -151,6 +151,26 @@ def make_tdt_experiment(root: Path) -> Path:
     )
 
 
+# ------------------------------------------------------------------------ decoding
+
+
+def inference_args(exp: Path, scp: Path, out: Path, *extra: str) -> list:
+    """The inference entry points' arguments that decode ``scp`` (a wav.scp) with
+    the experiment ``exp`` (``config.yaml``, ``model.pth``) into ``out``, then
+    ``extra``."""
+    return [
+        "--asr_train_config",
+        str(exp / "config.yaml"),
+        "--asr_model_file",
+        str(exp / "model.pth"),
+        "--data_path_and_name_and_type",
+        f"{scp},speech,sound",
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
+
+
 # ------------------------------------------------------------------------ training
 
 #: epochs of the tiny trainings (one batch of the 8 utterances each)

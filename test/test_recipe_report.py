@@ -38,43 +38,50 @@ def write_markers(done: Path, stages):
 
 
 def test_run_span_covers_parallel_stages(make_report, tmp_path):
-    """Stages 6, 7 and 8 run side by side: the span is first start to last finish,
-    not the sum of the stage times (here 09:00:00 - 10 s to 09:30:00)."""
+    """Stages 6, 7, 8 and 9 run side by side: the span is first start to last
+    finish, not the sum of the stage times (here 09:00:00 - 10 s to 09:30:00)."""
     stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 6)}
     stages[1] = ("2026-01-01T09:00:00", 10)
     stages[6] = ("2026-01-01T09:20:00", 1000)
     stages[7] = ("2026-01-01T09:20:05", 1000)
     stages[8] = ("2026-01-01T09:20:03", 1000)
-    stages[9] = ("2026-01-01T09:21:00", 55)
-    stages[10] = ("2026-01-01T09:25:00", 240)
-    stages[11] = ("2026-01-01T09:29:59", 299)
-    stages[12] = ("2026-01-01T09:29:59", 100)
-    stages[13] = ("2026-01-01T09:30:00", 1)
+    stages[9] = ("2026-01-01T09:20:02", 1000)
+    stages[10] = ("2026-01-01T09:21:00", 55)
+    stages[11] = ("2026-01-01T09:25:00", 240)
+    stages[12] = ("2026-01-01T09:29:59", 299)
+    stages[13] = ("2026-01-01T09:29:59", 100)
+    stages[14] = ("2026-01-01T09:29:59", 50)
+    stages[15] = ("2026-01-01T09:30:00", 1)
     write_markers(tmp_path / "done", stages)
+    assert make_report.run_span(str(tmp_path / "done")) == pytest.approx(1810.0)
+    # stage 9 (the models for sherpa-onnx) is optional: without it, the same span
+    (tmp_path / "done" / "9").unlink()
     assert make_report.run_span(str(tmp_path / "done")) == pytest.approx(1810.0)
 
 
 def test_busy_time_leaves_out_the_gap_between_invocations(make_report, tmp_path):
-    """Stages 1-8 in one invocation (08:59:50 to 09:20:05, 6-8 side by side), 9-13 in
-    another an hour later (10:19:05 to 10:30:00): the busy time is the union of the
-    stages' intervals, the span runs from the first start to the last finish. Worked
-    out by hand."""
+    """Stages 1-9 in one invocation (08:59:50 to 09:20:05, 6-9 side by side), 10-15
+    in another an hour later (10:19:05 to 10:30:00): the busy time is the union of
+    the stages' intervals, the span runs from the first start to the last finish.
+    Worked out by hand."""
     stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(2, 6)}
     stages[1] = ("2026-01-01T09:00:00", 10)
     stages[6] = ("2026-01-01T09:20:00", 1000)
     stages[7] = ("2026-01-01T09:20:05", 1000)
     stages[8] = ("2026-01-01T09:20:03", 1000)
-    stages[9] = ("2026-01-01T10:20:00", 55)
-    stages[10] = ("2026-01-01T10:25:00", 240)  # from 10:21:00: 60 s after stage 9
-    stages[11] = ("2026-01-01T10:29:59", 299)
-    stages[12] = ("2026-01-01T10:29:59", 100)
-    stages[13] = ("2026-01-01T10:30:00", 1)
+    stages[9] = ("2026-01-01T09:20:02", 1000)
+    stages[10] = ("2026-01-01T10:20:00", 55)
+    stages[11] = ("2026-01-01T10:25:00", 240)  # from 10:21:00: 60 s after stage 10
+    stages[12] = ("2026-01-01T10:29:59", 299)
+    stages[13] = ("2026-01-01T10:29:59", 100)
+    stages[14] = ("2026-01-01T10:29:59", 50)
+    stages[15] = ("2026-01-01T10:30:00", 1)
     (tmp_path / "exp").mkdir()
     write_markers(tmp_path / "exp" / ".done", stages)
     done = str(tmp_path / "exp" / ".done")
     # the union of the intervals: [08:59:50, 09:00:00] (stage 1), [09:00:01,
-    # 09:00:05] (2-5), [09:03:20, 09:20:05] (6-8), [10:19:05, 10:20:00] (9),
-    # [10:21:00, 10:30:00] (10-13)
+    # 09:00:05] (2-5), [09:03:20, 09:20:05] (6-9), [10:19:05, 10:20:00] (10),
+    # [10:21:00, 10:30:00] (11-15)
     busy = 10 + 4 + 1005 + 55 + 540
     assert make_report.busy_time(done) == pytest.approx(busy)
     assert make_report.run_span(done) == pytest.approx(90 * 60 + 10)
@@ -84,10 +91,10 @@ def test_busy_time_leaves_out_the_gap_between_invocations(make_report, tmp_path)
 
 
 def test_run_span_needs_every_stage(make_report, tmp_path):
-    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 13)}  # no 13
+    stages = {k: (f"2026-01-01T09:00:{k:02d}", 1) for k in range(1, 15)}  # no 15
     write_markers(tmp_path / "done", stages)
     assert make_report.run_span(str(tmp_path / "done")) is None
-    (tmp_path / "done" / "13").write_text("garbled\n")
+    (tmp_path / "done" / "15").write_text("garbled\n")
     assert make_report.run_span(str(tmp_path / "done")) is None
 
 

@@ -461,4 +461,4 @@ def test_report(smoke_run):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert proc.stdout.count("done already") == 14, proc.stdout
+    assert proc.stdout.count("done already") == 16, proc.stdout

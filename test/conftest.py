@@ -85,6 +85,7 @@ def pytest_collection_finish(session):
     env.update(
         {
             "NUMBA_ENABLE_CUDASIM": "1",
+            "TRITON_INTERPRET": "1",
             devices.SIM_REPORT_ENV: report,
             devices.SIM_SELECTION_ENV: selection,
             "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),

@@ -98,7 +98,13 @@ def _node_of(
     return b, node, has_label, label
 
 
-@triton.jit
+#: the sizes that change from batch to batch (tile rows, frames, label positions):
+#: not specialised on (Triton compiles a kernel per value class of a specialised
+#: integer, 1 or a multiple of 16, which would recompile as the batches' shapes vary)
+_BATCH_SIZES = ["R", "T", "U", "Tp", "Up", "L"]
+
+
+@triton.jit(do_not_specialize=["R"])
 def gather_pre(
     enc_ptr,
     pred_ptr,
@@ -121,7 +127,7 @@ def gather_pre(
     tl.store(out_ptr + r[:, None] * J + j[None, :], x + y, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def scatter_pre_grad(
     d_pre_ptr,
     erow_ptr,
@@ -144,7 +150,7 @@ def scatter_pre_grad(
     tl.atomic_add(d_pred_ptr + pr[:, None] * J + j[None, :], d, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_BATCH_SIZES)
 def extract_rows(
     z_ptr,
     R,
@@ -242,7 +248,7 @@ def extract_rows(
     tl.store(bad_ptr + b, flag, mask=rmask & bad)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_BATCH_SIZES)
 def apply_rows(
     z_ptr,
     R,

@@ -150,16 +150,21 @@ rc_test=0 rc_ll=0 rc_bench=0 rc_fused_test=0 rc_fused_bench=0 rc_beam_test=0
 rc_beam=0 rc_decode=0
 echo "stages: $STAGES"
 
+# the GPU test stages' pytest runs in parallel processes (Numba and Triton compile
+# per process, single-threaded) with a per-test limit, where the carried wheels allow
+PAR_ARGS=()
+if $PY -c "import xdist" 2>/dev/null; then
+    NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
+    PAR_ARGS+=(-n "$NPROC")
+fi
+if $PY -c "import pytest_timeout" 2>/dev/null; then
+    PAR_ARGS+=(--timeout 240)
+fi
+
 if chosen test; then
     echo "=== pytest (real-GPU tests of the CUDA backend), $(left) s left ==="
     PYTEST_ARGS=(-q -rs -p no:cacheprovider -k "cuda and not sim and not sm90")
-    if $PY -c "import xdist" 2>/dev/null; then
-        NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
-        PYTEST_ARGS+=(-n "$NPROC")
-    fi
-    if $PY -c "import pytest_timeout" 2>/dev/null; then
-        PYTEST_ARGS+=(--timeout 240)
-    fi
+    PYTEST_ARGS+=(${PAR_ARGS[@]+"${PAR_ARGS[@]}"})
     timeout "$(budget test)" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
         test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
         tee "$OUT/pytest_gpu.log"
@@ -201,13 +206,7 @@ fi
 if chosen fused_test; then
     echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
     FUSED_ARGS=(-q -rs -p no:cacheprovider -k "cuda or gpu")
-    if $PY -c "import xdist" 2>/dev/null; then
-        NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
-        FUSED_ARGS+=(-n "$NPROC")
-    fi
-    if $PY -c "import pytest_timeout" 2>/dev/null; then
-        FUSED_ARGS+=(--timeout 240)
-    fi
+    FUSED_ARGS+=(${PAR_ARGS[@]+"${PAR_ARGS[@]}"})
     timeout "$(budget fused_test)" $PY -m pytest "${FUSED_ARGS[@]}" \
         test/test_fused_loss.py test/test_fused_memory.py test/test_fused_validation.py \
         test/test_fused_triton.py test/test_loss_stages.py 2>&1 |

@@ -11,7 +11,9 @@ leaves the gradients of all four. Contenders:
   bias)`` (ESPnet's JointNetwork), then this package's dense loss
   (``multiblank_rnnt_loss`` / ``tdt_loss``, Numba kernels);
 * ``fused``: :func:`espnet_multiblank.fused_transducer_loss` (``--fused-tiles`` adds
-  variants with other tile sizes, for tuning);
+  variants with other tile sizes, for tuning; ``--fused-tile-backends torch`` a
+  ``fused-torch-tiles`` row, the tile stages as torch operations: on a GPU the path
+  before issue 40's Triton kernels);
 * ``nemo-fused-batch``: NeMo's "fused batch" re-created over the dense path: the joint
   and the loss (reduction "none") per sub-batch of ``--sub-batch`` utterances, each
   trimmed to its own longest T and U, costs concatenated, then the same reduction;
@@ -44,7 +46,10 @@ loaded), builds the inputs and then obeys ``mem N`` / ``run N`` / ``quit`` on st
   before the step;
 * then time, per thread count, in interleaved rounds (``--warmup`` untimed rounds,
   then ``--runs`` rounds, one step of every contender per round): medians, minima and
-  the ratios to ``dense`` at the same thread count.
+  the ratios to ``dense`` at the same thread count;
+* the gradients: after its memory step each worker reports a fingerprint of the four
+  gradients (norms, dot products with fixed random tensors), the table their largest
+  relative difference from dense's ("grads vs dense").
 
 Also: a scaling series over V and one over B T U (``--series``; time at the first
 thread count, memory), drawn as a PNG (``--plot``, matplotlib), and the computed

@@ -3,8 +3,8 @@ under Triton's interpreter (``TRITON_INTERPRET=1``, set before ``triton`` is fir
 imported) on CPU tensors, which is how the tests run them without a GPU.
 
 The same stages and formulas as :class:`~espnet_multiblank.fused.torch_tile_ops.
-TorchTileOps`, with what made that path slow on a GPU removed (``docs/fused.md``,
-"The fused path on a GPU"):
+TorchTileOps`, with what made that path slow on a GPU removed (``docs/fused.md``, 3,
+"On a GPU"):
 
 * one kernel launch per stage and tile (gather, extract, apply, scatter) instead of
   10-40 torch operations each;
@@ -18,6 +18,7 @@ The tile's matmuls stay torch's (cuBLAS), in ``joint_loss.py``, as for the other
 stages, so that they run with torch's settings (TF32 or not) like the dense path's.
 """
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -127,17 +128,10 @@ def device_ids(step_ids: Tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 def _launch_context(device: torch.device):
+    """Launches on ``device`` (Triton launches on the current CUDA device)."""
     if device.type == "cuda":
         return torch.cuda.device(device)
-    return _NoContext()
-
-
-class _NoContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return contextlib.nullcontext()
 
 
 class TritonTileOps:

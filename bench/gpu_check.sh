@@ -3,7 +3,11 @@
 # the fused joint + loss (its real-GPU tests and bench/joint_loss.py), then (when
 # bench/decode_gpu.py exists) the decoding benchmark. Made for a lent GPU
 # machine without network, in at most TOTAL_BUDGET seconds (default 570: a 10-minute
-# command with room to spare).
+# command with room to spare). The stages' budgets add up to more than that: run them
+# in two commands, the fused joint + loss's first (issue 40: the Triton tile kernels
+# against the dense step and the torch tile operations; about 400 s):
+#     STAGES="fused_test fused_bench" bash bench/gpu_check.sh
+#     STAGES="test ll bench beam decode" bash bench/gpu_check.sh
 #
 # 1. HERE (network, PyPI), once: fetch the pure-Python wheels the GPU machine may lack
 #    into bench/out/wheels (ignored by git, ~3 MB):
@@ -27,15 +31,18 @@
 # stage keeps the budgets of the chosen later stages in reserve; the defaults add up
 # to 570). STAGES (default all: "test ll bench fused_test fused_bench beam decode")
 # chooses stages, for a rerun in what is left of a session's device time:
-#   PYTEST_BUDGET=200  LL_BUDGET=30  BENCH_BUDGET=70  FUSED_TEST_BUDGET=100
-#   FUSED_BENCH_BUDGET=75  BEAM_BUDGET=50  DECODE_BUDGET=45
+#   PYTEST_BUDGET=200  LL_BUDGET=30  BENCH_BUDGET=70  FUSED_TEST_BUDGET=150
+#   FUSED_BENCH_BUDGET=240  BEAM_BUDGET=50  DECODE_BUDGET=45
 # Each failing test's report is appended to $OUT/failures.txt as it fails (a stage
 # cut by its budget prints no summary). The device tool returns at most 8 files:
 # pack the logs (tar) in the command that runs this script.
 # The tests the GPU stages run: the "cuda" device of test_loss.py and
 # test_loss_kernels.py, the GPU tests of test_loss_cuda.py, and the "cuda" device
-# and GPU tests of test_fused_loss.py, test_fused_memory.py and test_loss_stages.py
-# (the simulator's and the CPU's are deselected there: CI runs them).
+# and GPU tests of test_fused_loss.py, test_fused_memory.py, test_fused_validation.py,
+# test_fused_triton.py and test_loss_stages.py (the simulator's and the CPU's are
+# deselected there: CI runs them). At the end $OUT/gpu_results.json gathers what
+# the stages measured (bench/gpu_results.py; COMMIT=<hash> in the environment
+# records the commit, the device machine has no .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -69,7 +76,7 @@ left() { echo $((TOTAL_BUDGET - ($(date +%s) - T0))); }
 ORDER=(test ll bench fused_test fused_bench beam decode)
 declare -A BUDGET=(
     [test]=${PYTEST_BUDGET:-200} [ll]=${LL_BUDGET:-30} [bench]=${BENCH_BUDGET:-70}
-    [fused_test]=${FUSED_TEST_BUDGET:-100} [fused_bench]=${FUSED_BENCH_BUDGET:-75}
+    [fused_test]=${FUSED_TEST_BUDGET:-150} [fused_bench]=${FUSED_BENCH_BUDGET:-240}
     [beam]=${BEAM_BUDGET:-50} [decode]=${DECODE_BUDGET:-45}
 )
 STAGES=${STAGES:-${ORDER[*]}}
@@ -110,7 +117,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 import importlib, os, sys
 print("python", sys.version.split()[0], sys.executable, "cpus", os.cpu_count())
 need = ("torch", "numba", "numba_cuda", "pytest")
-optional = ("pytest_timeout", "xdist", "execnet", "typeguard",
+optional = ("triton", "pytest_timeout", "xdist", "execnet", "typeguard",
             "espnet2.asr.transducer.rnnt_multi_blank.rnnt_multi_blank")
 for m in need + optional:
     try:
@@ -143,16 +150,21 @@ rc_test=0 rc_ll=0 rc_bench=0 rc_fused_test=0 rc_fused_bench=0 rc_beam_test=0
 rc_beam=0 rc_decode=0
 echo "stages: $STAGES"
 
+# the GPU test stages' pytest runs in parallel processes (Numba and Triton compile
+# per process, single-threaded) with a per-test limit, where the carried wheels allow
+PAR_ARGS=()
+if $PY -c "import xdist" 2>/dev/null; then
+    NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
+    PAR_ARGS+=(-n "$NPROC")
+fi
+if $PY -c "import pytest_timeout" 2>/dev/null; then
+    PAR_ARGS+=(--timeout 240)
+fi
+
 if chosen test; then
     echo "=== pytest (real-GPU tests of the CUDA backend), $(left) s left ==="
     PYTEST_ARGS=(-q -rs -p no:cacheprovider -k "cuda and not sim and not sm90")
-    if $PY -c "import xdist" 2>/dev/null; then
-        NPROC=$($PY -c "import os; print(max(1, min(8, (os.cpu_count() or 2) - 2)))")
-        PYTEST_ARGS+=(-n "$NPROC")
-    fi
-    if $PY -c "import pytest_timeout" 2>/dev/null; then
-        PYTEST_ARGS+=(--timeout 240)
-    fi
+    PYTEST_ARGS+=(${PAR_ARGS[@]+"${PAR_ARGS[@]}"})
     timeout "$(budget test)" $PY -m pytest "${PYTEST_ARGS[@]}" test/test_loss.py \
         test/test_loss_kernels.py test/test_loss_cuda.py 2>&1 |
         tee "$OUT/pytest_gpu.log"
@@ -182,24 +194,35 @@ if chosen bench; then
 fi
 
 # The fused joint + loss on the GPU: its real-GPU tests (the tests the CPU and the
-# simulator run, on CUDA tensors; a medium batch in float32 / bf16; peak memory; the
-# lattice runners against enumeration), then one training step
-# of the joint + loss, dense vs fused vs NeMo's fused batch, at the issue's two shapes
-# (standard and TDT; memory = torch.cuda.max_memory_allocated above the inputs).
+# simulator run, on CUDA tensors: "numba" is the Triton tile kernels with the CUDA
+# lattice, "torch-tiles" the torch tile operations with it, "torch" the PyTorch
+# lattice; a medium batch in float32 / bf16; the paths at the issue's widths, V =
+# 1024 and 5000; peak memory; the lattice runners against enumeration), in parallel
+# processes (Triton and Numba compile per process), then one training step of the
+# joint + loss at the issue's two shapes for every lattice: dense vs fused (Triton
+# tiles) vs fused with the torch tile operations (the path measured 5.4x dense on an
+# H200): time, peak memory (torch.cuda.max_memory_allocated above the inputs), loss
+# and a fingerprint of the four gradients against dense's.
 if chosen fused_test; then
     echo "=== pytest (fused joint + loss, GPU), $(left) s left ==="
-    timeout "$(budget fused_test)" $PY -m pytest -q -rs -p no:cacheprovider \
-        -k "cuda or gpu" test/test_fused_loss.py test/test_fused_memory.py \
-        test/test_loss_stages.py 2>&1 | tee "$OUT/pytest_fused.log"
+    FUSED_ARGS=(-q -rs -p no:cacheprovider -k "cuda or gpu")
+    FUSED_ARGS+=(${PAR_ARGS[@]+"${PAR_ARGS[@]}"})
+    timeout "$(budget fused_test)" $PY -m pytest "${FUSED_ARGS[@]}" \
+        test/test_fused_loss.py test/test_fused_memory.py test/test_fused_validation.py \
+        test/test_fused_triton.py test/test_loss_stages.py 2>&1 |
+        tee "$OUT/pytest_fused.log"
     rc_fused_test=${PIPESTATUS[0]}
 fi
 
 if chosen fused_bench; then
     echo "=== fused joint + loss benchmark, $(left) s left ==="
     B_FB=$(budget fused_bench)
+    # V = 1024 for the three lattices first, then V = 5000; the script starts no new
+    # (shape, lattice) 40 s before its budget
     timeout "$B_FB" $PY bench/joint_loss.py --device cuda --threads 1 --runs 3 \
-        --lattices standard,tdt --no-series --shape 8,300,60,320,1024 \
-        --shape 8,300,60,320,5000 --budget-s $((B_FB - 30)) \
+        --lattices standard,multiblank,tdt --no-series --shape 8,300,60,320,1024 \
+        --shape 8,300,60,320,5000 --fused-tile-backends torch \
+        --only fused,fused-torch-tiles --budget-s $((B_FB - 40)) \
         --out "$OUT/joint_loss.jsonl" 2>&1 | tee "$OUT/joint_loss.log"
     rc_fused_bench=${PIPESTATUS[0]}
 fi
@@ -239,6 +262,11 @@ if chosen decode && [[ -f bench/decode_gpu.py ]]; then
 fi
 
 echo "stages run: $STAGES (0 also for a stage not run; 124 = ran out of its budget)"
+$PY bench/gpu_results.py "$OUT" --stages "$STAGES" --commit "${COMMIT:-unknown}" \
+    --rc "test=$rc_test,ll=$rc_ll,bench=$rc_bench,fused_test=$rc_fused_test" \
+    --rc "fused_bench=$rc_fused_bench,beam_test=$rc_beam_test,beam=$rc_beam" \
+    --rc "decode=$rc_decode" > "$OUT/gpu_results.json" ||
+    echo "WARNING: bench/gpu_results.py failed"
 echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench" \
     "fused pytest rc=$rc_fused_test  fused bench rc=$rc_fused_bench" \
     "batched beam pytest rc=$rc_beam_test  batched beam bench rc=$rc_beam" \

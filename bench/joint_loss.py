@@ -11,7 +11,9 @@ leaves the gradients of all four. Contenders:
   bias)`` (ESPnet's JointNetwork), then this package's dense loss
   (``multiblank_rnnt_loss`` / ``tdt_loss``, Numba kernels);
 * ``fused``: :func:`espnet_multiblank.fused_transducer_loss` (``--fused-tiles`` adds
-  variants with other tile sizes, for tuning);
+  variants with other tile sizes, for tuning; ``--fused-tile-backends torch`` a
+  ``fused-torch-tiles`` row, the tile stages as torch operations: on a GPU the path
+  before issue 40's Triton kernels);
 * ``nemo-fused-batch``: NeMo's "fused batch" re-created over the dense path: the joint
   and the loss (reduction "none") per sub-batch of ``--sub-batch`` utterances, each
   trimmed to its own longest T and U, costs concatenated, then the same reduction;
@@ -44,7 +46,10 @@ loaded), builds the inputs and then obeys ``mem N`` / ``run N`` / ``quit`` on st
   before the step;
 * then time, per thread count, in interleaved rounds (``--warmup`` untimed rounds,
   then ``--runs`` rounds, one step of every contender per round): medians, minima and
-  the ratios to ``dense`` at the same thread count.
+  the ratios to ``dense`` at the same thread count;
+* the gradients: after its memory step each worker reports a fingerprint of the four
+  gradients (norms, dot products with fixed random tensors), the table their largest
+  relative difference from dense's ("grads vs dense").
 
 Also: a scaling series over V and one over B T U (``--series``; time at the first
 thread count, memory), drawn as a PNG (``--plot``, matplotlib), and the computed
@@ -142,7 +147,9 @@ def _joint(enc, pred, weight, bias):
     return torch.nn.functional.linear(h, weight, bias)
 
 
-def make_step(contender: str, lattice: str, x, sub_batch: int, tile_bytes):
+def make_step(
+    contender: str, lattice: str, x, sub_batch: int, tile_bytes, tile_backend="auto"
+):
     """A zero-argument training step (forward + backward) returning the loss."""
     import torch
 
@@ -177,6 +184,7 @@ def make_step(contender: str, lattice: str, x, sub_batch: int, tile_bytes):
                 big_blank_durations=spec["big"],
                 tdt_durations=spec["tdt"],
                 tile_bytes=tile_bytes,
+                tile_backend=tile_backend,
             )
             loss.backward()
             return loss
@@ -284,6 +292,21 @@ def make_step(contender: str, lattice: str, x, sub_batch: int, tile_bytes):
 
 
 # ------------------------------------------------------------------------ the worker
+def grad_fingerprint(params) -> List[float]:
+    """Per parameter (enc, pred, weight, bias): the float64 norm of its gradient and
+    its dot product with a fixed random tensor (the same for every contender), so
+    that the main process can tell whether two contenders' gradients agree."""
+    import torch
+
+    out = []
+    for i, p in enumerate(params):
+        g = p.grad.detach().double()
+        gen = torch.Generator().manual_seed(1000 + i)
+        probe = torch.randn(g.shape, generator=gen, dtype=torch.float64)
+        out += [float(g.norm()), float((g * probe.to(g.device)).sum())]
+    return out
+
+
 def _peak_mb(step, device: str) -> Tuple[float, str, float]:
     """(peak MB above the memory before the step, method, loss)."""
     import torch
@@ -321,10 +344,16 @@ def worker(spec: dict) -> None:
         torch.set_num_threads(1)
         shape, lattice, device = tuple(spec["shape"]), spec["lattice"], spec["device"]
         tiny = (2, 8, 3, 8, shape[4] if shape[4] < 64 else 64)
+        if device == "cuda":
+            # the real J and V: the kernels compiled for them (the Triton blocks
+            # and the CUDA loss's row layout depend on them) before the timed
+            # steps; CUDA's peak counts allocated bytes, which a warm-up cannot hide
+            tiny = (2, 8, 3, shape[3], shape[4])
         args = (spec["contender"], lattice)
-        extra = (spec["sub_batch"], spec["tile_bytes"])
+        extra = (spec["sub_batch"], spec["tile_bytes"], spec.get("tile_backend"))
         make_step(*args, make_inputs(tiny, lattice, device), *extra)()  # warm up
-        step = make_step(*args, make_inputs(shape, lattice, device), *extra)
+        x = make_inputs(shape, lattice, device)
+        step = make_step(*args, x, *extra)
     except Exception as e:  # noqa: BLE001 - any failure: reported, not run
         first = str(e).splitlines()[0][:120] if str(e) else ""
         say(unavailable=f"{type(e).__name__}: {first}")
@@ -338,7 +367,7 @@ def worker(spec: dict) -> None:
         try:
             if cmd == "mem":
                 mb, method, loss = _peak_mb(step, device)
-                say(mem_mb=mb, method=method, loss=loss)
+                say(mem_mb=mb, method=method, loss=loss, grads=grad_fingerprint(x[:4]))
             elif cmd == "run":
                 if device == "cuda":
                     torch.cuda.synchronize()
@@ -366,6 +395,11 @@ class Worker:
             text=True,
             env=env,
         )
+        self.error = None
+
+    def wait_ready(self) -> None:
+        """The worker's first answer (its start-up: imports, compilation, a tiny
+        step); workers start in parallel, each is waited for here."""
         hello = self._read()
         self.error = hello.get("unavailable") or hello.get("error")
 
@@ -396,18 +430,23 @@ class Worker:
 
 
 # ----------------------------------------------------------------------- the main run
-def contenders(args) -> List[Tuple[str, str, Optional[int], str]]:
-    """(row name, contender, tile_bytes, python) of this run."""
+def contenders(args) -> List[Tuple[str, str, Optional[int], str, str]]:
+    """(row name, contender, tile_bytes, python, tile_backend) of this run."""
     out = [
-        ("dense", "dense", None, sys.executable),
-        ("fused", "fused", None, sys.executable),
+        ("dense", "dense", None, sys.executable, "auto"),
+        ("fused", "fused", None, sys.executable, "auto"),
     ]
+    for tiles in args.fused_tile_backends:
+        out.append((f"fused-{tiles}-tiles", "fused", None, sys.executable, tiles))
     for mib in args.fused_tiles:
-        out.append((f"fused-{mib}MiB", "fused", int(mib * 2**20), sys.executable))
-    out.append(("nemo-fused-batch", "nemo-fused-batch", None, sys.executable))
+        row = (f"fused-{mib}MiB", "fused", int(mib * 2**20), sys.executable, "auto")
+        out.append(row)
+    out.append(("nemo-fused-batch", "nemo-fused-batch", None, sys.executable, "auto"))
     if args.anchor_python:
         for a in ANCHORS:
-            out.append((a, a, None, args.anchor_python))
+            out.append((a, a, None, args.anchor_python, "auto"))
+    if args.only:
+        out = [c for c in out if c[0] == "dense" or c[0] in args.only]
     return out
 
 
@@ -415,7 +454,7 @@ def measure(shape: Shape, lattice: str, args, threads: List[int]) -> Dict[str, d
     """Memory (first full step of each worker) and interleaved timing rounds."""
     rows = {}
     workers = []
-    for name, contender, tile_bytes, python in contenders(args):
+    for name, contender, tile_bytes, python, tile_backend in contenders(args):
         if contender in ANCHORS and lattice != "standard":
             continue
         spec = dict(
@@ -425,15 +464,19 @@ def measure(shape: Shape, lattice: str, args, threads: List[int]) -> Dict[str, d
             device=args.device,
             sub_batch=args.sub_batch,
             tile_bytes=tile_bytes,
+            tile_backend=tile_backend,
         )
         workers.append(Worker(name, contender, python, spec))
     try:
+        for w in workers:
+            w.wait_ready()
         for w in workers:
             r = w.ask("mem", threads[0])
             rows[w.name] = {
                 "mem_mb": r.get("mem_mb"),
                 "mem_method": r.get("method"),
                 "loss": r.get("loss"),
+                "grads": r.get("grads"),
                 "error": r.get("error"),
                 "times": {n: [] for n in threads},
             }
@@ -458,6 +501,20 @@ def _median(ts):
     return statistics.median(ts) if ts else float("nan")
 
 
+def grad_difference(got, want) -> Optional[float]:
+    """The largest relative difference of two gradient fingerprints
+    (:func:`grad_fingerprint`), each figure relative to the largest magnitude of its
+    parameter's pair (None when either is missing)."""
+    if not got or not want or len(got) != len(want):
+        return None
+    worst = 0.0
+    for i in range(0, len(want), 2):
+        scale = max(abs(want[i]), abs(want[i + 1]), 1e-30)
+        for j in (i, i + 1):
+            worst = max(worst, abs(got[j] - want[j]) / scale)
+    return worst
+
+
 def report(shape: Shape, lattice: str, rows: Dict[str, dict], threads, out) -> None:
     B, T, U, J, V = shape
     nodes = B * T * (U + 1)
@@ -469,7 +526,7 @@ def report(shape: Shape, lattice: str, rows: Dict[str, dict], threads, out) -> N
     head = f"  {'contender':<22} {'peak MB':>9} {'x dense':>8}"
     for n in threads:
         head += f" {f's ({n}t)':>9} {'x dense':>8} {'min x':>6}"
-    print(head + f" {'loss':>12}")
+    print(head + f" {'loss':>12} {'grads vs dense':>14}")
     for name, row in rows.items():
         if row["error"]:
             print(f"  {name:<22} not run: {row['error']}")
@@ -490,6 +547,8 @@ def report(shape: Shape, lattice: str, rows: Dict[str, dict], threads, out) -> N
             mem_mb=mem,
             mem_method=row["mem_method"],
             loss=row["loss"],
+            grads=row.get("grads"),
+            grad_rel_diff=grad_difference(row.get("grads"), dense.get("grads")),
             times={},
         )
         for n in threads:
@@ -500,7 +559,9 @@ def report(shape: Shape, lattice: str, rows: Dict[str, dict], threads, out) -> N
             rmin = min(ts) / min(dts) if ts and dts else float("nan")
             line += f" {med:>9.3f} {ratio:>8.3f} {rmin:>6.3f}"
             rec["times"][n] = ts
-        print(line + f" {row['loss']:>12.5f}", flush=True)
+        diff = rec["grad_rel_diff"]
+        diff_s = "n/a" if diff is None else f"{diff:.1e}"
+        print(line + f" {row['loss']:>12.5f} {diff_s:>14}", flush=True)
         out.write(json.dumps(rec) + "\n")
 
 
@@ -633,6 +694,17 @@ def parse_args(argv=None):
     p.add_argument("--sub-batch", type=int, default=8, help="NeMo fused batch size")
     p.add_argument("--fused-tiles", default="", help="extra fused tile sizes, MiB")
     p.add_argument(
+        "--fused-tile-backends",
+        default="",
+        help="extra fused rows with these tile stages (torch, triton, numba)",
+    )
+    p.add_argument(
+        "--only",
+        default="",
+        help="only these rows besides dense (comma-separated names, e.g. "
+        "fused,fused-torch-tiles)",
+    )
+    p.add_argument(
         "--anchor-python",
         default=None,
         help="python of the anchor venv (default .anchors/bin/python if any)",
@@ -649,6 +721,8 @@ def parse_args(argv=None):
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.fused_tiles = [float(v) for v in args.fused_tiles.split(",") if v]
+    args.fused_tile_backends = [v for v in args.fused_tile_backends.split(",") if v]
+    args.only = [v for v in args.only.split(",") if v]
     if args.anchor_python is None:
         default = os.path.join(
             os.path.dirname(os.path.abspath(__file__)),

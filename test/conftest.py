@@ -8,7 +8,10 @@ simulator's subprocess.
   simulator: after collection, ONE pytest subprocess with ``NUMBA_ENABLE_CUDASIM=1``
   runs exactly the selected ``sim`` tests (same files, same node ids) while this
   process runs the others; each ``sim`` test here then reports the subprocess's
-  outcome of the same test (its traceback on failure, its reason on a skip).
+  outcome of the same test (its traceback on failure, its reason on a skip). The
+  subprocess also sets ``TRITON_INTERPRET=1``: there the fused loss's Triton tile
+  kernels run in Triton's interpreter on the same CPU tensors, so that a ``sim``
+  test of the fused loss runs its whole CUDA path (Triton tiles, CUDA lattice).
 """
 
 import json
@@ -85,6 +88,7 @@ def pytest_collection_finish(session):
     env.update(
         {
             "NUMBA_ENABLE_CUDASIM": "1",
+            "TRITON_INTERPRET": "1",
             devices.SIM_REPORT_ENV: report,
             devices.SIM_SELECTION_ENV: selection,
             "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),

@@ -4,12 +4,17 @@ Oracles (``helpers/fused_cases.py``): the dense path (materialised float64 logit
 the project's float64 PyTorch loss), path enumeration on tiny cases, and
 ``torch.autograd.gradcheck`` in float64.
 
-The tests run on the loss tests' devices (``helpers/devices.py``): the CPU (backend
-``numba``: the Numba tile kernels and the CPU lattice kernels; ``torch``: torch tile
-operations and the PyTorch lattice), the CUDA simulator (torch tile operations and
-the CUDA lattice kernels, simulated, on CPU tensors: ``conftest.py`` runs them in its
-subprocess, where CPU tensors get the CUDA kernels) and a real GPU (skipped without
-one, with the reason). Each body is written once for every lattice.
+The tests run on the loss tests' devices (``helpers/devices.py``), each path named by
+the ``backend`` parameter (``fused_cases.PATHS``): the CPU (``numba``: the Numba tile
+kernels and the CPU lattice kernels; ``torch``: torch tile operations and the PyTorch
+lattice), the CUDA simulator (``numba``: the CUDA path as "auto" picks it, the Triton
+tile kernels in Triton's interpreter and the CUDA lattice kernels simulated, on CPU
+tensors: ``conftest.py`` runs them in its subprocess, where CPU tensors get the CUDA
+kernels and ``TRITON_INTERPRET=1`` is set) and a real GPU (skipped without one, with
+the reason; ``numba``: Triton tiles and the CUDA lattice). ``torch-tiles``, torch
+tile operations with the Numba lattice (the CUDA path before the Triton kernels,
+still the fallback without Triton), runs in :func:`test_matches_dense_path`. Each
+body is written once for every lattice.
 """
 
 import math
@@ -36,6 +41,13 @@ no_sim_backends = pytest.mark.parametrize(
     "device,backend", devices.params("cpu", "cuda", backends=BACKENDS)
 )
 cpu_backends = pytest.mark.parametrize("backend", BACKENDS)
+#: every path on every device (the torch tile operations beside the Numba lattice
+#: too: on the CPU, in the simulator and on a GPU)
+all_paths = pytest.mark.parametrize(
+    "device,backend",
+    devices.params("cpu", "sim", "cuda", backends=BACKENDS + ("torch-tiles",))
+    + [pytest.param("sim", "torch-tiles", marks=devices.marks("sim"), id="sim-tt")],
+)
 
 
 def _inputs(case, dtype, device, **kw):
@@ -49,7 +61,7 @@ LATTICE_CASES = {
 }
 
 
-@device_backends
+@all_paths
 @pytest.mark.parametrize("kind", sorted(LATTICE_CASES))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_matches_dense_path(kind, dtype, device, backend):
@@ -57,7 +69,7 @@ def test_matches_dense_path(kind, dtype, device, backend):
     (float64 dense; float32 inputs within float32 tolerance)."""
     case = LATTICE_CASES[kind]
     inputs = _inputs(case, dtype, device)
-    got = fc.fused_loss(case, inputs, "none", backend=backend)
+    got = fc.fused_loss(case, inputs, "none", path=backend)
     want = fc.dense_loss(case, inputs, "none")
     fc.assert_same_results(got, want, **(F64 if dtype == torch.float64 else F32))
     for g, x in zip(got[1], inputs):
@@ -125,7 +137,7 @@ def test_matches_brute_force(case, device, backend):
     """Tiny cases against path enumeration (float64), chained into the inputs."""
     inputs = _inputs(case, torch.float64, device)
     for reduction in ("none", "mean_volume"):
-        got = fc.fused_loss(case, inputs, reduction, backend=backend)
+        got = fc.fused_loss(case, inputs, reduction, path=backend)
         want = fc.brute_force_loss(case, inputs, reduction)
         fc.assert_same_results(got, want, rtol=1e-8, atol=1e-10, what=reduction)
 
@@ -153,7 +165,7 @@ def test_gradcheck(kind, device, backend):
             bias,
             *inputs[4:],
             reduction="none",
-            backend=backend,
+            **fc.PATHS[backend],
             **case.fused_kwargs(),
         )
 
@@ -173,10 +185,10 @@ def test_tile_size_invariance(kind, device, backend):
     results (float64, to rounding)."""
     case = LATTICE_CASES[kind]
     inputs = _inputs(case, torch.float64, device)
-    one = fc.fused_loss(case, inputs, "sum", backend=backend, tile_bytes=1 << 30)
+    one = fc.fused_loss(case, inputs, "sum", path=backend, tile_bytes=1 << 30)
     for rows in (1, 3, 7):
         got = fc.fused_loss(
-            case, inputs, "sum", backend=backend, tile_bytes=_tile_bytes(case, rows)
+            case, inputs, "sum", path=backend, tile_bytes=_tile_bytes(case, rows)
         )
         fc.assert_same_results(got, one, rtol=1e-12, atol=1e-13, what=f"R={rows}")
 
@@ -194,7 +206,7 @@ def test_reductions_and_incoming_gradients(reduction, incoming, device, backend)
         g = {"one": 1.0, "0.7": 0.7, "negative": -2.5, "amp": 65536.0 / 3}[incoming]
         g = torch.tensor(g)
     g = g.to(devices.torch_device(device))
-    got = fc.fused_loss(case, inputs, reduction, g, backend=backend)
+    got = fc.fused_loss(case, inputs, reduction, g, path=backend)
     want = fc.dense_loss(case, inputs, reduction, g)
     scale = float(g.abs().max())
     fc.assert_same_results(got, want, rtol=2e-4, atol=2e-5 * scale)
@@ -211,7 +223,7 @@ def test_clamp_matches_dense_clamped_gradient(kind, device, backend):
     plain = fc.dense_loss(case, inputs, "mean", g_in)
     want = fc.dense_loss(case, inputs, "mean", g_in, clamp=0.01)
     assert (want[1][2] - plain[1][2]).abs().max() > 1e-3  # the clamp is active
-    got = fc.fused_loss(case, inputs, "mean", g_in, backend=backend, clamp=0.01)
+    got = fc.fused_loss(case, inputs, "mean", g_in, path=backend, clamp=0.01)
     fc.assert_same_results(got, want, **F64)
 
 
@@ -223,8 +235,8 @@ def test_padding_is_never_read(kind, device, backend):
     case = LATTICE_CASES[kind]
     clean = _inputs(case, torch.float32, device, padding="zero")
     dirty = _inputs(case, torch.float32, device, padding="nan")
-    want = fc.fused_loss(case, clean, "mean", backend=backend)
-    got = fc.fused_loss(case, dirty, "mean", backend=backend)
+    want = fc.fused_loss(case, clean, "mean", path=backend)
+    got = fc.fused_loss(case, dirty, "mean", path=backend)
     # bit for bit, except on a GPU: its index_add_ (the gradients' scatter) adds with
     # atomics in no fixed order, so two identical calls can round differently (seen
     # on an H200); a value read from the padding would be NaN, not a rounding
@@ -243,7 +255,7 @@ def test_impossible_and_empty_utterances(device, backend):
     gradient; T_b = 0 = L_b costs 0; the other utterances are unaffected."""
     case = fc.tdt(act_lens=(5, 0, 1, 0, 4), label_lens=(2, 1, 0, 0, 1), tdt=(2, 3))
     inputs = _inputs(case, torch.float64, device)
-    got = fc.fused_loss(case, inputs, "none", backend=backend)
+    got = fc.fused_loss(case, inputs, "none", path=backend)
     assert got[0][1] == math.inf and got[0][2] == math.inf and got[0][3] == 0.0
     want = fc.dense_loss(case, inputs, "none")
     fc.assert_same_results(got, want, **F64)
@@ -255,11 +267,11 @@ def test_impossible_and_empty_utterances(device, backend):
         inputs[5][keep],
         inputs[6][keep],
     ]
-    alone = fc.fused_loss(sub, sub_inputs, "none", backend=backend)
+    alone = fc.fused_loss(sub, sub_inputs, "none", path=backend)
     assert torch.allclose(alone[0], got[0][keep], rtol=1e-12)
     assert torch.allclose(alone[1][2], got[1][2], rtol=1e-10, atol=1e-12)
     # a reduced loss with an impossible utterance is +inf, its gradient finite
-    mean = fc.fused_loss(case, inputs, "mean", backend=backend)
+    mean = fc.fused_loss(case, inputs, "mean", path=backend)
     assert mean[0] == math.inf
     assert all(torch.isfinite(g).all() for g in mean[1])
 
@@ -272,7 +284,7 @@ def test_half_precision_inputs(kind, dtype, device, backend):
     same (rounded) values, gradients in the input dtype."""
     case = LATTICE_CASES[kind]
     inputs = _inputs(case, dtype, device)
-    got = fc.fused_loss(case, inputs, "mean", backend=backend)
+    got = fc.fused_loss(case, inputs, "mean", path=backend)
     want = fc.dense_loss(case, inputs, "mean")
     assert got[0].dtype == torch.float32
     for g, x in zip(got[1], inputs):
@@ -329,7 +341,7 @@ def test_activations(name, backend):
         activation = name
     case = fc.standard(activation="tanh", wscale=3.0, scale=1.5)
     inputs = fc.make_inputs(case, torch.float64)
-    got = fc.fused_loss(case, inputs, "none", backend=backend, activation=activation)
+    got = fc.fused_loss(case, inputs, "none", path=backend, activation=activation)
     want = fc.dense_loss(case, inputs, "none", activation=activation)
     tanh = fc.dense_loss(case, inputs, "none")
     assert not torch.allclose(want[0], tanh[0])  # the activation matters
@@ -362,17 +374,17 @@ def test_omega(device, backend):
     torch.rand(()) per call, like tdt_loss."""
     case = fc.tdt(sigma=0.05, fastemit_lambda=0.1)
     inputs = _inputs(case, torch.float64, device)
-    got = fc.fused_loss(case, inputs, "mean", backend=backend, omega=1.0)
+    got = fc.fused_loss(case, inputs, "mean", path=backend, omega=1.0)
     want = fc.dense_loss(case, inputs, "mean", omega=1.0)
     fc.assert_same_results(got, want, **F64)
     V = case.V
     assert torch.count_nonzero(got[1][2][V:]) == 0
     assert torch.count_nonzero(got[1][3][V:]) == 0
-    plain = fc.fused_loss(case, inputs, "mean", backend=backend)
+    plain = fc.fused_loss(case, inputs, "mean", path=backend)
     assert not torch.allclose(plain[0], got[0])
     for seed in range(2 if device == "sim" else 4):
         torch.manual_seed(seed)
-        a = fc.fused_loss(case, inputs, "mean", backend=backend, omega=0.5)[0]
+        a = fc.fused_loss(case, inputs, "mean", path=backend, omega=0.5)[0]
         torch.manual_seed(seed)
         b = fc.dense_loss(case, inputs, "mean", omega=0.5)[0]
         assert torch.allclose(a, b, **F64)
@@ -480,7 +492,7 @@ def test_larger_ragged_batch_float32():
             case,
             inputs,
             "mean_volume",
-            backend=backend,
+            path=backend,
             tile_bytes=_tile_bytes(case, 37, torch.float32),
         )
         fc.assert_same_results(got, want, **F32, what=backend)
@@ -496,7 +508,7 @@ def test_large_logits_softmax_consistency(kind, backend):
     case = LATTICE_CASES[kind]
     inputs = list(fc.make_inputs(case, torch.float32))
     inputs[3] = inputs[3] + 1000.0
-    got = fc.fused_loss(case, inputs, "sum", backend=backend)
+    got = fc.fused_loss(case, inputs, "sum", path=backend)
     db = got[1][3].double()
     parts = [db[: case.V], db[case.V :]] if case.tdt else [db]
     for part in parts:
@@ -532,7 +544,7 @@ def test_gradient_tiles_hold_no_subnormal_numbers(kind, backend, monkeypatch):
         act_lens=(60, 50), label_lens=(11, 9), T=60, U=12, wscale=16.0
     )
     inputs = fc.make_inputs(case, torch.float32)
-    got = fc.fused_loss(case, inputs, "mean", backend=backend)
+    got = fc.fused_loss(case, inputs, "mean", path=backend)
     assert seen["tiles"] > 0 and seen["tiny_occupancy"], seen
     assert seen["subnormal"] == 0, seen
     want = fc.dense_loss(case, inputs, "mean")
@@ -580,9 +592,9 @@ def test_autocast_does_not_change_the_result(backend):
     (forward and the backward recompute alike): the float32 results."""
     case = LATTICE_CASES["standard"]
     inputs = fc.make_inputs(case, torch.float32)
-    want = fc.fused_loss(case, inputs, "mean", backend=backend)
+    want = fc.fused_loss(case, inputs, "mean", path=backend)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = fc.fused_loss(case, inputs, "mean", backend=backend)
+        got = fc.fused_loss(case, inputs, "mean", path=backend)
     fc.assert_same_results(got, want, rtol=0, atol=0)
 
 
@@ -616,3 +628,29 @@ def test_gpu_medium_batch(kind, dtype):
     cpu = fc.fused_loss(case, cpu_inputs, "mean_volume")
     for name, g, w in zip(fc.GRAD_NAMES, got[1], cpu[1]):
         fc.assert_close(name + " vs CPU", g, w, tol, 2e-5)
+
+
+@pytest.mark.parametrize("device", devices.params("cpu", "sim", "cuda"))
+def test_auto_picks_the_tile_stages(device, monkeypatch):
+    """tile_backend "auto": the Numba tile kernels beside the CPU lattice, the
+    Triton kernels beside the CUDA lattice (in the simulator: in Triton's
+    interpreter; on a GPU of compute capability >= 8.0), torch operations beside
+    the PyTorch lattice."""
+    from espnet_multiblank.fused import api
+
+    picked = []
+    real = api.tile_ops_for
+
+    def spy(*args):
+        picked.append(real(*args).__name__)
+        return real(*args)
+
+    monkeypatch.setattr(api, "tile_ops_for", spy)
+    case = LATTICE_CASES["standard"]
+    inputs = _inputs(case, torch.float32, device)
+    fc.fused_loss(case, inputs, "mean")
+    fc.fused_loss(case, inputs, "mean", backend="torch")
+    want = "CpuTileOps" if device == "cpu" else "TritonTileOps"
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 0):
+        want = "TorchTileOps"
+    assert picked == [want, "TorchTileOps"]

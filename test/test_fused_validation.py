@@ -4,6 +4,7 @@ dense losses'. Also: non-finite logits raise, masked (-inf) symbols work."""
 
 import math
 
+import devices
 import pytest
 import torch
 from helpers import fused_cases as fc
@@ -134,6 +135,8 @@ def test_other_device():
         (dict(clamp=math.nan), ValueError, r"clamp must be a finite float >= 0"),
         (dict(fastemit_lambda="0.1"), TypeError, r"fastemit_lambda must be a float"),
         (dict(backend="cuda"), ValueError, r"backend must be one of"),
+        (dict(tile_backend="cuda"), ValueError, r"tile_backend must be one of"),
+        (dict(tile_backend=None), ValueError, r"tile_backend must be one of"),
         (dict(tile_bytes=0), ValueError, r"tile_bytes must be >= 1"),
         (dict(tile_bytes=1.5), TypeError, r"tile_bytes must be an int"),
         (dict(tile_bytes=True), TypeError, r"tile_bytes must be an int"),
@@ -151,6 +154,21 @@ def test_bad_options(over, exc, match):
         FusedTransducerLoss(**kw)
 
 
+def test_tile_backend_where_it_cannot_run(monkeypatch):
+    """The Numba tile kernels need the Numba CPU lattice; Triton's need CUDA tensors
+    (or its interpreter)."""
+    inputs = _inputs()
+    _raises(
+        ValueError,
+        r"tile_backend='numba' runs on CPU tensors with the Numba lattice",
+        inputs,
+        backend="torch",
+        tile_backend="numba",
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _raises(ValueError, r"tile_backend='triton': ", inputs, tile_backend="triton")
+
+
 def test_subclassed_activation_is_refused():
     class Tanhish(torch.nn.Tanh):
         def forward(self, x):
@@ -164,12 +182,24 @@ def test_subclassed_activation_is_refused():
     )
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+#: the CPU's paths, the CUDA path (simulated: Triton's interpreter and the CUDA
+#: simulator) and a GPU's
+device_backends = pytest.mark.parametrize(
+    "device,backend", devices.params("cpu", "sim", "cuda", backends=("numba", "torch"))
+)
+
+
+def _on(device, inputs):
+    dev = devices.torch_device(device)
+    return [None if x is None else x.to(dev) for x in inputs]
+
+
+@device_backends
 @pytest.mark.parametrize(
     "where,value",
     [("weight", math.nan), ("bias", math.inf), ("enc", math.nan), ("bias-row", None)],
 )
-def test_non_finite_logits_raise(where, value, backend):
+def test_non_finite_logits_raise(where, value, device, backend):
     inputs = _inputs()
     if where == "weight":
         inputs[2] = inputs[2].clone()
@@ -182,18 +212,23 @@ def test_non_finite_logits_raise(where, value, backend):
         inputs[0][1, 2, 0] = value  # a valid frame of utterance 1
     else:
         inputs[3] = torch.full_like(inputs[3], -math.inf)
-    with pytest.raises(ValueError, match=r"must give finite logits .* utterance"):
-        _call(inputs, backend=backend)
+    first = 1 if where == "enc" else 0  # the first utterance with such a logit
+    with pytest.raises(
+        ValueError, match=rf"must give finite logits .* utterance {first}"
+    ):
+        _call(_on(device, inputs), backend=backend)
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_masked_symbol(backend):
-    """A symbol masked by a -inf bias (never emitted) is allowed, as -inf logits are
-    in the dense losses: the same costs and gradients."""
-    case = fc.multiblank()
-    inputs = list(fc.make_inputs(case, torch.float64))
+@device_backends
+@pytest.mark.parametrize("kind", ["multiblank", "tdt"])
+def test_masked_symbol(kind, device, backend):
+    """A symbol masked by a -inf bias (never emitted; for a TDT a duration) is
+    allowed, as -inf logits are in the dense losses: the same costs and
+    gradients."""
+    case = fc.LATTICES[kind]()
+    inputs = _on(device, fc.make_inputs(case, torch.float64))
     inputs[3] = inputs[3].clone()
-    inputs[3][1] = -math.inf  # big blank 1 (duration 4)
+    inputs[3][1 if kind == "multiblank" else case.V + 1] = -math.inf
     got = fc.fused_loss(case, inputs, "none", backend=backend)
     want = fc.dense_loss(case, inputs, "none")
     fc.assert_same_results(got, want, rtol=1e-9, atol=1e-10)

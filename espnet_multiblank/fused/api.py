@@ -14,7 +14,6 @@ from espnet_multiblank.fused.activations import (
 from espnet_multiblank.fused.joint_loss import (
     FusedJointLossFunction,
     default_tile_bytes,
-    tile_ops_for,
 )
 from espnet_multiblank.fused.loss_package import (
     FLOAT_DTYPES,
@@ -30,6 +29,7 @@ from espnet_multiblank.fused.loss_package import (
     numba_kernel,
     reduce_costs,
 )
+from espnet_multiblank.fused.tile_backends import check_tile_backend, tile_ops_for
 from espnet_multiblank.lattice import check_tdt_durations, lattice_from_config
 
 
@@ -42,13 +42,15 @@ class FusedOptions:
             ``TDTOptions``).
         activation: the joint's activation.
         tile_bytes: the tile size bound (None: the device's default).
-        backend: "auto", "numba" or "torch".
+        backend: "auto", "numba" or "torch" (the lattice's).
+        tile_backend: "auto", "numba", "triton" or "torch" (the tile stages').
     """
 
     loss: object
     activation: JointActivation
     tile_bytes: Optional[int]
     backend: str
+    tile_backend: str = "auto"
 
 
 def make_fused_options(
@@ -63,6 +65,7 @@ def make_fused_options(
     omega=0.0,
     tile_bytes=None,
     backend="auto",
+    tile_backend="auto",
 ) -> FusedOptions:
     """Validate the scalar options (TypeError / ValueError naming the argument); the
     loss options come from the dense losses' option makers."""
@@ -91,7 +94,10 @@ def make_fused_options(
             raise ValueError(f"tile_bytes must be >= 1, got {tile_bytes}")
         tile_bytes = int(tile_bytes)
     check_backend(backend)
-    return FusedOptions(loss, joint_activation(activation), tile_bytes, backend)
+    check_tile_backend(tile_backend)
+    return FusedOptions(
+        loss, joint_activation(activation), tile_bytes, backend, tile_backend
+    )
 
 
 _ENC = "projected encoder output (B, T, J)"
@@ -176,7 +182,7 @@ def _loss(enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOption
         label_lens,
         opts,
         fo.activation,
-        tile_ops_for(kernel),
+        tile_ops_for(kernel, fo.tile_backend, enc.device),
         fo.backend,
         tile_bytes,
     )
@@ -203,6 +209,7 @@ def fused_transducer_loss(
     omega: float = 0.0,
     tile_bytes: Optional[int] = None,
     backend: str = "auto",
+    tile_backend: str = "auto",
 ) -> torch.Tensor:
     """The joint network's output layer and the transducer loss in one, exact,
     without a (B, T, U, V) tensor (``docs/fused.md``).
@@ -238,9 +245,14 @@ def fused_transducer_loss(
         tile_bytes: bound on a tile's logits and activations in bytes (None: 4 MiB
             on the CPU, 32 MiB on CUDA); does not change the result beyond float
             rounding.
-        backend: "auto" (Numba tile kernels and lattice on the CPU, the Numba CUDA
-            lattice on CUDA, torch elsewhere), "numba", or "torch" (torch tile
-            operations and the torch lattice on any device).
+        backend: the lattice's: "auto" (Numba on the CPU and on CUDA, torch
+            elsewhere), "numba", or "torch" (the PyTorch lattice and, with
+            tile_backend "auto", torch tile operations, on any device).
+        tile_backend: the tile stages' (gather, log-softmax and lattice terms,
+            gradient, scatter): "auto" (the Numba kernels with the Numba CPU
+            lattice, Triton kernels with the Numba CUDA lattice on a GPU of
+            compute capability >= 8.0, else torch operations), "numba" (CPU),
+            "triton" (CUDA) or "torch" (any device). The matmuls are torch's.
 
     Returns:
         The reduced loss, or (B,) costs for reduction "none"; float32 (float64 when
@@ -262,6 +274,7 @@ def fused_transducer_loss(
         omega,
         tile_bytes,
         backend,
+        tile_backend,
     )
     return _loss(enc, pred, weight, bias, labels, act_lens, label_lens, fo)
 
@@ -285,6 +298,7 @@ class FusedTransducerLoss(torch.nn.Module):
         omega: float = 0.0,
         tile_bytes: Optional[int] = None,
         backend: str = "auto",
+        tile_backend: str = "auto",
     ):
         super().__init__()
         self.options = make_fused_options(
@@ -299,13 +313,15 @@ class FusedTransducerLoss(torch.nn.Module):
             omega,
             tile_bytes,
             backend,
+            tile_backend,
         )
 
     def extra_repr(self) -> str:
         fo = self.options
         return (
             f"{fo.loss}, activation={fo.activation.name}, "
-            f"tile_bytes={fo.tile_bytes}, backend={fo.backend!r}"
+            f"tile_bytes={fo.tile_bytes}, backend={fo.backend!r}, "
+            f"tile_backend={fo.tile_backend!r}"
         )
 
     def forward(self, enc, pred, weight, bias, labels, act_lens, label_lens):

@@ -56,6 +56,7 @@ class CpuTileOps:
         opts: the loss options (of any lattice); layout: their rows' layout.
         tiling: the batch's tiles.
         labels: (B, L) int64 CPU tensor, padding replaced by valid ids.
+        act_lens: unused (the tiling has them).
         label_lens: (B,) int64 CPU tensor.
         vocab_size: V' (weight.shape[0]).
         grid: (T', U') of the planes (read from them here).
@@ -67,6 +68,7 @@ class CpuTileOps:
         layout: RowsLayout,
         tiling: Tiling,
         labels,
+        act_lens,
         label_lens,
         vocab_size,
         grid,

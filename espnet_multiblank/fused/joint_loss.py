@@ -18,11 +18,11 @@ same tiles and the same operations recompute z exactly, then::
 
 Only the planes (``planes.py``), the inputs and the tiling cross from forward to
 backward. What the rows of the planes hold is the lattice family's (its rows layout,
-``espnet_multiblank.loss.rows``). The device's Numba kernels, chosen as the dense loss
-chooses them, decide the tile operations (:func:`tile_ops_for`: the Numba tile kernels
-with the CPU kernels, torch tile operations otherwise), and the lattice stage is the
-loss package's (``run_lattice``: the family's CPU, CUDA or PyTorch lattice, by where
-the planes live and the backend).
+``espnet_multiblank.loss.rows``). The tile stages are chosen by ``tile_backends.py``
+(the Numba tile kernels with the CPU lattice, Triton kernels with the CUDA lattice,
+torch operations otherwise), and the lattice stage is the loss package's
+(``run_lattice``: the family's CPU, CUDA or PyTorch lattice, by where the planes live
+and the backend).
 
 Precision: the compute dtype is float64 when any of enc, pred, weight, bias is
 float64, else float32 (half-precision inputs are converted once, as a whole: they are
@@ -41,20 +41,6 @@ from espnet_multiblank.fused.activations import JointActivation
 from espnet_multiblank.fused.loss_package import family_of, run_lattice
 from espnet_multiblank.fused.planes import Planes, lattice_grid, new_planes
 from espnet_multiblank.fused.tiling import Tiling
-from espnet_multiblank.fused.torch_tile_ops import TorchTileOps
-
-
-def tile_ops_for(kernel):
-    """The per-tile stages that go with a device's Numba kernels (None: the PyTorch
-    path): the Numba tile kernels beside the CPU kernels, whose lattice reads planes
-    in host memory; torch tile operations otherwise. A class ``(opts, layout,
-    tiling, labels, label_lens, vocab_size, grid) -> ops``."""
-    if kernel is not None and kernel.device_type == "cpu":
-        from espnet_multiblank.fused.cpu_tile_ops import CpuTileOps  # imports Numba
-
-        return CpuTileOps
-    return TorchTileOps
-
 
 #: default tile size in bytes of (logits + 3 activations) per row, per device type: on
 #: the CPU a few MiB (the tile stays in the caches), on a GPU large enough for the
@@ -144,7 +130,7 @@ class FusedJointLossFunction(torch.autograd.Function):
         labels: (B, L) int64 (padding replaced by valid ids), act_lens, label_lens
             (B,) int64, on enc's device.
         opts: the loss options; activation: a :class:`JointActivation`;
-        tile_ops: the per-tile stages (:func:`tile_ops_for`); backend: the
+        tile_ops: the per-tile stages (``tile_backends.tile_ops_for``); backend: the
             lattice's (``run_lattice``); tile_bytes: the tile size bound.
     Returns:
         (B,) costs ``-(1 + lambda) log P`` (+inf for an impossible utterance, 0 for
@@ -173,8 +159,9 @@ class FusedJointLossFunction(torch.autograd.Function):
         dtype = compute_dtype(enc, pred, weight, bias)
         device = enc.device
         need_grad = any(ctx.needs_input_grad[:4])
-        al_np = act_lens.cpu().numpy()
-        ll_np = label_lens.cpu().numpy()
+        # the lengths on the host (the tiling is planned there): one copy, one
+        # host synchronisation on a GPU
+        al_np, ll_np = torch.stack([act_lens, label_lens]).cpu().numpy()
         grid = lattice_grid(al_np, ll_np)
         tiling = Tiling.create(
             T, U, al_np, ll_np, tile_rows_for(tile_bytes, Vp, J, dtype)
@@ -184,7 +171,7 @@ class FusedJointLossFunction(torch.autograd.Function):
         W = _as_compute(weight, dtype)
         c = _as_compute(bias, dtype)
         layout = family_of(opts).layout(opts)
-        ops = tile_ops(opts, layout, tiling, labels, label_lens, Vp, grid)
+        ops = tile_ops(opts, layout, tiling, labels, act_lens, label_lens, Vp, grid)
         planes = new_planes(layout, B, grid[0], grid[1], device)
         if tiling.num_rows:
             buffers = _TileBuffers(tiling.tile_rows, Vp, J, dtype, device, False)

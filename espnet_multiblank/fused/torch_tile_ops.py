@@ -34,8 +34,9 @@ class TorchTileOps:
     Args:
         opts: the loss options (of any lattice); layout: their rows' layout;
         tiling: the batch's tiles;
-        labels: (B, L) int64 tensor (padding replaced by valid ids), label_lens (B,)
-        int64 tensor, on the device; vocab_size: V'; grid: (T', U') of the planes.
+        labels: (B, L) int64 tensor (padding replaced by valid ids), act_lens
+        (unused: the tiling has them), label_lens (B,) int64 tensors, on the
+        device; vocab_size: V'; grid: (T', U') of the planes.
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class TorchTileOps:
         layout: RowsLayout,
         tiling: Tiling,
         labels,
+        act_lens,
         label_lens,
         vocab_size,
         grid,
@@ -168,8 +170,14 @@ class TorchTileOps:
         d_pred.index_add_(0, index.pred_rows, d_pre)
 
     def factors(self, grad_costs: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-        f = grad_costs.detach().to(self.device, torch.float64)
-        return torch.where(torch.isfinite(log_p.to(self.device)), f, 0.0)
+        return device_factors(grad_costs, log_p, self.device)
+
+
+def device_factors(grad_costs, log_p, device) -> torch.Tensor:
+    """(B,) float64 contiguous factors on ``device``: the incoming gradient of each
+    cost, 0 for impossible utterances (log_p = -inf: their gradient is exactly 0)."""
+    f = grad_costs.detach().to(device, torch.float64)
+    return torch.where(torch.isfinite(log_p.to(device)), f, 0.0).contiguous()
 
 
 def _log_sum_exp(x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The devices the loss tests run on, as pytest parameters named ``device``.
 
 * ``"cpu"``: the CPU (Numba's CPU kernels, the PyTorch backend);
-* ``"sim"``: the CUDA kernels in Numba's CUDA simulator. The simulator must be
+* ``"sim"``: the CUDA kernels in Numba's CUDA simulator (and the fused loss's Triton
+  kernels in Triton's interpreter). The simulator must be
   switched on before numba.cuda is imported and must not leak into other tests, so
   ``test/conftest.py`` runs every selected ``sim`` test, the same test function with
   the same parameters, in ONE pytest subprocess with ``NUMBA_ENABLE_CUDASIM=1`` and

@@ -213,9 +213,27 @@ def dense_loss(
     return loss.detach(), _grads(loss, params, grad_out.to(loss.device, loss.dtype))
 
 
-def fused_loss(case: JointCase, inputs, reduction="none", grad_out=None, **over):
+#: the fused loss's paths the tests name (their ``backend`` parameter): the keyword
+#: arguments of each. "numba": the device's Numba lattice with the tile stages "auto"
+#: picks (CPU: the Numba tile kernels; CUDA and the simulator: Triton's); "torch":
+#: the PyTorch lattice and torch tile operations; "torch-tiles": torch tile
+#: operations with the Numba lattice; "triton": Triton tiles with the Numba lattice
+PATHS = {
+    "numba": dict(backend="numba"),
+    "torch": dict(backend="torch"),
+    "torch-tiles": dict(backend="numba", tile_backend="torch"),
+    "triton": dict(backend="numba", tile_backend="triton"),
+}
+
+
+def fused_loss(
+    case: JointCase, inputs, reduction="none", grad_out=None, path=None, **over
+):
     """(loss, [d enc, d pred, d weight, d bias]) of fused_transducer_loss on the
-    inputs as they are (their dtypes); ``over`` overrides its keyword arguments."""
+    inputs as they are (their dtypes); ``path``: a name of :data:`PATHS` (None:
+    the defaults); ``over`` overrides its keyword arguments."""
+    if path is not None:
+        over = {**PATHS[path], **over}
     params = leaves(inputs)
     loss = fused_transducer_loss(
         *params, *inputs[4:], reduction=reduction, **case.fused_kwargs(**over)

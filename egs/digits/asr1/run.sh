@@ -20,9 +20,9 @@
 #   6  train the standard transducer
 #   7  train the multi-blank transducer (same encoder/decoder, durations [2,4,8])
 #   8  train the TDT (same encoder/decoder, durations 0..8: the same largest jump);
-#      6, 7 and 8 run side by side (--train_jobs 3, the default: one torch thread each;
-#      on 2 cores the three share the CPUs and finish together, sooner than two and
-#      then one: README.md). --train_jobs N runs at most N at a
+#      6, 7, 8 and 9 run side by side (--train_jobs 4, the default: one torch thread
+#      each; on 2 cores they share the CPUs, sooner than some after the others, which
+#      leaves a core idle: README.md). --train_jobs N runs at most N at a
 #      time (in stage order), --train_jobs 1 one after the other with all threads.
 #      --train_procs N trains each model with N DDP processes on this machine (ESPnet's
 #      DDP through the plug-in: gloo, --multiprocessing_distributed true
@@ -94,7 +94,7 @@ tdt_train_config=$recipe/conf/train_tdt.yaml
 decode_conf_dir=$repo/conf/decode
 inference_model=valid.loss.ave.pth
 decode_threads=1            # torch threads while decoding (speed comparison)
-train_jobs=3                # trainings at once (one torch thread each when > 1)
+train_jobs=4                # trainings at once (one torch thread each when > 1)
 train_procs=1               # DDP processes per model (CPU, gloo); 1: no DDP
 train_args=""               # extra arguments for asr_train (both models)
 lm_config=$recipe/conf/train_lm.yaml             # LM "train": training transcripts

@@ -103,15 +103,6 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
         $PY -m zipfile -e "$w" "$SITE" || echo "WARNING: could not unpack $w"
     done
     export PYTHONPATH=$SITE
-    # ESPnet's ASR task imports g2p_en, which downloads two NLTK data sets at import
-    # when it cannot find them (no network here: a wait, or an error per import);
-    # empty stand-ins stop that (the training and the tests never use them)
-    export NLTK_DATA=$SITE/nltk_data
-    $PY -c "import os, sys, zipfile
-for p in ('taggers/averaged_perceptron_tagger_eng.zip', 'corpora/cmudict.zip'):
-    p = os.path.join(sys.argv[1], p)
-    os.makedirs(os.path.dirname(p), exist_ok=True)
-    zipfile.ZipFile(p, 'w').close()" "$NLTK_DATA"
 else
     echo "no wheels in $WHEELS (run --fetch-wheels where there is network)"
 fi

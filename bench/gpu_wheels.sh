@@ -21,8 +21,13 @@
 #     omegaconf + antlr4-python3-runtime 4.9.3 (an sdist only: built into a wheel
 #     here), librosa (the mel filter bank) + lazy-loader, decorator, joblib,
 #     cloudpickle, msgpack, pooch, espnet-g2p-en + nltk + regex + inflect, jamo,
-#     espnet-tts-frontend + unidecode + jaconv. Not imported while training, so not
-#     carried: editdistance (ESPnet's WER in validation), soxr, audioread, sklearn.
+#     espnet-tts-frontend + unidecode + jaconv; inflect's jaraco-functools +
+#     more-itertools and cffi's pycparser (a failed import of inflect is swallowed:
+#     g2p_en is then imported again later, and tries to download NLTK data).
+#     Requirements left out, not imported while training: editdistance (ESPnet's WER
+#     in validation), librosa's audioread, scikit-learn and soxr (loading and
+#     resampling audio), nltk's click, tqdm and defusedxml, pooch's platformdirs and
+#     requests, g2p_en's distance, espnet-tts-frontend's pypinyin.
 # Binary wheels (h5py, cffi, msgpack, regex, soundfile) are for CPython 3.12 on
 # manylinux x86_64; unpacked with Python's zipfile, they need no pip there. The script
 # prints the total size (the device tool carries 64 MiB in all); with --data it also
@@ -46,6 +51,7 @@ WANT=(
     cloudpickle==3.1.3 msgpack==1.2.4 pooch==1.9.0 espnet-g2p-en==2.1.0.post1
     nltk==3.10.4 regex==2026.12.2 inflect==7.6.0 jamo==0.4.1
     espnet-tts-frontend==0.0.4 unidecode==1.4.0 jaconv==0.5.0
+    jaraco-functools==4.6.0 more-itertools==11.2.1 pycparser==3.12
 )
 # no wheel on PyPI (omegaconf 2.3 pins it): built here from its pure-Python sdist
 SDIST=(antlr4-python3-runtime==4.9.3)

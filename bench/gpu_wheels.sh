@@ -32,8 +32,8 @@
 # manylinux x86_64; unpacked with Python's zipfile, they need no pip there. The script
 # prints the total size (the device tool carries 64 MiB in all); with --data it also
 # builds the training stage's data file from a digits recipe run (RECIPE_DIR, default
-# egs/digits/asr1: run.sh stages 2-5 must have run there; bench/gpu_train.py --prepare)
-# and counts it in. Carry both: ["bench/out/wheels", "bench/out/train_data"].
+# egs/digits/asr1: run.sh stages 2-5 must have run there, 6-8 for the CPU loss
+# curves; bench/gpu_train.py --prepare) and counts it in. Carry both: ["bench/out/wheels", "bench/out/train_data"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-bench/out/wheels}
@@ -41,7 +41,7 @@ DATA=${DATA:-bench/out/train_data}
 PY=${PYTHON:-.venv/bin/python}
 [[ -x "$PY" ]] || PY=python3
 
-# name==version, one a line: the test stages' first, then the training stage's
+# name==version: the test stages' first, then the training stage's
 WANT=(
     pytest-timeout==2.4.0 pytest-xdist==3.8.0 execnet==2.1.2
     espnet==202511 typeguard==4.6.1 configargparse==1.9.0 humanfriendly==10.0

@@ -1,38 +1,50 @@
 #!/usr/bin/env bash
 # One prepared GPU check of the CUDA backend: the real-GPU tests, the loss benchmark,
-# the fused joint + loss (its real-GPU tests and bench/joint_loss.py), then (when
+# the fused joint + loss (its real-GPU tests and bench/joint_loss.py), ESPnet training
+# steps of the recipe's multi-blank and TDT models (bench/gpu_train.py), then (when
 # bench/decode_gpu.py exists) the decoding benchmark. Made for a lent GPU
 # machine without network, in at most TOTAL_BUDGET seconds (default 570: a 10-minute
-# command with room to spare). The stages' budgets add up to more than that: run them
-# in two commands, the fused joint + loss's first (issue 40: the Triton tile kernels
-# against the dense step and the torch tile operations; about 400 s):
-#     STAGES="fused_test fused_bench" bash bench/gpu_check.sh
+# command with room to spare). The stages' budgets add up to more than that (935 s,
+# and more than a session's 15 minutes of device time with the machine's start-up):
+# run issue 40's stages first, in one command (the Triton tile kernels against the
+# dense step and the torch tile operations, then training with the fused joint + loss;
+# about 560 s), and the others in what is left, or in a later session:
+#     STAGES="fused_test fused_bench train" bash bench/gpu_check.sh
 #     STAGES="test ll bench beam decode" bash bench/gpu_check.sh
 #
-# 1. HERE (network, PyPI), once: fetch the pure-Python wheels the GPU machine may lack
-#    into bench/out/wheels (ignored by git, ~3 MB):
-#        bash bench/gpu_check.sh --fetch-wheels
+# 1. HERE (network, PyPI), once: fetch the wheels the GPU machine lacks into
+#    bench/out/wheels and build the training stage's data file in
+#    bench/out/train_data (both ignored by git, ~17 + ~5 MB; bench/gpu_wheels.sh says
+#    which wheels and why; --data needs a digits recipe run, RECIPE_DIR):
+#        RECIPE_DIR=egs/digits/asr1 bash bench/gpu_check.sh --fetch-wheels --data
 #    pytest-timeout (per-test time limit), pytest-xdist + execnet (the tests in
 #    parallel processes: kernel compilation is per process and single-threaded, so
 #    this is what makes the compile-heavy test matrix fit), espnet 202511 without
-#    its dependencies (only its CUDA loss module is imported: the oracle test and
-#    the benchmark's `espnet` rows; it needs just torch and numba), typeguard (not
-#    imported by the GPU tests or the benchmark; carried for anything run by hand).
-# 2. THERE: the device tool's `run`, with carry ["bench/out/wheels"]:
+#    its dependencies (its CUDA loss module: the oracle test and the benchmark's
+#    `espnet` rows; its ASR task: the training stage and the test modules that build
+#    ESPnet's decoder), and what ESPnet's ASR task imports beyond the machine's
+#    packages (typeguard, configargparse, humanfriendly, librosa, h5py, nltk, ...).
+# 2. THERE: the device tool's `run`, with carry ["bench/out/wheels",
+#    "bench/out/train_data"]:
 #        bash bench/gpu_check.sh
 #    It uses the machine's own python3 / torch / numba / numba-cuda / pytest, unpacks
-#    the carried wheels into /tmp/site (no pip or index needed: they are pure Python),
-#    and writes everything to $OUT (default bench/out/gpu):
+#    the carried wheels into /tmp/site (no pip or index needed: a wheel is a zip of
+#    importable files; the few binary ones are built for CPython 3.12), and writes
+#    everything to $OUT (default bench/out/gpu):
 #        env.txt  failures.txt  pytest_gpu.log  pytest_label_looping.log  bench.log
-#        bench.jsonl  pytest_fused.log  joint_loss.log  joint_loss.jsonl
-#        pytest_batched_beam.log  decode_beam.log  decode_beam.jsonl  [decode.log]
+#        bench.jsonl  pytest_fused.log  joint_loss.log  joint_loss.jsonl  train.log
+#        train.jsonl  pytest_batched_beam.log  decode_beam.log  decode_beam.jsonl
+#        [decode.log]
 #
 # Stage budgets (seconds; each also capped by what is left of TOTAL_BUDGET, and each
-# stage keeps the budgets of the chosen later stages in reserve; the defaults add up
-# to 570). STAGES (default all: "test ll bench fused_test fused_bench beam decode")
-# chooses stages, for a rerun in what is left of a session's device time:
+# stage keeps the budgets of the chosen later stages in reserve). STAGES (default
+# all: "test ll bench fused_test fused_bench train beam decode") chooses stages, for a
+# rerun in what is left of a session's device time:
 #   PYTEST_BUDGET=200  LL_BUDGET=30  BENCH_BUDGET=70  FUSED_TEST_BUDGET=150
-#   FUSED_BENCH_BUDGET=240  BEAM_BUDGET=50  DECODE_BUDGET=45
+#   FUSED_BENCH_BUDGET=240  TRAIN_BUDGET=150  BEAM_BUDGET=50  DECODE_BUDGET=45
+# The train stage runs TRAIN_STEPS (default 300) steps of each of its four runs
+# (multi-blank and TDT, dense and fused joint + loss) and stops each run early
+# when its share of the budget is spent (a row says steps_done and cut_by_budget).
 # Each failing test's report is appended to $OUT/failures.txt as it fails (a stage
 # cut by its budget prints no summary). The device tool returns at most 8 files:
 # pack the logs (tar) in the command that runs this script.
@@ -46,38 +58,24 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-WHEELS=bench/out/wheels
+WHEELS=${WHEELS:-bench/out/wheels}
 PY=${PYTHON:-python3}
 T0=$(date +%s)
 TOTAL_BUDGET=${TOTAL_BUDGET:-570}
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
-    mkdir -p "$WHEELS"
-    PIP=${PIP:-.venv/bin/pip}
-    [[ -x "$PIP" ]] || PIP="python3 -m pip"
-    $PIP download --no-deps --only-binary=:all: -d "$WHEELS" \
-        "typeguard>=4" "espnet==202511" "pytest-timeout>=2" "pytest-xdist>=3" \
-        "execnet>=2" || exit 1
-    for w in "$WHEELS"/*.whl; do
-        case "$w" in
-            *-py3-none-any.whl | *-py2.py3-none-any.whl) ;;
-            *) echo "not a pure-Python wheel: $w" && exit 1 ;;
-        esac
-    done
-    ls -la "$WHEELS"
-    du -sh "$WHEELS"
-    exit 0
+    WHEELS=$WHEELS exec bash bench/gpu_wheels.sh "${@:2}"
 fi
 
 left() { echo $((TOTAL_BUDGET - ($(date +%s) - T0))); }
 # The stages in order, each with its budget (seconds); STAGES picks some of them
 # (say STAGES="test fused_test" to rerun two), each stage keeping the budgets of the
 # chosen stages after it in reserve.
-ORDER=(test ll bench fused_test fused_bench beam decode)
+ORDER=(test ll bench fused_test fused_bench train beam decode)
 declare -A BUDGET=(
     [test]=${PYTEST_BUDGET:-200} [ll]=${LL_BUDGET:-30} [bench]=${BENCH_BUDGET:-70}
     [fused_test]=${FUSED_TEST_BUDGET:-150} [fused_bench]=${FUSED_BENCH_BUDGET:-240}
-    [beam]=${BEAM_BUDGET:-50} [decode]=${DECODE_BUDGET:-45}
+    [train]=${TRAIN_BUDGET:-150} [beam]=${BEAM_BUDGET:-50} [decode]=${DECODE_BUDGET:-45}
 )
 STAGES=${STAGES:-${ORDER[*]}}
 chosen() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -101,7 +99,7 @@ export ESPNET_MULTIBLANK_FAILURES_TO="$(cd "$OUT" && pwd)/failures.txt"
 SITE=${SITE:-/tmp/site}
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
     mkdir -p "$SITE"
-    for w in "$WHEELS"/*.whl; do  # a pure-Python wheel is a zip of importable files
+    for w in "$WHEELS"/*.whl; do  # a wheel is a zip of importable files
         $PY -m zipfile -e "$w" "$SITE" || echo "WARNING: could not unpack $w"
     done
     export PYTHONPATH=$SITE
@@ -146,8 +144,8 @@ print("numba kernel on a torch tensor:", float(x.sum()), "(want 64.0)")
 EOF
 } 2>&1 | tee "$OUT/env.txt"
 
-rc_test=0 rc_ll=0 rc_bench=0 rc_fused_test=0 rc_fused_bench=0 rc_beam_test=0
-rc_beam=0 rc_decode=0
+rc_test=0 rc_ll=0 rc_bench=0 rc_fused_test=0 rc_fused_bench=0 rc_train=0
+rc_beam_test=0 rc_beam=0 rc_decode=0
 echo "stages: $STAGES"
 
 # the GPU test stages' pytest runs in parallel processes (Numba and Triton compile
@@ -227,6 +225,29 @@ if chosen fused_bench; then
     rc_fused_bench=${PIPESTATUS[0]}
 fi
 
+# ESPnet training steps on the GPU (issue 40): the digits recipe's multi-blank and TDT
+# models (its configs: model: multiblank_espnet, built by ESPnet's ASR task, ESPnet's
+# optimiser, scheduler and gradient clipping), each dense and with the fused joint +
+# loss (model_conf.transducer_fused_joint), TRAIN_STEPS steps of 8 recipe utterances
+# (the carried bench/out/train_data/digits.npz; without it, synthetic tone "words"):
+# the loss at the start and the end beside the recipe's CPU training at the same steps,
+# non-finite losses / gradient norms, the median step time and the peak GPU memory,
+# one JSON line per run in $OUT/train.jsonl (bench/gpu_train.py). ~15 s of imports,
+# then ~25-35 s per run with the first step's kernel compilation (an estimate; the
+# runs stop at their share of the budget): 300 steps fit TRAIN_BUDGET=150. A try of
+# the stage without a GPU: STAGES=train TRAIN_DEVICE=cpu TRAIN_STEPS=5.
+if chosen train; then
+    echo "=== ESPnet training steps (multi-blank, TDT; dense, fused), $(left) s left ==="
+    B_TRAIN=$(budget train)
+    # the runs share what is left after the imports; 30 s in reserve for the last
+    # run's model build and the summary
+    timeout "$B_TRAIN" $PY bench/gpu_train.py --device "${TRAIN_DEVICE:-cuda}" \
+        --steps "${TRAIN_STEPS:-300}" --budget-s $((B_TRAIN - 30)) \
+        --data bench/out/train_data/digits.npz --out "$OUT/train.jsonl" 2>&1 |
+        tee "$OUT/train.log"
+    rc_train=${PIPESTATUS[0]}
+fi
+
 # The batched beam searches on the GPU: their GPU == CPU tests (both pruning rules;
 # the test module builds tiny models with ESPnet's decoder and joint network: if
 # ESPnet's own imports fail on this machine, the log says so), then the search
@@ -264,12 +285,14 @@ fi
 echo "stages run: $STAGES (0 also for a stage not run; 124 = ran out of its budget)"
 $PY bench/gpu_results.py "$OUT" --stages "$STAGES" --commit "${COMMIT:-unknown}" \
     --rc "test=$rc_test,ll=$rc_ll,bench=$rc_bench,fused_test=$rc_fused_test" \
-    --rc "fused_bench=$rc_fused_bench,beam_test=$rc_beam_test,beam=$rc_beam" \
-    --rc "decode=$rc_decode" > "$OUT/gpu_results.json" ||
+    --rc "fused_bench=$rc_fused_bench,train=$rc_train,beam_test=$rc_beam_test" \
+    --rc "beam=$rc_beam,decode=$rc_decode" > "$OUT/gpu_results.json" ||
     echo "WARNING: bench/gpu_results.py failed"
 echo "pytest rc=$rc_test  label-looping rc=$rc_ll  bench rc=$rc_bench" \
     "fused pytest rc=$rc_fused_test  fused bench rc=$rc_fused_bench" \
+    "train rc=$rc_train" \
     "batched beam pytest rc=$rc_beam_test  batched beam bench rc=$rc_beam" \
     "decode rc=$rc_decode; $(($(date +%s) - T0)) s in all"
 exit $((rc_test != 0 || rc_ll != 0 || rc_bench != 0 || rc_fused_test != 0 ||
-    rc_fused_bench != 0 || rc_beam_test != 0 || rc_beam != 0 || rc_decode != 0))
+    rc_fused_bench != 0 || rc_train != 0 || rc_beam_test != 0 || rc_beam != 0 ||
+    rc_decode != 0))

@@ -6,7 +6,8 @@ Reads the run's folder: ``env.txt`` (date, GPU, versions), each stage's pytest l
 (passed / failed / skipped: pytest's summary line, or, for a stage cut by its budget
 before the summary, the progress characters it printed) and ``failures.txt``, and the
 benchmarks' JSON lines (``bench.jsonl``, ``joint_loss.jsonl``, ``decode_beam.jsonl``,
-``decode.jsonl`` when present). Nothing here needs a GPU or torch.
+``decode.jsonl`` when present), and the training stage's (``train.jsonl``,
+``train.log``: bench/gpu_train.py) as ``training``. Nothing here needs a GPU or torch.
 
 Usage: python bench/gpu_results.py OUT --stages "..." --commit HASH --rc a=0,b=124
 """
@@ -24,6 +25,7 @@ PYTEST_LOGS = {
     "beam_test": "pytest_batched_beam.log",
 }
 BENCH_FILES = ("bench.jsonl", "joint_loss.jsonl", "decode_beam.jsonl", "decode.jsonl")
+TRAIN_FILES = ("train.jsonl", "train.log")
 _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed)")
 _PROGRESS = re.compile(r"^([.FsExX]+)\s*(\[\s*\d+%\])?$")
 
@@ -82,6 +84,37 @@ def _json_lines(text: str) -> list:
     return rows
 
 
+def training(rows: list, log: str = "") -> dict:
+    """The training stage (bench/gpu_train.py's JSON lines and log): ``runs`` by
+    "lattice/joint" (each row without its per-step losses), ``compare`` by lattice
+    (dense vs fused), ``import_errors`` (the log's "import MODULE: ERROR" lines: the
+    wheels that did not cover ESPnet's imports), and ``ok``: at least one run, and
+    every run with finite losses and parameters and a loss lower at its end than at
+    its start."""
+    runs, compare = {}, {}
+    for r in rows:
+        if r.get("name") == "train":
+            key = f"{r.get('lattice')}/{r.get('joint')}"
+            runs[key] = {k: v for k, v in r.items() if k not in ("name", "losses")}
+        elif r.get("name") == "train_compare":
+            compare[r.get("lattice")] = {
+                k: v for k, v in r.items() if k not in ("name", "lattice")
+            }
+    ok = bool(runs) and all(
+        r.get("falls") is True
+        and r.get("nonfinite_loss_steps") == 0
+        and r.get("params_finite") is True
+        for r in runs.values()
+    )
+    import_errors = re.findall(r"^import (\S+): (.*)$", log, re.M)
+    return {
+        "runs": runs,
+        "compare": compare,
+        "import_errors": [f"{m}: {e}" for m, e in import_errors],
+        "ok": ok,
+    }
+
+
 def gather(out: str, stages: str, commit: str, rcs: dict) -> dict:
     env = _read(os.path.join(out, "env.txt")) or ""
     result = {"commit": commit, "stages": stages.split(), "rc": rcs}
@@ -99,6 +132,9 @@ def gather(out: str, stages: str, commit: str, rcs: dict) -> dict:
         text = _read(os.path.join(out, name))
         if text is not None:
             result["benchmarks"][name] = _json_lines(text)
+    rows, log = (_read(os.path.join(out, name)) for name in TRAIN_FILES)
+    if rows is not None or log is not None:
+        result["training"] = training(_json_lines(rows or ""), log or "")
     return result
 
 

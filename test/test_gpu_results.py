@@ -58,3 +58,96 @@ def test_gathers_a_run(tmp_path):
     assert not cut["complete"]
     assert res["failed_tests"] == ["test/x.py::t", "test/y.py::u[cuda]"]
     assert res["benchmarks"]["joint_loss.jsonl"] == rows
+
+
+def _train_row(lattice, joint, **over):
+    row = dict(
+        name="train",
+        lattice=lattice,
+        joint=joint,
+        steps=300,
+        steps_done=300,
+        loss_start=28.4,
+        loss_end=9.1,
+        falls=True,
+        nonfinite_loss_steps=0,
+        nonfinite_grad_steps=0,
+        params_finite=True,
+        step_ms_median=41.5,
+        peak_mem_mb=310.2,
+        losses=[28.0, 29.0, 9.0],
+    )
+    row.update(over)
+    return row
+
+
+def _gather(tmp_path, stages="train", rc="train=0"):
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "gpu_results.py"),
+            str(tmp_path),
+            "--stages",
+            stages,
+            "--rc",
+            rc,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_gathers_the_training_stage(tmp_path):
+    rows = [
+        _train_row("multiblank", "dense"),
+        _train_row("multiblank", "fused", step_ms_median=30.0, peak_mem_mb=200.0),
+        dict(name="train_compare", lattice="multiblank", max_rel_diff=2e-6),
+    ]
+    (tmp_path / "train.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in rows) + "\nTraceback (not json)\n"
+    )
+    (tmp_path / "train.log").write_text(
+        "import espnet2.tasks.abs_task: ModuleNotFoundError: No module named 'h5py'\n"
+        "imports: 1 failed\n"
+    )
+    res = _gather(tmp_path)
+    tr = res["training"]
+    assert sorted(tr["runs"]) == ["multiblank/dense", "multiblank/fused"]
+    fused = tr["runs"]["multiblank/fused"]
+    # the per-step losses stay in train.jsonl; the figures come through
+    assert "losses" not in fused and "name" not in fused
+    assert (fused["step_ms_median"], fused["peak_mem_mb"]) == (30.0, 200.0)
+    assert tr["compare"] == {"multiblank": {"max_rel_diff": 2e-6}}
+    assert tr["import_errors"] == [
+        "espnet2.tasks.abs_task: ModuleNotFoundError: No module named 'h5py'"
+    ]
+    assert tr["ok"] is True
+    assert res["rc"] == {"train": 0}
+
+
+def test_training_not_ok_on_nan_or_a_loss_that_does_not_fall(tmp_path):
+    for bad in (
+        dict(nonfinite_loss_steps=3),
+        dict(params_finite=False),
+        dict(falls=False, loss_end=30.0),
+    ):
+        rows = [_train_row("tdt", "dense"), _train_row("tdt", "fused", **bad)]
+        (tmp_path / "train.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in rows) + "\n"
+        )
+        tr = _gather(tmp_path)["training"]
+        assert tr["ok"] is False, bad
+    # a stage that wrote nothing: no training section; one that wrote only its log
+    # (its imports failed): not ok
+    (tmp_path / "train.jsonl").unlink()
+    assert "training" not in _gather(tmp_path)
+    (tmp_path / "train.log").write_text("import librosa.filters: ImportError: x\n")
+    tr = _gather(tmp_path)["training"]
+    assert tr == {
+        "runs": {},
+        "compare": {},
+        "import_errors": ["librosa.filters: ImportError: x"],
+        "ok": False,
+    }

@@ -23,7 +23,8 @@ state dict (the instance's class is swapped, see
 valid frame, what the utterance alone gives (to float rounding) and the same lengths.
 """
 
-from typing import Optional, Tuple
+import contextlib
+from typing import Iterator, Optional, Tuple
 
 import torch
 from espnet2.layers.stft import Stft
@@ -212,6 +213,21 @@ class MaskedConvolutionModule(ConvolutionModule):
         return x.transpose(1, 2)
 
 
+@contextlib.contextmanager
+def masking_frames(
+    conv: torch.nn.Module, frame_mask: Optional[torch.Tensor]
+) -> Iterator[None]:
+    """``conv.frame_mask = frame_mask`` ((B, 1, T) bool, True on valid frames) for
+    the duration of a block's forward, None again after it (also after an error):
+    how a conformer block gives its convolution module the padding mask that
+    ESPnet's block does not pass."""
+    conv.frame_mask = frame_mask
+    try:
+        yield
+    finally:
+        conv.frame_mask = None
+
+
 class MaskedConformerEncoderLayer(ConformerEncoderLayer):
     """The conformer block, passing its frame mask to its convolution module.
 
@@ -229,11 +245,8 @@ class MaskedConformerEncoderLayer(ConformerEncoderLayer):
         conv = self.conv_module
         if not isinstance(conv, MaskedConvolutionModule) or cache is not None:
             return super().forward(x_input, mask, cache)
-        conv.frame_mask = mask
-        try:
+        with masking_frames(conv, mask):
             return super().forward(x_input, mask, cache)
-        finally:
-            conv.frame_mask = None
 
 
 def conv_output_lengths(

@@ -28,7 +28,10 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.espnet.batch_exact.exact_layers import masked_batch_norm
+from espnet_multiblank.espnet.batch_exact.exact_layers import (
+    masked_batch_norm,
+    masking_frames,
+)
 from espnet_multiblank.espnet.compat import ConformerEncoderLayer as EncoderLayer
 from espnet_multiblank.espnet.compat import ConvolutionModule
 
@@ -176,11 +179,8 @@ class ChunkConformerEncoderLayer(EncoderLayer):
         conv = self.conv_module
         if conv is None:
             return super().forward(x_input, mask, cache)
-        conv.frame_mask = pad_mask
-        try:
+        with masking_frames(conv, pad_mask):
             return super().forward(x_input, mask, cache)
-        finally:
-            conv.frame_mask = None
 
     def forward_chunk(
         self,

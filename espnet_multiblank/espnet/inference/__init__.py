@@ -5,7 +5,11 @@
 * :mod:`~espnet_multiblank.espnet.inference.lm_fusion`: ESPnet LMs and n-gram files
   as the searches' shallow-fusion LMs.
 * :mod:`~espnet_multiblank.espnet.inference.speech2text`: ESPnet's ``Speech2Text``
-  with those searches, decoding statistics and batched decoding.
+  with those searches, decoding statistics and batched decoding; what it puts
+  together: :mod:`~.search_choice` (which models and decode configs the plug-in
+  decodes), :mod:`~.argument_checks`, :mod:`~.half_precision` (the frontend in
+  float32), :mod:`~.batch_encoding` (a padded batch's encoder output),
+  :mod:`~.results` (ESPnet's n-best tuples), :mod:`~.decoding_stats`.
 * :mod:`~espnet_multiblank.espnet.inference.inputs`: the utterances of a run read one
   by one, and what cannot be decoded correctly refused with a reason.
 * :mod:`~espnet_multiblank.espnet.inference.loop`: the decoding loop (``inference``),

@@ -352,6 +352,39 @@ def as_waveform(
     return tensor.float(), rate
 
 
+def batch_items(speech: Any, speech_lengths: Optional[Any] = None) -> List[Any]:
+    """The utterances of a batch as the Python API takes it (``batch_decode``): a
+    list (or tuple) of unpadded inputs as it is, or the rows of padded samples cut to
+    their lengths.
+
+    Args:
+        speech: A list of inputs (anything :func:`as_waveform` takes), or padded
+            (B, L) samples.
+        speech_lengths: (B,) valid samples of each row of padded ``speech``
+            (required then).
+
+    Returns:
+        The list's inputs, or B tensors of (L_b,) float32 samples.
+
+    Raises:
+        ValueError: padded samples without ``speech_lengths``, or lengths that do
+            not match the rows.
+    """
+    if isinstance(speech, (list, tuple)):
+        return list(speech)
+    speech, _ = as_waveform(speech, None)
+    if speech_lengths is None:
+        raise ValueError("speech_lengths is required with a padded speech array (B, L)")
+    lengths = torch.as_tensor(np.asarray(speech_lengths)).tolist()
+    if speech.dim() < 2 or len(lengths) != speech.size(0):
+        raise ValueError(
+            f"speech_lengths: {len(lengths)} lengths for a padded speech "
+            f"array of shape {tuple(speech.shape)} (expected (B, L) and B "
+            "lengths)"
+        )
+    return [speech[b, : int(n)] for b, n in enumerate(lengths)]
+
+
 _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 

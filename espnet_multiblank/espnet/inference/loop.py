@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from espnet_multiblank.espnet.inference.decoding_stats import RunTally
 from espnet_multiblank.espnet.inference.inputs import (
     InputChecks,
     Utterance,
@@ -151,7 +152,7 @@ def streaming_options(
         (the chunk-masked encoder output: the hypotheses the streams give).
     """
     from espnet_multiblank.espnet.inference.arguments import STREAMING_OPTIONS
-    from espnet_multiblank.espnet.inference.speech2text import config_is_transducer
+    from espnet_multiblank.espnet.inference.search_choice import config_is_transducer
 
     options = {k: kwargs.pop(k) for k in STREAMING_OPTIONS if k in kwargs}
     chunk = options.get("streaming_chunk_size", 0)
@@ -218,31 +219,25 @@ def build_speech2text(
     return cls(**s2t_kwargs)
 
 
-class DecodingRun:
-    """Decodes utterances, one at a time or in batches, and keeps what failed.
+class DecodingRun(RunTally):
+    """Decodes utterances, one at a time or in batches, and keeps what failed (the
+    counts: :class:`~espnet_multiblank.espnet.inference.decoding_stats.RunTally`).
 
     Args:
         speech2text: The built ``Speech2Text``.
         checks: What the model can decode.
         batch_size: ``--batch_size``.
         batched: Whether the search decodes batches.
-
-    Attributes:
-        failed: ``{key: reason}`` of the utterances that could not be decoded.
-        num_utterances: Utterances read.
-        audio_seconds: Seconds of audio decoded.
     """
 
     def __init__(
         self, speech2text: Any, checks: InputChecks, batch_size: int, batched: bool
     ):
+        super().__init__()
         self.speech2text = speech2text
         self.checks = checks
         self.batch_size = batch_size if batched else 1
         self.batched = batched
-        self.failed: Dict[str, str] = {}
-        self.num_utterances = 0
-        self.audio_seconds = 0.0
 
     def decode(self, utterances: Iterator[Utterance]) -> Iterator[Tuple[str, List]]:
         """``(key, n-best results)`` of every utterance that decoded, in input
@@ -269,10 +264,6 @@ class DecodingRun:
         if reason is not None:
             self.fail(utt.key, reason)
         return speech
-
-    def fail(self, key: str, reason: str) -> None:
-        logger.warning("utterance %s not decoded: %s", key, reason)
-        self.failed[key] = reason
 
     def _decode_window(self, window: List[Tuple[str, torch.Tensor, float]]):
         results: List[Optional[List]] = [None] * len(window)
@@ -325,13 +316,7 @@ class DecodingRun:
         """``decoding_stats.json``."""
         st = self.speech2text.stats
         stats = {
-            "num_utterances": self.num_utterances,
-            "num_failed": len(self.failed),
-            "audio_seconds": self.audio_seconds,
-            "decode_seconds": decode_seconds,
-            "rtf": (
-                decode_seconds / self.audio_seconds if self.audio_seconds > 0 else None
-            ),
+            **self.totals(decode_seconds),
             **st.as_dict(),
             "search": type(self.speech2text.beam_search_transducer).__name__,
             "batch_size": self.batch_size,

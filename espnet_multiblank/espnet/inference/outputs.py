@@ -83,7 +83,7 @@ def write_outputs(output_dir: str, stats: Dict[str, Any], failed: Dict[str, str]
     """``decoding_stats.json``, ``failed_utterances`` and the summary log line."""
     from pathlib import Path
 
-    from espnet_multiblank.espnet.inference.speech2text import write_decoding_stats
+    from espnet_multiblank.espnet.inference.decoding_stats import write_decoding_stats
 
     write_decoding_stats(output_dir, stats)
     path = Path(output_dir) / FAILED_FILE

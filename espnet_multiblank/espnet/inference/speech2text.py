@@ -16,6 +16,13 @@ search). Two flavours:
   transducer model whose decode config asks for a plug-in search type, get
   :func:`build_transducer_search`; everything else decodes exactly as ESPnet does.
 
+The class puts together what its sibling modules do: which models and decode configs
+the plug-in decodes (:mod:`.search_choice`), the checks of its arguments
+(:mod:`.argument_checks`) and inputs (:mod:`.inputs`), the frontend in float32 under
+half precision (:mod:`.half_precision`), the encoder output of a padded batch
+(:mod:`.batch_encoding`), ESPnet's results of the hypotheses (:mod:`.results`) and
+the decoding statistics (:mod:`.decoding_stats`).
+
 This module does not import ``espnet2.bin.asr_inference`` until
 ``MultiblankSpeech2Text`` is first used, so the start-up hook can wrap that module
 while it is being executed.
@@ -23,19 +30,12 @@ while it is being executed.
 
 # before ESPnet's modules: their import prints nothing (quiet's docstring)
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  isort: skip
-import functools
 import logging
-import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from espnet2.asr.transducer.beam_search_transducer import (
-    Hypothesis as ESPnetTransducerHypothesis,
-)
-from espnet2.torch_utils.device_funcs import to_device
 
 from espnet_multiblank.decoding import (
     Hypothesis,
@@ -46,223 +46,74 @@ from espnet_multiblank.espnet.batch_exact.exact_encoding import (
     BatchExactness,
     make_batch_exact,
 )
-from espnet_multiblank.espnet.compat import TooShortUttError
+from espnet_multiblank.espnet.inference.argument_checks import (
+    TRANSDUCER_UNUSED,
+    refuse_espnet_ngram,
+    refuse_half_precision_espnet_search,
+    require_model_file,
+    warn_unused_options,
+)
+from espnet_multiblank.espnet.inference.batch_encoding import encode_padded
+from espnet_multiblank.espnet.inference.decoding_stats import (
+    DecodingStats,
+    write_decoding_stats,
+)
+from espnet_multiblank.espnet.inference.half_precision import (
+    needs_float32_frontend,
+    run_frontend_in_float32,
+)
 from espnet_multiblank.espnet.inference.inputs import (
     InputChecks,
     as_waveform,
+    batch_items,
     input_checks,
     is_utterance_list,
     min_encoder_samples,
     rate_argument,
 )
 from espnet_multiblank.espnet.inference.lm_fusion import read_token_list
+from espnet_multiblank.espnet.inference.results import (
+    DecodedHypothesis,
+    espnet_results,
+    to_espnet_hypothesis,
+)
 from espnet_multiblank.espnet.inference.search import (
-    PLUGIN_ONLY_KEYS,
-    PLUGIN_SEARCH_TYPES,
     build_transducer_search,
     lattice_from_model,
+)
+from espnet_multiblank.espnet.inference.search_choice import (
+    builds_transducer,
+    config_is_transducer,
+    is_plugin_model,
+    plugin_decodes,
+    plugin_decodes_config,
+    read_train_config,
+    requests_plugin_search,
 )
 from espnet_multiblank.espnet.inference.search_defaults import (
     ESPNET_BEAM_SIZE,
     search_settings,
 )
-from espnet_multiblank.espnet.registration import PLUGIN_MODELS
+
+#: the names this module serves: its own, and those that moved to the modules above
+#: (imported from here still); MultiblankSpeech2Text is made on first use (F822)
+__all__ = [  # noqa: F822
+    "MultiblankSpeech2Text",
+    "PluginSearchMixin",
+    "plugin_speech2text",
+    "DecodedHypothesis",
+    "to_espnet_hypothesis",
+    "DecodingStats",
+    "write_decoding_stats",
+    "config_is_transducer",
+    "is_plugin_model",
+    "plugin_decodes",
+    "requests_plugin_search",
+    "TRANSDUCER_UNUSED",
+    "warn_unused_options",
+]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DecodedHypothesis(ESPnetTransducerHypothesis):
-    """ESPnet's transducer ``Hypothesis`` (what ESPnet's ``Speech2Text`` and tools
-    accept: ``score``, ``yseq`` with the start symbol first, ``dec_state``) plus the
-    plug-in's counts: ``frame``, ``big_blank_emissions``, ``frames_skipped``, and
-    the labels' ``timing`` (:attr:`espnet_multiblank.decoding.Hypothesis.timing`)."""
-
-    frame: int = 0
-    big_blank_emissions: int = 0
-    frames_skipped: int = 0
-    timing: List[Tuple[int, int, float]] = field(default_factory=list)
-
-
-def to_espnet_hypothesis(hyp: Any) -> ESPnetTransducerHypothesis:
-    """A search's :class:`~espnet_multiblank.decoding.Hypothesis` as ESPnet's type
-    (ESPnet's own hypotheses are returned as they are)."""
-    if isinstance(hyp, ESPnetTransducerHypothesis):
-        # ESPnet's beam search with an LM adds tensors to the score: keep a number
-        hyp.score = float(hyp.score)
-        return hyp
-    return DecodedHypothesis(
-        score=float(hyp.score),
-        yseq=list(hyp.yseq),
-        dec_state=hyp.dec_state,
-        frame=hyp.frame,
-        big_blank_emissions=hyp.big_blank_emissions,
-        frames_skipped=hyp.frames_skipped,
-        timing=list(getattr(hyp, "timing", ())),
-    )
-
-
-class DecodingStats:
-    """Counters for ``decoding_stats.json`` (1-best hypotheses only)."""
-
-    def __init__(self):
-        # the plug-in's search class, when the plug-in chose the search
-        self.search: Optional[str] = None
-        self.num_utterances = 0
-        self.total_frames = 0
-        self.big_blank_emissions = 0
-        # frames whose joint network the 1-best paths never evaluated: d - 1 per
-        # emission covering d > 1 frames (big blanks; TDT blanks and labels)
-        self.frames_skipped = 0
-        # wall time inside the transducer search alone (no encoder, no I/O): the part
-        # that big blanks shorten
-        self.search_seconds = 0.0
-
-    def add(self, frames: int, hyp: Any) -> None:
-        """Count a decoded utterance (not one whose score is not finite: the
-        decoding loop reports it instead of writing it)."""
-        if not math.isfinite(float(hyp.score)):
-            return
-        self.num_utterances += 1
-        self.total_frames += int(frames)
-        self.big_blank_emissions += int(getattr(hyp, "big_blank_emissions", 0))
-        self.frames_skipped += int(getattr(hyp, "frames_skipped", 0))
-
-    @property
-    def frames_skipped_by_big_blanks(self) -> int:
-        """:attr:`frames_skipped` under its first name (multi-blank models: only big
-        blanks skip frames)."""
-        return self.frames_skipped
-
-    def as_dict(self) -> Dict[str, Any]:
-        """The search counters under their ``decoding_stats.json`` keys."""
-        return {
-            "search_seconds": self.search_seconds,
-            "total_frames": self.total_frames,
-            "frames_skipped": self.frames_skipped,
-            "frames_skipped_by_big_blanks": self.frames_skipped_by_big_blanks,
-            "big_blank_emissions": self.big_blank_emissions,
-        }
-
-
-def write_decoding_stats(output_dir: Any, stats: Dict[str, Any]) -> None:
-    """Write ``<output_dir>/decoding_stats.json``."""
-    import json
-    from pathlib import Path
-
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(output_dir) / "decoding_stats.json", "w", encoding="utf-8") as f:
-        json.dump(stats, f, indent=2)
-        f.write("\n")
-
-
-def _read_config(asr_train_config: Any) -> Dict[str, Any]:
-    """A training config file as a dict ({} when it cannot be read: ESPnet reports
-    that)."""
-    if asr_train_config is None:
-        return {}
-    import yaml
-
-    try:
-        with open(asr_train_config, encoding="utf-8") as f:
-            config = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def _config_model_name(config: Dict[str, Any]) -> Optional[str]:
-    """The ``model:`` of a training config, lower case, or None."""
-    model = config.get("model")
-    return model.lower() if isinstance(model, str) else None
-
-
-def _config_is_transducer(config: Dict[str, Any]) -> bool:
-    """Whether a training config builds a transducer (ESPnet: ``decoder:
-    transducer``)."""
-    decoder = config.get("decoder")
-    return isinstance(decoder, str) and decoder.lower() == "transducer"
-
-
-def config_is_transducer(asr_train_config: Any) -> bool:
-    """Whether a training config file builds a transducer (``decoder:
-    transducer``)."""
-    return _config_is_transducer(_read_config(asr_train_config))
-
-
-def is_plugin_model(model: Any) -> bool:
-    from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
-
-    return isinstance(model, MultiblankESPnetASRModel)
-
-
-def _plugin_decodes(config: Dict[str, Any], transducer_conf: Optional[Dict]) -> bool:
-    return (
-        requests_plugin_search(transducer_conf)
-        or _config_model_name(config) in PLUGIN_MODELS
-    )
-
-
-def plugin_decodes(asr_train_config: Any, transducer_conf: Optional[Dict]) -> bool:
-    """Whether the start-up hook's ``Speech2Text`` gives this model and decode config
-    the plug-in's search: a plug-in model (``model: multiblank_espnet``) or a
-    ``transducer_conf`` that asks for a plug-in search type or key."""
-    return _plugin_decodes(_read_config(asr_train_config), transducer_conf)
-
-
-#: ESPnet's options that a transducer search does not use, with their defaults
-TRANSDUCER_UNUSED = {
-    "ctc_weight": 0.5,
-    "penalty": 0.0,
-    "streaming": False,
-    "lang_prompt_token": None,
-    "nlp_prompt_token": None,
-    "maxlenratio": 0.0,
-    "minlenratio": 0.0,
-    "normalize_length": False,
-    "time_sync": False,
-    "partial_ar": False,
-    "hugging_face_decoder": False,
-}
-
-
-def warn_unused_options(kwargs: Dict[str, Any], nbest: int, search: Any) -> None:
-    """One warning naming the options given (not at their defaults) that a
-    transducer search ignores, and ``--nbest N`` with a search that gives one
-    hypothesis."""
-    unused = [
-        f"--{k} {kwargs[k]}"
-        for k, default in TRANSDUCER_UNUSED.items()
-        if k in kwargs and kwargs[k] != default
-    ]
-    if nbest > 1 and getattr(search, "beam_size", 1) <= 1:
-        unused.append(f"--nbest {nbest} (a greedy search gives one hypothesis)")
-    if unused:
-        logger.warning(
-            "options that do not apply to a transducer search, ignored: %s",
-            ", ".join(unused),
-        )
-
-
-def _inputs_to_float32(module, args):
-    """Forward pre-hook: the first argument (the waveform) in float32."""
-    return (args[0].float(),) + tuple(args[1:])
-
-
-def _features_to(dtype: torch.dtype, module, args, out):
-    """Forward hook: the features (the output's first entry) in ``dtype``."""
-    return (out[0].to(dtype),) + tuple(out[1:])
-
-
-def _refuse_half_precision_espnet_search(dtype: str, device: Any) -> None:
-    """ESPnet's transducer searches step the prediction network with ``nn.LSTM``,
-    which has no half-precision CPU kernel: every utterance would fail."""
-    if dtype in ("float16", "bfloat16") and str(device).startswith("cpu"):
-        raise ValueError(
-            f"--dtype {dtype}: ESPnet's transducer searches cannot run in {dtype} on "
-            "a CPU (nn.LSTM has no such kernel); use the plug-in's searches "
-            "(transducer_conf search_type: mb_greedy, mb_beam) or --dtype float32"
-        )
 
 
 class _without_espnet_lm_warning:
@@ -284,35 +135,6 @@ class _without_espnet_lm_warning:
     def __exit__(self, *exc):
         logging.getLogger().removeFilter(self.filter)
         return False
-
-
-def _require_model_file(asr_model_file: Any, random_weights: bool) -> None:
-    """No untrained model by accident: ESPnet builds the config's model with its
-    random initial weights when ``asr_model_file`` is None (which then decodes
-    nothing useful, silently)."""
-    if not isinstance(random_weights, bool):
-        raise TypeError(f"random_weights must be True or False, got {random_weights!r}")
-    if asr_model_file is None and not random_weights:
-        raise ValueError(
-            "asr_model_file is required: without it the model keeps the random "
-            "initial weights of its config and decodes nothing useful (give the "
-            "trained model's file, e.g. exp/asr/valid.loss.ave.pth, or "
-            "random_weights=True to decode with untrained weights on purpose)"
-        )
-    if asr_model_file is not None and random_weights:
-        raise ValueError(
-            f"random_weights=True and asr_model_file={str(asr_model_file)!r}: give "
-            "one of them"
-        )
-
-
-def requests_plugin_search(transducer_conf: Optional[Dict]) -> bool:
-    """True when a decode config's ``transducer_conf`` names a plug-in search type or
-    a key only the plug-in's searches know."""
-    conf = transducer_conf or {}
-    return conf.get("search_type") in PLUGIN_SEARCH_TYPES or any(
-        key in conf for key in PLUGIN_ONLY_KEYS
-    )
 
 
 class PluginSearchMixin:
@@ -359,19 +181,14 @@ class PluginSearchMixin:
         random_weights: bool = False,
         **kwargs: Any,
     ):
-        config = _read_config(asr_train_config)
-        replace = self.replace_search == "all" or _plugin_decodes(
+        config = read_train_config(asr_train_config)
+        replace = self.replace_search == "all" or plugin_decodes_config(
             config, transducer_conf
         )
         if replace:
-            _require_model_file(asr_model_file, random_weights)
-        transducer = _config_is_transducer(config)
-        if transducer and ngram_file is not None and not replace:
-            raise ValueError(
-                "--ngram_file: ESPnet's transducer searches do not use an n-gram LM "
-                "(ESPnet would ignore it); decode with the plug-in's searches, e.g. "
-                "transducer_conf: {search_type: mb_beam}"
-            )
+            require_model_file(asr_model_file, random_weights)
+        transducer = builds_transducer(config)
+        refuse_espnet_ngram(transducer, ngram_file, replace)
         if replace:
             # ESPnet 202611's Speech2Text takes batch_size and refuses a transducer
             # at > 1 (202511's has no such argument): the plug-in batches itself
@@ -412,7 +229,7 @@ class PluginSearchMixin:
             self._float32_frontend()
         warn_unused_options(kwargs, nbest, self.beam_search_transducer)
         if not isinstance(self.beam_search_transducer, TransducerSearch):
-            _refuse_half_precision_espnet_search(self.dtype, self.device)
+            refuse_half_precision_espnet_search(self.dtype, self.device)
 
     def _use_plugin_search(
         self,
@@ -453,25 +270,15 @@ class PluginSearchMixin:
 
     def _float32_frontend(self) -> None:
         """With ``--dtype float16`` / ``bfloat16``, run the frontend and the feature
-        normalisation in float32 and give the encoder their output in the model's
-        dtype: in float16 the STFT's power spectrum overflows (inf features, NaN
-        scores for every utterance), in bfloat16 the waveform and the features lose
-        all but 8 bits. The encoder and the search run in the model's dtype."""
-        model = self.asr_model
+        normalisation in float32
+        (:mod:`~espnet_multiblank.espnet.inference.half_precision`)."""
         dtype = getattr(torch, self.dtype)
-        frontend = getattr(model, "frontend", None)
-        if dtype not in (torch.float16, torch.bfloat16) or frontend is None:
+        if not needs_float32_frontend(self.asr_model, dtype):
             return
         # the batch-exact layers first (they may replace these modules): the hooks
         # go on the modules that will run
         self.batch_exactness()
-        frontend, normalize = model.frontend, getattr(model, "normalize", None)
-        for module in (frontend, normalize):
-            if module is not None:
-                module.float()
-        frontend.register_forward_pre_hook(_inputs_to_float32)
-        last = normalize if normalize is not None else frontend
-        last.register_forward_hook(functools.partial(_features_to, dtype))
+        run_frontend_in_float32(self.asr_model, dtype)
         self.float32_frontend = True
 
     @property
@@ -623,19 +430,10 @@ class PluginSearchMixin:
         return results
 
     def hyps_to_results(self, nbest_hyps: List[Hypothesis]) -> List[Tuple]:
-        """Hypotheses -> ESPnet's ``[(text, token, token_int, hyp)]``.
-
-        ``yseq[0]`` is the start symbol; the transducer searches never put a blank
-        after it, so no id is filtered out (ESPnet's own conversion drops id 0, which
-        is a label when the blank is elsewhere).
-        """
-        results = []
-        for hyp in nbest_hyps[: self.nbest]:
-            token_int = [int(x) for x in hyp.yseq[1:]]
-            token = self.converter.ids2tokens(token_int)
-            text = self.tokenizer.tokens2text(token) if self.tokenizer else None
-            results.append((text, token, token_int, to_espnet_hypothesis(hyp)))
-        return results
+        """Hypotheses, best first -> ESPnet's ``[(text, token, token_int, hyp)]``
+        of the first ``nbest``
+        (:func:`~espnet_multiblank.espnet.inference.results.espnet_results`)."""
+        return espnet_results(nbest_hyps[: self.nbest], self.converter, self.tokenizer)
 
     def batch_exactness(self) -> BatchExactness:
         """Whether the model encodes a padded batch exactly as one utterance at a time
@@ -682,25 +480,9 @@ class PluginSearchMixin:
         if not self.plugin_search:
             return super().batch_decode(speech, speech_lengths)
         rate = rate_argument(sample_rate, fs)
-        if isinstance(speech, (list, tuple)):
-            items = list(speech)
-        else:
-            speech, _ = as_waveform(speech, None)
-            if speech_lengths is None:
-                raise ValueError(
-                    "speech_lengths is required with a padded speech array (B, L)"
-                )
-            lengths = torch.as_tensor(np.asarray(speech_lengths)).tolist()
-            if speech.dim() < 2 or len(lengths) != speech.size(0):
-                raise ValueError(
-                    f"speech_lengths: {len(lengths)} lengths for a padded speech "
-                    f"array of shape {tuple(speech.shape)} (expected (B, L) and B "
-                    "lengths)"
-                )
-            items = [speech[b, : int(n)] for b, n in enumerate(lengths)]
         waves = [
             self.checked_input(item, rate, f"speech[{b}]")
-            for b, item in enumerate(items)
+            for b, item in enumerate(batch_items(speech, speech_lengths))
         ]
         if not self.supports_batch or len(waves) < 2:
             return [self(wave) for wave in waves]
@@ -760,32 +542,14 @@ class PluginSearchMixin:
             self.input_checks().require(
                 speech[b, : int(speech_lengths[b])].float(), rate, f"speech[{b}]"
             )
-        dtype = self.input_dtype
-        if self.batch_exactness().exact:
-            batch = {"speech": speech.to(dtype), "speech_lengths": speech_lengths}
-            enc, enc_lens = self.asr_model.encode(**to_device(batch, self.device))
-            if isinstance(enc, tuple):  # intermediate CTC outputs: not written here
-                enc = enc[0]
-            if bool((enc_lens <= 0).any()):
-                b = int(torch.nonzero(enc_lens <= 0)[0])
-                raise TooShortUttError(
-                    f"utterance {b} of the batch has no encoder frames",
-                    int(speech_lengths[b]),
-                    -1,
-                )
-        else:
-            encs = []
-            for b in range(speech.size(0)):
-                batch = {
-                    "speech": speech[b : b + 1, : int(speech_lengths[b])].to(dtype),
-                    "speech_lengths": speech_lengths[b : b + 1],
-                }
-                enc, _ = self.asr_model.encode(**to_device(batch, self.device))
-                if isinstance(enc, tuple):
-                    enc = enc[0]
-                encs.append(enc[0])
-            enc_lens = torch.tensor([e.size(0) for e in encs], device=encs[0].device)
-            enc = torch.nn.utils.rnn.pad_sequence(encs, batch_first=True)
+        enc, enc_lens = encode_padded(
+            self.asr_model,
+            speech,
+            speech_lengths,
+            self.input_dtype,
+            self.device,
+            self.batch_exactness().exact,
+        )
         start = time.perf_counter()
         with single_thread_on_cpu(enc.device):
             nbests = self.beam_search_transducer.search_batch_nbest(enc, enc_lens)

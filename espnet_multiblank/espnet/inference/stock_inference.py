@@ -35,10 +35,8 @@ from espnet_multiblank.espnet.inference.arguments import (
     add_plugin_arguments,
     escape_stray_percents,
 )
-from espnet_multiblank.espnet.inference.speech2text import (
-    plugin_decodes,
-    plugin_speech2text,
-)
+from espnet_multiblank.espnet.inference.search_choice import plugin_decodes
+from espnet_multiblank.espnet.inference.speech2text import plugin_speech2text
 
 STOCK_NAME = "espnet2.bin.asr_inference"
 

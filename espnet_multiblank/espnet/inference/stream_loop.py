@@ -17,17 +17,15 @@ settings and the encoder / search times), plus ``1best_recog/emission`` and
 when it appeared for good in the partial hypotheses, and when it was decided.
 """
 
-import logging
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from espnet_multiblank.espnet.inference.decoding_stats import RunTally
 from espnet_multiblank.espnet.inference.inputs import Utterance
 from espnet_multiblank.espnet.inference.outputs import result_problem, write_results
 from espnet_multiblank.espnet.inference.stream_encoder import frontend_framing
 from espnet_multiblank.espnet.inference.streaming import StreamingDecoder
-
-logger = logging.getLogger("espnet_multiblank.asr_inference")
 
 #: the chunk size when neither the command line nor the model gives one (640 ms at
 #: 40 ms per encoder frame)
@@ -43,9 +41,10 @@ def chunk_size_of(model: Any, requested: int) -> int:
     return int(getattr(model.encoder, "decoding_chunk_size", 0)) or DEFAULT_CHUNK
 
 
-class StreamingRun:
+class StreamingRun(RunTally):
     """Decodes utterances as streams and keeps what failed (the streaming
-    counterpart of :class:`~espnet_multiblank.espnet.inference.loop.DecodingRun`).
+    counterpart of :class:`~espnet_multiblank.espnet.inference.loop.DecodingRun`;
+    the counts: :class:`~espnet_multiblank.espnet.inference.decoding_stats.RunTally`).
 
     Args:
         speech2text: The built ``Speech2Text``.
@@ -69,6 +68,7 @@ class StreamingRun:
             raise ValueError(
                 f"--sim_chunk_length must be >= 0 samples, got {sim_chunk_length}"
             )
+        super().__init__()
         self.speech2text = speech2text
         self.sim_chunk_length = sim_chunk_length
         chunk = chunk_size_of(speech2text.asr_model, chunk_size)
@@ -79,15 +79,8 @@ class StreamingRun:
             max_streams=max(1, batch_size),
             provisional=partial == "provisional",
         )
-        self.failed: Dict[str, str] = {}
-        self.num_utterances = 0
-        self.audio_seconds = 0.0
         self._speech: Dict[str, Tuple[Any, int]] = {}  # key -> (speech, next sample)
         self._rates: Dict[str, int] = {}
-
-    def fail(self, key: str, reason: str) -> None:
-        logger.warning("utterance %s not decoded: %s", key, reason)
-        self.failed[key] = reason
 
     def decode(self, utterances: Iterator[Utterance]) -> Iterator[Tuple[str, Any]]:
         """``(key, StreamResult)`` of every utterance that decoded, in input
@@ -158,13 +151,7 @@ class StreamingRun:
         encoder = decoder.model.encoder
         frame_seconds = self._frame_seconds()
         stats = {
-            "num_utterances": self.num_utterances,
-            "num_failed": len(self.failed),
-            "audio_seconds": self.audio_seconds,
-            "decode_seconds": decode_seconds,
-            "rtf": (
-                decode_seconds / self.audio_seconds if self.audio_seconds > 0 else None
-            ),
+            **self.totals(decode_seconds),
             **decoder.stats,
             "frames_skipped_by_big_blanks": decoder.stats["frames_skipped"],
             "search": type(decoder.search).__name__,

@@ -60,7 +60,7 @@ ENTRIES: Dict[str, Dict[str, str]] = {
 }
 
 #: ``model`` choice names of the plug-in's models: configs naming one get the
-#: plug-in's config checks (training.task) and searches (inference.speech2text)
+#: plug-in's config checks (training.task) and searches (inference.search_choice)
 PLUGIN_MODELS = tuple(ENTRIES["model"])
 
 

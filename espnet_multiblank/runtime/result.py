@@ -49,7 +49,8 @@ class Result:
 
 @dataclass
 class DecodingStats:
-    """What a :class:`Recognizer` has decoded so far (``decoding_stats.json``).
+    """What a :class:`~espnet_multiblank.runtime.recognizer.Recognizer` has decoded so
+    far (``decoding_stats.json``).
 
     Attributes:
         utterances: Utterances (or streams) decoded.

@@ -29,7 +29,10 @@ from espnet_multiblank.export.encoder import (
     check_encoder,
 )
 from espnet_multiblank.export.networks import JointLogProbs, PredictionStep
+from espnet_multiblank.export.sherpa import write_sherpa
 from espnet_multiblank.export.support import ExportError, check_model
+from espnet_multiblank.export.tracing import export_graph
+from espnet_multiblank.export.verify import verify_export, verify_sherpa
 from espnet_multiblank.runtime.metadata import (
     GRAPHS,
     TOKENS,
@@ -38,12 +41,6 @@ from espnet_multiblank.runtime.metadata import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: ONNX opset of the graphs
-OPSET = 17
-#: largest |ONNX Runtime - PyTorch| difference accepted by the verification, per
-#: output (absolute; the encoder's outputs are O(1))
-TOLERANCE = 1e-4
 
 
 def load_model(asr_train_config: Any, asr_model_file: Any) -> Tuple[Any, Any]:
@@ -225,8 +222,6 @@ def export_model(
     tmp = Path(tempfile.mkdtemp(prefix=output_dir.name + ".", dir=output_dir.parent))
     try:
         if format == "sherpa_onnx":
-            from espnet_multiblank.export.sherpa import write_sherpa
-
             write_sherpa(model, info, tmp)
         else:
             write_graphs(model, info, tmp)
@@ -234,8 +229,6 @@ def export_model(
                 "".join(f"{t}\n" for t in model.token_list), encoding="utf-8"
             )
         if verify:
-            from espnet_multiblank.export.verify import verify_export, verify_sherpa
-
             check = verify_sherpa if format == "sherpa_onnx" else verify_export
             check(model, info, tmp)
         if output_dir.exists():
@@ -261,7 +254,7 @@ def write_graphs(model: Any, info: ModelInfo, out: Path) -> None:
     if kind == "chunk_conformer":
         inputs = inputs + (torch.tensor(0, dtype=torch.int64),)
         names.append("chunk_size")
-    _export(
+    export_graph(
         encoder,
         inputs,
         out / GRAPHS["encoder"],
@@ -284,7 +277,7 @@ def write_graphs(model: Any, info: ModelInfo, out: Path) -> None:
         states.append(torch.zeros(Ly, 3, H))
         state_names.append("state_c")
     out_states = [f"new_{n}" for n in state_names]
-    _export(
+    export_graph(
         step,
         (labels, *states),
         out / GRAPHS["decoder"],
@@ -299,7 +292,7 @@ def write_graphs(model: Any, info: ModelInfo, out: Path) -> None:
     )
     joint = JointLogProbs(model, len(info.tdt_durations))
     J = info.joint_space
-    _export(
+    export_graph(
         joint,
         (torch.randn(3, J), torch.randn(3, J)),
         out / GRAPHS["joint"],
@@ -321,7 +314,7 @@ def _write_streaming_graphs(model, info: ModelInfo, out: Path, props) -> None:
 
     frontend = ExportFrontend(model, segment=True)
     n = info.framing["length"] + 4 * info.framing["shift"]
-    _export(
+    export_graph(
         frontend,
         (torch.randn(1, n), torch.tensor([n])),
         out / GRAPHS["frontend"],
@@ -348,7 +341,7 @@ def _write_streaming_graphs(model, info: ModelInfo, out: Path, props) -> None:
         torch.ones(B, L, dtype=torch.bool),
         torch.tensor([C, C - 1]),
     )
-    _export(
+    export_graph(
         ChunkEncoderStep(model),
         args,
         out / GRAPHS["encoder_chunk"],
@@ -376,39 +369,6 @@ def _write_streaming_graphs(model, info: ModelInfo, out: Path, props) -> None:
         },
         props,
     )
-
-
-def _export(module, args, path: Path, inputs, outputs, axes, props) -> None:
-    """``torch.onnx.export`` (TorchScript-based, opset :data:`OPSET`), then the
-    metadata and ``onnx.checker``."""
-    import warnings
-
-    import onnx
-
-    module.eval()
-    with torch.no_grad(), warnings.catch_warnings():
-        # the tracer warns about Python ints from shapes; every value that depends
-        # on a length is computed with tensor operations, and verify_export checks
-        # the graphs on other lengths and batch sizes than the traced ones
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            args,
-            str(path),
-            input_names=list(inputs),
-            output_names=list(outputs),
-            dynamic_axes=axes,
-            opset_version=OPSET,
-            dynamo=False,
-            do_constant_folding=True,
-        )
-    graph = onnx.load(str(path))
-    del graph.metadata_props[:]
-    for key, value in props.items():
-        entry = graph.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(graph, full_check=True)
-    onnx.save(graph, str(path))
 
 
 def describe(info: ModelInfo) -> str:

@@ -38,6 +38,7 @@ import torch
 
 from espnet_multiblank.export.encoder import OfflineEncoder
 from espnet_multiblank.export.support import ExportError, unwrap_frontend
+from espnet_multiblank.export.tracing import export_graph
 from espnet_multiblank.runtime.metadata import ModelInfo
 
 NATIVE = (
@@ -195,8 +196,6 @@ def metadata(info: ModelInfo, feat_dim: int) -> Dict[str, str]:
 
 def write_sherpa(model: Any, info: ModelInfo, out: Path) -> None:
     """The three graphs and tokens.txt (module docstring) into ``out``."""
-    from espnet_multiblank.export.exporter import _export
-
     check_sherpa(model, info)
     tokens, order = vocabulary(info, list(model.token_list))
     (out / "tokens.txt").write_text(
@@ -204,7 +203,7 @@ def write_sherpa(model: Any, info: ModelInfo, out: Path) -> None:
     )
     C = unwrap_frontend(model).n_mels
     T = info.receptive_field + 8 * info.subsampling
-    _export(
+    export_graph(
         SherpaEncoder(model, info.encoder_type),
         (torch.randn(2, C, T), torch.tensor([T, T - 5])),
         out / GRAPHS["encoder"],
@@ -219,7 +218,7 @@ def write_sherpa(model: Any, info: ModelInfo, out: Path) -> None:
         metadata(info, C),
     )
     L, H = info.decoder_layers, info.decoder_hidden
-    _export(
+    export_graph(
         SherpaDecoder(model, order),
         (
             torch.tensor([[len(order) - 1], [0]], dtype=torch.int32),
@@ -243,7 +242,7 @@ def write_sherpa(model: Any, info: ModelInfo, out: Path) -> None:
         {},
     )
     D = info.encoder_size
-    _export(
+    export_graph(
         SherpaJoiner(model, order, len(info.tdt_durations)),
         (torch.randn(2, D, 1), torch.randn(2, H, 1)),
         out / GRAPHS["joiner"],

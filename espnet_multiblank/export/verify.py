@@ -6,7 +6,7 @@ are compared with the model's own PyTorch modules: ``model.encode`` of each utte
 alone (and, for ``chunk_conformer``, at chunk sizes 2 and 5), ESPnet's prediction
 network step and joint network, and the chunk-masked encoder against the streaming
 chunk graph run chunk after chunk by the runtime's stream encoder. A difference over
-:data:`~espnet_multiblank.export.exporter.TOLERANCE` raises
+:data:`TOLERANCE` raises
 :class:`~espnet_multiblank.export.support.ExportError`: the graph is wrong and is not
 written.
 """
@@ -17,8 +17,14 @@ from typing import Any, List
 import numpy as np
 import torch
 
-from espnet_multiblank.export.support import ExportError
+from espnet_multiblank.export.sherpa import GRAPHS as SHERPA
+from espnet_multiblank.export.sherpa import vocabulary
+from espnet_multiblank.export.support import ExportError, unwrap_frontend
 from espnet_multiblank.runtime.metadata import GRAPHS, ModelInfo
+
+#: largest |ONNX Runtime - PyTorch| difference accepted by the verification, per
+#: output (absolute; the encoder's outputs are O(1))
+TOLERANCE = 1e-4
 
 
 def test_waveforms(info: ModelInfo, seed: int = 0) -> List[np.ndarray]:
@@ -78,8 +84,6 @@ def _compare(what: str, got: np.ndarray, want: np.ndarray, tol: float) -> None:
 
 def verify_export(model: Any, info: ModelInfo, out: Path, tol: float = None) -> None:
     """Run every graph of ``out`` against the model (module docstring)."""
-    from espnet_multiblank.export.exporter import TOLERANCE
-
     tol = TOLERANCE if tol is None else tol
     waves = test_waveforms(info)
     chunks = [0] + ([2, 5] if info.streaming else [])
@@ -213,11 +217,6 @@ def verify_sherpa(model: Any, info: ModelInfo, out: Path, tol: float = None) -> 
     """The sherpa-onnx graphs of ``out`` against the model: the encoder on the
     model's own features of each test waveform (batched, padded), the decoder and
     the joiner on random inputs, with sherpa-onnx's token order."""
-    from espnet_multiblank.export.exporter import TOLERANCE
-    from espnet_multiblank.export.sherpa import GRAPHS as SHERPA
-    from espnet_multiblank.export.sherpa import vocabulary
-    from espnet_multiblank.export.support import unwrap_frontend
-
     tol = TOLERANCE if tol is None else tol
     waves = test_waveforms(info)
     frontend = unwrap_frontend(model)

@@ -13,6 +13,7 @@ from espnet_multiblank.fused.activations import (
 )
 from espnet_multiblank.fused.joint_loss import (
     FusedJointLossFunction,
+    LossPlan,
     default_tile_bytes,
 )
 from espnet_multiblank.fused.loss_package import (
@@ -172,19 +173,15 @@ def _loss(enc, pred, weight, bias, labels, act_lens, label_lens, fo: FusedOption
         V = family.layout(opts).num_tokens(weight.shape[0])
         opts, weight = rnnt_opts, weight[:V]
         bias = None if bias is None else bias[:V]
-    costs = FusedJointLossFunction.apply(
-        enc,
-        pred,
-        weight,
-        bias,
-        labels,
-        act_lens,
-        label_lens,
+    plan = LossPlan(
         opts,
         fo.activation,
         tile_ops_for(kernel, fo.tile_backend, enc.device),
         fo.backend,
         tile_bytes,
+    )
+    costs = FusedJointLossFunction.apply(
+        enc, pred, weight, bias, labels, act_lens, label_lens, plan
     )
     return reduce_costs(costs, opts, label_lens)
 

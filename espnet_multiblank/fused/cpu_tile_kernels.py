@@ -106,13 +106,16 @@ def scatter_pre_grad(d_pre, enc_rows, pred_rows, d_enc, d_pred, nchunks):
 
 
 @njit(**_OPTS)
-def _node(enc_rows, pred_rows, i, T, U, Tp, Up):
-    """(b, u, node index on the (B, T', U') grid) of tile row i."""
+def _node(enc_rows, pred_rows, i, T, U, Tp, Up, uVD, uV):
+    """(b, u, node index on the (B, T', U') grid, lo, mid) of tile row i: its
+    token logits are ``zf[lo:mid]``, its duration logits (TDT) ``zf[mid:lo + VD]``
+    (``_flat_views``'s zf, uVD = VD and uV = V)."""
     p = pred_rows[i]
     b = p // U
     u = p - b * U
     t = enc_rows[i] - b * T
-    return b, u, (b * Tp + t) * Up + u
+    lo = np.uint64(i) * uVD
+    return b, u, (b * Tp + t) * Up + u, lo, lo + uV
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -137,29 +140,33 @@ def _softmax_scale(zf, lo, hi, lse, e):
     return math.exp(np.float64(l32) - lse)
 
 
+@njit(**_OPTS)
+def _flat_views(z, tile, rows, lse):
+    """What both row kernels read first: (R, D, N, Tp, Up, K1, LW, zf, rf, lf, uVD,
+    uV) of a tile of logits z (R, V + D) and planes of (B, T', U', K1) rows; the
+    arrays flattened (one index per value, as the range primitives take them)."""
+    V, big_ids = tile[0], tile[8]
+    R, VD = z.shape
+    Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
+    LW = 2 if VD > V else 1  # normalisers per node
+    zf = z.reshape(R * VD)
+    rf = rows.reshape(rows.size)
+    lf = lse.reshape(lse.size)
+    uVD = np.uint64(VD)
+    uV = np.uint64(V)
+    return R, VD - V, big_ids.size, Tp, Up, K1, LW, zf, rf, lf, uVD, uV
+
+
 @njit(**_PAR)
-def extract_rows(
-    z,
-    V,
-    enc_rows,
-    pred_rows,
-    T,
-    U,
-    labels,
-    label_lens,
-    blank,
-    big_ids,
-    sigma,
-    rows,
-    lse,
-    bad,
-    nchunks,
-):
+def extract_rows(z, tile, sigma, rows, lse, bad, nchunks):
     """Forward: the planes of a tile of logits (standard, multi-blank or TDT).
 
     z: (R, V + D) logits (float32 / float64), C-contiguous: V token logits (all the
-    blanks), then D duration logits (TDT; D = 0 otherwise); labels (B, L) int64;
-    label_lens (B,) int64; big_ids (N,) int64 (empty for standard RNN-T and TDT).
+    blanks), then D duration logits (TDT; D = 0 otherwise);
+    tile: (V, enc_rows, pred_rows, T, U, labels, label_lens, blank, big_ids): the
+    tile's rows ((R,) int64 each), the batch's T and U, labels (B, L) int64,
+    label_lens (B,) int64, the blank id and big_ids (N,) int64 (empty for standard
+    RNN-T and TDT);
     rows: (B, T', U', width) float64 out: [lp_blank, lp_label (-inf on u = L_b),
         lp_big_i..., dur_j..., r...] with every r = 1 (multi-blank: N + 3 slots; TDT:
         D + 4), sigma in the token log-probs only;
@@ -168,23 +175,13 @@ def extract_rows(
         a row that is -inf throughout;
     nchunks: chunks of rows (threads).
     """
-    R, VD = z.shape
-    D = VD - V
-    N = big_ids.size
-    Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
-    LW = 2 if D > 0 else 1  # normalisers per node
-    zf = z.reshape(R * VD)
-    rf = rows.reshape(rows.size)
-    lf = lse.reshape(lse.size)
-    uVD = np.uint64(VD)
-    uV = np.uint64(V)
+    V, enc_rows, pred_rows, T, U, labels, label_lens, blank, big_ids = tile
+    R, D, N, Tp, Up, K1, LW, zf, rf, lf, uVD, uV = _flat_views(z, tile, rows, lse)
     for ch in prange(nchunks):
         scratch = np.empty(V, z.dtype)
         i0, i1 = _chunk(ch, nchunks, R)
         for i in range(i0, i1):
-            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-            lo = np.uint64(i) * uVD
-            mid = lo + uV
+            b, u, node, lo, mid = _node(enc_rows, pred_rows, i, T, U, Tp, Up, uVD, uV)
             m, isbad = ops.max_and_check(zf, lo, mid)
             md, isbad_d = m, False
             if D > 0:
@@ -217,51 +214,24 @@ def extract_rows(
 
 
 @njit(**_PAR)
-def apply_rows(
-    z,
-    V,
-    enc_rows,
-    pred_rows,
-    T,
-    U,
-    labels,
-    label_lens,
-    blank,
-    big_ids,
-    rows,
-    lse,
-    factors,
-    fastemit_lambda,
-    clamp,
-    nchunks,
-):
+def apply_rows(z, tile, rows, lse, factors, fastemit_lambda, clamp, nchunks):
     """Backward: z (R, V + D), the tile's logits as in forward, becomes
     ``factors[b] * clip(d cost_b / d z, -clamp, clamp)`` in place (module docstring).
 
     rows: (B, T', U', width) float64 occupancies of the lattice [W_blank, W_label,
     W_big_i..., W_dur_j..., *]; lse: the forward's normalisers; factors: (B,)
     float64 (reduction weight times incoming gradient; 0 for an impossible
-    utterance); V, big_ids, nchunks: as :func:`extract_rows`. Values below
+    utterance); tile, nchunks: as :func:`extract_rows`. Values below
     :func:`flush_limit` are set to 0.
     """
-    R, VD = z.shape
-    D = VD - V
-    N = big_ids.size
-    Tp, Up, K1 = rows.shape[1], rows.shape[2], rows.shape[3]
-    LW = 2 if D > 0 else 1
-    zf = z.reshape(R * VD)
-    rf = rows.reshape(rows.size)
-    lf = lse.reshape(lse.size)
-    uVD = np.uint64(VD)
-    uV = np.uint64(V)
+    V, enc_rows, pred_rows, T, U, labels, label_lens, blank, big_ids = tile
+    R, D, N, Tp, Up, K1, LW, zf, rf, lf, uVD, uV = _flat_views(z, tile, rows, lse)
     lam1 = 1.0 + fastemit_lambda
     for ch in prange(nchunks):
         e = np.empty(V, z.dtype)
         i0, i1 = _chunk(ch, nchunks, R)
         for i in range(i0, i1):
-            b, u, node = _node(enc_rows, pred_rows, i, T, U, Tp, Up)
-            lo = np.uint64(i) * uVD
-            mid = lo + uV
+            b, u, node, lo, mid = _node(enc_rows, pred_rows, i, T, U, Tp, Up, uVD, uV)
             hi = lo + uVD
             f = factors[b]
             if f == 0.0:

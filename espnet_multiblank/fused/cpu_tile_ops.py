@@ -14,13 +14,9 @@ import numpy as np
 import torch
 
 from espnet_multiblank.fused import cpu_tile_kernels as kern
-from espnet_multiblank.fused.loss_package import (
-    RowsLayout,
-    cpu_serial_twin,
-    cpu_threads,
-)
+from espnet_multiblank.fused.loss_package import cpu_serial_twin, cpu_threads
 from espnet_multiblank.fused.planes import Planes
-from espnet_multiblank.fused.tiling import Tiling
+from espnet_multiblank.fused.tile_ops import TileOps
 
 TileIndex = Tuple[np.ndarray, np.ndarray]  # (enc_rows, pred_rows), (R,) int64
 
@@ -49,38 +45,17 @@ def _run(name: str, work: int, *args) -> None:
             numba.set_num_threads(prev)
 
 
-class CpuTileOps:
-    """Gather, extract, apply and scatter of one tile, for one batch.
+class CpuTileOps(TileOps):
+    """The tile stages as Numba kernels on numpy views of CPU tensors
+    (:class:`~espnet_multiblank.fused.tile_ops.TileOps`; ``act_lens`` and ``grid``
+    are unused here: the tiling and the planes have them)."""
 
-    Args:
-        opts: the loss options (of any lattice); layout: their rows' layout.
-        tiling: the batch's tiles.
-        labels: (B, L) int64 CPU tensor, padding replaced by valid ids.
-        act_lens: unused (the tiling has them).
-        label_lens: (B,) int64 CPU tensor.
-        vocab_size: V' (weight.shape[0]).
-        grid: (T', U') of the planes (read from them here).
-    """
-
-    def __init__(
-        self,
-        opts,
-        layout: RowsLayout,
-        tiling: Tiling,
-        labels,
-        act_lens,
-        label_lens,
-        vocab_size,
-        grid,
-    ):
-        self.opts = opts
-        self.tiling = tiling
+    def prepare(self, labels, act_lens, label_lens, vocab_size: int) -> None:
         self.labels = labels.numpy()
         self.label_lens = label_lens.numpy()
-        self.V = layout.num_tokens(vocab_size)
         # the blanks of the token steps after the standard blank (big blanks)
-        self.big_ids = np.asarray(layout.step_ids[1:], dtype=np.int64)
-        R = tiling.tile_rows
+        self.big_ids = np.asarray(self.layout.step_ids[1:], dtype=np.int64)
+        R = self.tiling.tile_rows
         self._index = (np.empty(R, np.int64), np.empty(R, np.int64))
 
     def index(self, r0: int, r1: int) -> TileIndex:
@@ -93,22 +68,23 @@ class CpuTileOps:
         _run("gather_pre", pre.numel(), *args)
         return pre
 
-    def _common(self, index: TileIndex):
+    def _tile(self, index: TileIndex):
+        """The row kernels' ``tile`` argument (``cpu_tile_kernels.extract_rows``)."""
         o = self.opts
-        common = (self.V, index[0], index[1], self.tiling.T, self.tiling.U)
-        return common + (self.labels, self.label_lens, o.blank, self.big_ids)
+        tile = (self.V, index[0], index[1], self.tiling.T, self.tiling.U)
+        return tile + (self.labels, self.label_lens, o.blank, self.big_ids)
 
     def extract(self, z: torch.Tensor, index: TileIndex, planes: Planes) -> None:
         """Forward: the tile's logits z (R, V') to the planes."""
         out = (planes.rows.numpy(), planes.lse.numpy(), planes.bad.numpy())
-        args = (z.numpy(), *self._common(index), self.opts.sigma, *out)
+        args = (z.numpy(), self._tile(index), self.opts.sigma, *out)
         _run("extract_rows", z.numel(), *args)
 
     def apply(self, z: torch.Tensor, index: TileIndex, planes: Planes, factors):
         """Backward: the tile's recomputed logits z (R, V') become the gradient of
         the reduced loss w.r.t. them, in place. factors: (B,) float64 numpy."""
         o = self.opts
-        args = (z.numpy(), *self._common(index), planes.rows.numpy())
+        args = (z.numpy(), self._tile(index), planes.rows.numpy())
         args += (planes.lse.numpy(), factors, o.fastemit_lambda, o.clamp)
         _run("apply_rows", z.numel(), *args)
 

@@ -31,6 +31,7 @@ gradients are accumulated in the compute dtype and returned in each input's dtyp
 """
 
 import contextlib
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -119,9 +120,31 @@ def _as_compute(x: Optional[torch.Tensor], dtype, shape=None):
     return x.to(dtype).contiguous()
 
 
+@dataclass(frozen=True)
+class LossPlan:
+    """How :class:`FusedJointLossFunction` computes a batch's costs (all but its
+    tensors).
+
+    Attributes:
+        opts: The loss options (``LossOptions`` or ``TDTOptions``).
+        activation: The joint's activation.
+        tile_ops: The per-tile stages' class (a
+            :class:`~espnet_multiblank.fused.tile_ops.TileOps`;
+            ``tile_backends.tile_ops_for``).
+        backend: The lattice's (``run_lattice``): "auto", "numba" or "torch".
+        tile_bytes: The tile size bound in bytes.
+    """
+
+    opts: object
+    activation: JointActivation
+    tile_ops: type
+    backend: str
+    tile_bytes: int
+
+
 class FusedJointLossFunction(torch.autograd.Function):
     """costs = Function.apply(enc, pred, weight, bias, labels, act_lens, label_lens,
-    opts, activation, tile_ops, backend, tile_bytes).
+    plan).
 
     Args (validated by the caller):
         enc: (B, T, J) projected encoder output; pred: (B, U, J) projected
@@ -129,30 +152,16 @@ class FusedJointLossFunction(torch.autograd.Function):
             float dtypes, one device).
         labels: (B, L) int64 (padding replaced by valid ids), act_lens, label_lens
             (B,) int64, on enc's device.
-        opts: the loss options; activation: a :class:`JointActivation`;
-        tile_ops: the per-tile stages (``tile_backends.tile_ops_for``); backend: the
-            lattice's (``run_lattice``); tile_bytes: the tile size bound.
+        plan: The :class:`LossPlan` (options, activation, tile stages, lattice
+            backend, tile size).
     Returns:
         (B,) costs ``-(1 + lambda) log P`` (+inf for an impossible utterance, 0 for
         T_b = 0 = L_b), float64 for the float64 compute dtype, else float32.
     """
 
     @staticmethod
-    def forward(
-        ctx,
-        enc,
-        pred,
-        weight,
-        bias,
-        labels,
-        act_lens,
-        label_lens,
-        opts,
-        activation: JointActivation,
-        tile_ops,
-        backend: str,
-        tile_bytes: int,
-    ):
+    def forward(ctx, enc, pred, weight, bias, labels, act_lens, label_lens, plan):
+        opts, activation = plan.opts, plan.activation
         B, T, J = enc.shape
         U = pred.shape[1]
         Vp = weight.shape[0]
@@ -164,14 +173,16 @@ class FusedJointLossFunction(torch.autograd.Function):
         al_np, ll_np = torch.stack([act_lens, label_lens]).cpu().numpy()
         grid = lattice_grid(al_np, ll_np)
         tiling = Tiling.create(
-            T, U, al_np, ll_np, tile_rows_for(tile_bytes, Vp, J, dtype)
+            T, U, al_np, ll_np, tile_rows_for(plan.tile_bytes, Vp, J, dtype)
         )
         enc2d = _as_compute(enc, dtype, (B * T, J))
         pred2d = _as_compute(pred, dtype, (B * U, J))
         W = _as_compute(weight, dtype)
         c = _as_compute(bias, dtype)
         layout = family_of(opts).layout(opts)
-        ops = tile_ops(opts, layout, tiling, labels, act_lens, label_lens, Vp, grid)
+        ops = plan.tile_ops(
+            opts, layout, tiling, labels, act_lens, label_lens, Vp, grid
+        )
         planes = new_planes(layout, B, grid[0], grid[1], device)
         if tiling.num_rows:
             buffers = _TileBuffers(tiling.tile_rows, Vp, J, dtype, device, False)
@@ -189,7 +200,7 @@ class FusedJointLossFunction(torch.autograd.Function):
                     "is NaN or +inf, or a row of logits that is -inf throughout"
                 )
         log_p = run_lattice(
-            opts, planes.rows, act_lens, label_lens, need_grad, backend=backend
+            opts, planes.rows, act_lens, label_lens, need_grad, backend=plan.backend
         )
         costs = -(1.0 + opts.fastemit_lambda) * log_p + 0.0
         if need_grad:
@@ -241,4 +252,4 @@ class FusedJointLossFunction(torch.autograd.Function):
             d_pred.view(pred.shape).to(pred.dtype) if need_pred else None,
             dW.to(weight.dtype) if need_w else None,
             db.to(bias.dtype) if need_b else None,
-        ) + (None,) * 8
+        ) + (None,) * 4

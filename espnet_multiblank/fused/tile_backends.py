@@ -58,10 +58,9 @@ def _triton_by_default(device: torch.device) -> bool:
 
 
 def tile_ops_for(kernel, tile_backend: str, device: torch.device):
-    """The tile stages' class ``(opts, layout, tiling, labels, act_lens, label_lens,
-    vocab_size, grid) -> ops`` for ``tile_backend`` (checked) with the lattice
-    ``kernel`` (a device's Numba driver, or None for the PyTorch lattice) on
-    ``device``.
+    """The tile stages' class (a :class:`~espnet_multiblank.fused.tile_ops.TileOps`)
+    for ``tile_backend`` (checked) with the lattice ``kernel`` (a device's Numba
+    driver, or None for the PyTorch lattice) on ``device``.
 
     Raises:
         ValueError naming ``tile_backend`` when it cannot run there.

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from espnet_multiblank.fused.loss_package import RowsLayout
 from espnet_multiblank.fused.planes import GRADIENT_FLUSH_BELOW, Planes
-from espnet_multiblank.fused.tiling import Tiling
+from espnet_multiblank.fused.tile_ops import TileOps
 
 
 @dataclass
@@ -28,43 +27,21 @@ class TorchTileIndex:
     node: torch.Tensor
 
 
-class TorchTileOps:
-    """Gather, extract, apply and scatter of one tile, for one batch.
+class TorchTileOps(TileOps):
+    """The tile stages as torch operations on the device
+    (:class:`~espnet_multiblank.fused.tile_ops.TileOps`; ``act_lens`` is unused
+    here: the tiling has the lengths)."""
 
-    Args:
-        opts: the loss options (of any lattice); layout: their rows' layout;
-        tiling: the batch's tiles;
-        labels: (B, L) int64 tensor (padding replaced by valid ids), act_lens
-        (unused: the tiling has them), label_lens (B,) int64 tensors, on the
-        device; vocab_size: V'; grid: (T', U') of the planes.
-    """
-
-    def __init__(
-        self,
-        opts,
-        layout: RowsLayout,
-        tiling: Tiling,
-        labels,
-        act_lens,
-        label_lens,
-        vocab_size,
-        grid,
-    ):
-        self.opts = opts
-        self.layout = layout
-        self.tiling = tiling
-        self.device = labels.device
+    def prepare(self, labels, act_lens, label_lens, vocab_size: int) -> None:
         self.labels = labels
         self.label_lens = label_lens
-        self.V = layout.num_tokens(vocab_size)
-        self.D = layout.num_durations
-        self.Tp, self.Up = grid
+        self.D = self.layout.num_durations
         self.blank_ids = torch.tensor(
-            layout.step_ids, dtype=torch.int64, device=self.device
+            self.layout.step_ids, dtype=torch.int64, device=self.device
         )
         self._frames = tuple(
             torch.from_numpy(x).to(self.device)
-            for x in (tiling.row0, tiling.frame_enc, tiling.frame_b)
+            for x in (self.tiling.row0, self.tiling.frame_enc, self.tiling.frame_b)
         )
 
     def index(self, r0: int, r1: int) -> TorchTileIndex:
@@ -168,16 +145,6 @@ class TorchTileOps:
     def scatter(self, d_pre, index: TorchTileIndex, d_enc, d_pred) -> None:
         d_enc.index_add_(0, index.enc_rows, d_pre)
         d_pred.index_add_(0, index.pred_rows, d_pre)
-
-    def factors(self, grad_costs: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-        return device_factors(grad_costs, log_p, self.device)
-
-
-def device_factors(grad_costs, log_p, device) -> torch.Tensor:
-    """(B,) float64 contiguous factors on ``device``: the incoming gradient of each
-    cost, 0 for impossible utterances (log_p = -inf: their gradient is exactly 0)."""
-    f = grad_costs.detach().to(device, torch.float64)
-    return torch.where(torch.isfinite(log_p.to(device)), f, 0.0).contiguous()
 
 
 def _log_sum_exp(x: torch.Tensor) -> torch.Tensor:

@@ -79,10 +79,26 @@ def _f64(x):
 
 
 @triton.jit
-def _node_of(
-    erow_ptr, prow_ptr, r, rmask, labels_ptr, L, label_lens_ptr, blank, T, U, Tp, Up
+def _tile_rows(
+    erow_ptr,
+    prow_ptr,
+    labels_ptr,
+    L,
+    label_lens_ptr,
+    ids_ptr,
+    R,
+    T,
+    U,
+    Tp,
+    Up,
+    BLOCK_R: tl.constexpr,
 ):
-    """(b, node, has_label, label) of rows r (int64 vectors)."""
+    """The rows of this program of a row kernel: (r, rmask, blank, b, node,
+    has_label, label), int64 vectors but ``blank`` (the layout's blank id, a scalar)
+    and ``rmask`` (r < R)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < R
+    blank = tl.load(ids_ptr)
     er = tl.load(erow_ptr + r, mask=rmask, other=0)
     pr = tl.load(prow_ptr + r, mask=rmask, other=0)
     b = pr // U
@@ -95,7 +111,17 @@ def _node_of(
         labels_ptr + b * L + tl.minimum(u, L - 1), mask=rmask & has_label, other=0
     )
     label = tl.where(has_label, lab, blank)
-    return b, node, has_label, label
+    return r, rmask, blank, b, node, has_label, label
+
+
+@triton.jit
+def _finish_grad(g, live, cap, limit, CLAMP: tl.constexpr):
+    """A block of gradient values (rows x columns) clipped to +-cap (with CLAMP),
+    0 on rows that are not ``live`` (factor 0) and where |g| < limit."""
+    if CLAMP:
+        g = tl.minimum(tl.maximum(g, -cap[:, None]), cap[:, None])
+    g = tl.where(live[:, None], g, 0.0)
+    return tl.where((g < limit[:, None]) & (g > -limit[:, None]), 0.0, g)
 
 
 #: the sizes that change from batch to batch (tile rows, frames, label positions):
@@ -179,22 +205,19 @@ def extract_rows(
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = r < R
-    blank = tl.load(ids_ptr)
-    b, node, has_label, label = _node_of(
+    r, rmask, blank, b, node, has_label, label = _tile_rows(
         erow_ptr,
         prow_ptr,
-        r,
-        rmask,
         labels_ptr,
         L,
         label_lens_ptr,
-        blank,
+        ids_ptr,
+        R,
         T,
         U,
         Tp,
         Up,
+        BLOCK_R,
     )
     zrow = z_ptr + r * Vp
     cols = tl.arange(0, BLOCK_V)
@@ -280,22 +303,19 @@ def apply_rows(
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = r < R
-    blank = tl.load(ids_ptr)
-    b, node, has_label, label = _node_of(
+    r, rmask, blank, b, node, has_label, label = _tile_rows(
         erow_ptr,
         prow_ptr,
-        r,
-        rmask,
         labels_ptr,
         L,
         label_lens_ptr,
-        blank,
+        ids_ptr,
+        R,
         T,
         U,
         Tp,
         Up,
+        BLOCK_R,
     )
     zty = z_ptr.dtype.element_ty
     f = tl.load(factors_ptr + b, mask=rmask, other=0.0)
@@ -335,10 +355,7 @@ def apply_rows(
             sym = tl.load(ids_ptr + (s_ - 1))
             w_s = tl.where(live, tl.load(occ + s_, mask=rmask, other=0.0), 0.0)
             g = tl.where(k[None, :] == sym, g - (w_s * f).to(zty)[:, None], g)
-        if CLAMP:
-            g = tl.minimum(tl.maximum(g, -cap[:, None]), cap[:, None])
-        g = tl.where(live[:, None], g, 0.0)
-        g = tl.where((g < limit[:, None]) & (g > -limit[:, None]), 0.0, g)
+        g = _finish_grad(g, live, cap, limit, CLAMP)
         tl.store(zrow[:, None] + k[None, :], g, mask=mk)
     if D > 0:
         dcols = tl.arange(0, BLOCK_D)
@@ -351,8 +368,5 @@ def apply_rows(
         w_d = tl.load(occ[:, None] + S + dcols[None, :], mask=dm, other=0.0)
         w_d = tl.where(live[:, None], w_d, 0.0)
         gd = gd - (w_d * f[:, None]).to(zty)
-        if CLAMP:
-            gd = tl.minimum(tl.maximum(gd, -cap[:, None]), cap[:, None])
-        gd = tl.where(live[:, None], gd, 0.0)
-        gd = tl.where((gd < limit[:, None]) & (gd > -limit[:, None]), 0.0, gd)
+        gd = _finish_grad(gd, live, cap, limit, CLAMP)
         tl.store(zrow[:, None] + V + dcols[None, :], gd, mask=dm)

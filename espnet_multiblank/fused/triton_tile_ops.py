@@ -26,10 +26,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from espnet_multiblank.fused.loss_package import RowsLayout
 from espnet_multiblank.fused.planes import GRADIENT_FLUSH_BELOW, Planes
+from espnet_multiblank.fused.tile_ops import TileOps
 from espnet_multiblank.fused.tiling import Tiling
-from espnet_multiblank.fused.torch_tile_ops import device_factors
 
 #: set to "1" in the environment before ``triton`` is imported: kernels run on CPU
 #: tensors in Triton's interpreter
@@ -134,45 +133,21 @@ def _launch_context(device: torch.device):
     return contextlib.nullcontext()
 
 
-class TritonTileOps:
-    """Gather, extract, apply and scatter of one tile, for one batch, as Triton
-    kernels (the interface of :class:`~espnet_multiblank.fused.torch_tile_ops.
-    TorchTileOps`).
+class TritonTileOps(TileOps):
+    """The tile stages as Triton kernels
+    (:class:`~espnet_multiblank.fused.tile_ops.TileOps`)."""
 
-    Args:
-        opts: the loss options (of any lattice); layout: their rows' layout;
-        tiling: the batch's tiles;
-        labels: (B, L) int64 tensor (padding replaced by valid ids), act_lens,
-        label_lens (B,) int64 tensors, on the device; vocab_size: V'; grid: (T',
-        U') of the planes.
-    """
-
-    def __init__(
-        self,
-        opts,
-        layout: RowsLayout,
-        tiling: Tiling,
-        labels,
-        act_lens,
-        label_lens,
-        vocab_size,
-        grid,
-    ):
+    def prepare(self, labels, act_lens, label_lens, vocab_size: int) -> None:
         from espnet_multiblank.fused import triton_kernels  # imports triton
 
         self.kernels = triton_kernels
-        self.opts = opts
-        self.layout = layout
-        self.tiling = tiling
-        self.device = labels.device
+        layout, tiling = self.layout, self.tiling
         B = label_lens.shape[0]
         if labels.shape[1] == 0:  # a column to point at (never read)
             labels = torch.zeros((B, 1), dtype=torch.int64, device=self.device)
         self.labels = labels.contiguous()
         self.label_lens = label_lens.contiguous()
         self.Vp = vocab_size
-        self.V = layout.num_tokens(vocab_size)
-        self.Tp, self.Up = grid
         self.ids = device_ids(tuple(layout.step_ids), self.device)
         self.erow = self.prow = None
         if tiling.num_rows:
@@ -296,6 +271,3 @@ class TritonTileOps:
                 BLOCK_J=bl.width,
                 num_warps=bl.warps,
             )
-
-    def factors(self, grad_costs: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-        return device_factors(grad_costs, log_p, self.device)

@@ -14,6 +14,7 @@
 
 from espnet_multiblank.runtime.audio import check_samples, read_wav
 from espnet_multiblank.runtime.model import ExportedModel
-from espnet_multiblank.runtime.recognizer import Recognizer, Result
+from espnet_multiblank.runtime.recognizer import Recognizer
+from espnet_multiblank.runtime.result import Result
 
 __all__ = ["ExportedModel", "Recognizer", "Result", "check_samples", "read_wav"]

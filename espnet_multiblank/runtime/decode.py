@@ -149,7 +149,7 @@ def chunk_frames(recognizer, chunk_ms: float) -> int:
 def decode_streaming(recognizer, items, chunk: int, piece_ms: float, batch: int):
     """Results of ``items`` ((key, samples, rate)) decoded as streams, ``batch``
     streams at a time, each fed in pieces of ``piece_ms``."""
-    from espnet_multiblank.runtime.recognizer import Result
+    from espnet_multiblank.runtime.result import Result
 
     results = []
     fs = recognizer.sample_rate
@@ -183,7 +183,8 @@ def decode_streaming(recognizer, items, chunk: int, piece_ms: float, batch: int)
 
 def main(cmd: Optional[List[str]] = None) -> int:
     args = get_parser().parse_args(cmd)
-    from espnet_multiblank.runtime.recognizer import Recognizer, Result
+    from espnet_multiblank.runtime.recognizer import Recognizer
+    from espnet_multiblank.runtime.result import Result
 
     try:
         recognizer = Recognizer(

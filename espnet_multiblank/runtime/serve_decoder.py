@@ -28,7 +28,8 @@ from typing import List, Optional, Tuple, Union
 import numpy as np
 
 from espnet_multiblank.runtime.greedy import GreedyRun
-from espnet_multiblank.runtime.recognizer import Recognizer, Result
+from espnet_multiblank.runtime.recognizer import Recognizer
+from espnet_multiblank.runtime.result import Result
 from espnet_multiblank.runtime.serve_protocol import result_message
 
 log = logging.getLogger(__name__)

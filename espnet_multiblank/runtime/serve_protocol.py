@@ -167,7 +167,7 @@ def result_message(
     """The JSON text of a result.
 
     Args:
-        result: The stream's :class:`~espnet_multiblank.runtime.recognizer.Result`.
+        result: The stream's :class:`~espnet_multiblank.runtime.result.Result`.
         segment: The segment's index in the connection (0, 1, ...).
         is_final: The segment has ended: its result will not change.
         samples: Samples of the segment received.

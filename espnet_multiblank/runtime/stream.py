@@ -20,12 +20,12 @@ search round for all of them).
 """
 
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
 from espnet_multiblank.runtime.audio import check_samples
-from espnet_multiblank.runtime.recognizer import Recognizer, Result, make_result
+from espnet_multiblank.runtime.result import Result, make_result
 from espnet_multiblank.runtime.stream_encoder import StreamEncoder
 
 
@@ -34,7 +34,8 @@ class Stream:
     (use :meth:`Recognizer.create_stream`).
 
     Args:
-        recognizer: The recognizer (search, model).
+        recognizer: The :class:`~espnet_multiblank.runtime.recognizer.Recognizer`
+            (its model, search and ``decode_streams``).
         chunk_size: Encoder frames per chunk.
         sample_rate: The sample rate of the pieces (None: the model's).
         partial_results: Beam search: compute a partial result after each chunk.
@@ -46,7 +47,7 @@ class Stream:
 
     def __init__(
         self,
-        recognizer: Recognizer,
+        recognizer: Any,
         chunk_size: int,
         sample_rate: Optional[int] = None,
         partial_results: bool = True,
@@ -141,9 +142,9 @@ class Stream:
             raise ValueError(f"{self.name} has ended (input_finished was called)")
 
 
-def decode_streams(recognizer: Recognizer, streams: List[Stream]) -> None:
+def decode_streams(recognizer: Any, streams: List[Stream]) -> None:
     """Advance every stream that has new samples (batched; see the module
-    docstring)."""
+    docstring); ``recognizer``'s search decodes them and its stats count them."""
     todo = [s for s in streams if s._dirty and s.error is None]
     if not todo:
         return

@@ -1,6 +1,6 @@
 """What the multi-blank and the TDT CPU kernels share: the compile options, the
-constants of their layout, the split of the frames into chunks and the ranges of an
-anti-diagonal.
+constants of their layout, the split of the frames into chunks, the ranges of an
+anti-diagonal and pass 2's copy of the rows into anti-diagonal planes.
 
 The kernels themselves are in ``kernels.py`` (multi-blank / standard RNN-T, whose
 module docstring explains the design and the performance rules) and
@@ -53,3 +53,22 @@ def diag_range(n, Tb, Ub):
     jhi = min(n, Ub - 1) + 1
     jend = jlo + ((jhi - jlo + LANES) // LANES) * LANES
     return np.uint64(jlo), np.uint64(jhi), np.uint64(jend)
+
+
+@njit(inline="always")
+def rows_to_planes(STf, sb, U, K1, K, Tb, Ub, L, uP, uW, c0):
+    """Slots 0 .. K - 1 of an utterance's valid rows (row-major, K1 float64 slots per
+    node, from ``STf[sb:]``) to the K anti-diagonal planes of ``L`` (plane k from
+    ``k uP``, anti-diagonal n from ``n uW`` in it, node (t, u) = (n - j + 1, j - 1)
+    in column c0 + j; all offsets np.uint64): one plane at a time, strided loads,
+    contiguous stores; exact ranges (the loads must stay inside the utterance's
+    rows)."""
+    step = np.uint64((U - 1) * K1)
+    for k in range(K):
+        for n in range(Tb + Ub - 1):
+            jlo, jhi, _ = diag_range(n, Tb, Ub)
+            # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
+            src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)
+            dst = np.uint64(k) * uP + np.uint64(n) * uW + c0
+            for j in range(jlo, jhi + U1):
+                L[dst + j] = STf[src - j * step]

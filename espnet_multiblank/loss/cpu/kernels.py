@@ -76,6 +76,7 @@ from espnet_multiblank.loss.cpu.common import (
     U2,
     chunk,
     diag_range,
+    rows_to_planes,
 )
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
@@ -474,13 +475,8 @@ def _rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uD, uC):
                 for k in range(K):
                     L[np.uint64(k) * uD + dst + j] = STf[r + np.uint64(k)]
         return
-    for k in range(K):  # one plane at a time (vectorised strided loads)
-        for n in range(Tb + Ub - 1):
-            jlo, jhi, jend = diag_range(n, Tb, Ub)
-            src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)  # j = 0
-            dst = np.uint64(k) * uD + np.uint64(n) * uC
-            for j in range(jlo, jhi + U1):
-                L[dst + j] = STf[src - j * step]
+    # one plane at a time (vectorised strided loads)
+    rows_to_planes(STf, sb, U, K1, K, Tb, Ub, L, uD, uC, U0)
 
 
 @njit(**KERNEL_OPTS)

@@ -54,7 +54,7 @@ from espnet_multiblank.loss.cpu.common import (
     U0,
     U1,
     chunk,
-    diag_range,
+    rows_to_planes,
 )
 from espnet_multiblank.loss.cpu.row_ops import (
     clamp_range,
@@ -470,16 +470,8 @@ def _tdt_group_to_rows(
 @njit(**KERNEL_OPTS)
 def _tdt_rows_to_diagonals(STf, sb, U, K1, K, Tb, Ub, L, uP, uW, c0):
     """Slots 0 .. K - 1 of an utterance's valid rows (row-major, from ``STf[sb:]``) to
-    the K planes of ``L``, columns c0 + j (strided loads, contiguous stores)."""
-    step = np.uint64((U - 1) * K1)
-    for k in range(K):
-        for n in range(Tb + Ub - 1):
-            jlo, jhi, _ = diag_range(n, Tb, Ub)
-            # node (t, u) = (n - j + 1, j - 1) is row t U + u = n U - (j - 1)(U - 1)
-            src = sb + np.uint64(n * U) * np.uint64(K1) + step + np.uint64(k)
-            dst = np.uint64(k) * uP + np.uint64(n) * uW + np.uint64(c0)
-            for j in range(jlo, jhi + U1):
-                L[dst + j] = STf[src - j * step]
+    the K planes of ``L``, columns c0 + j (``common.rows_to_planes``)."""
+    rows_to_planes(STf, sb, U, K1, K, Tb, Ub, L, uP, uW, np.uint64(c0))
 
 
 @njit(**KERNEL_OPTS)

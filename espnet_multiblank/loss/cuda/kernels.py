@@ -96,17 +96,16 @@ from numba import cuda
 from espnet_multiblank.lattice import MultiblankLattice
 from espnet_multiblank.loss.cuda.device_ops import (
     NEG_INF,
-    POS_INF,
-    compute_type,
-    fill_row,
+    dp_kernels,
+    family_kernels,
+    lattice_block,
+    lattice_cell,
     log_add,
     log_sum_exp,
-    make_io,
-    make_row_lse,
-    make_step_loads,
+    make_diagonal_sweeps,
+    make_grad_row,
     row_denominator,
-    row_node,
-    split_hi_lo,
+    row_parts,
 )
 
 _KERNEL_CACHE = {}
@@ -132,39 +131,42 @@ def get_kernels(storage: str, lattice: MultiblankLattice, row_cfg):
     team, block, unroll = (int(x) for x in row_cfg)
     key = (storage, lattice.big_blank_ids, lattice.big_blank_durations)
     key += (team, block, unroll)
-    if key not in _KERNEL_CACHE:
-        row_stats, grad = _make_row_kernels(*key)
-        alpha_beta, weights = get_dp_kernels(lattice)
-        _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
-    return _KERNEL_CACHE[key]
+    return family_kernels(
+        _KERNEL_CACHE, key, _make_row_kernels, get_dp_kernels, lattice
+    )
 
 
 def get_dp_kernels(lattice):
-    """The two lattice kernels (alpha_beta, weights) of ``lattice``: they depend
-    only on the durations (numba specialises them on the costs' dtype by itself), so
-    they are compiled once and shared by every storage kind and row layout."""
-    key = ("dp", lattice.big_blank_durations)
-    if key not in _KERNEL_CACHE:
-        _KERNEL_CACHE[key] = _make_dp_kernels(lattice.big_blank_durations)
-    return _KERNEL_CACHE[key]
+    """The two lattice kernels (alpha_beta, weights) of ``lattice``, compiled once
+    per duration set (``device_ops.dp_kernels``)."""
+    return dp_kernels(_KERNEL_CACHE, lattice.big_blank_durations, _make_dp_kernels)
 
 
 def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
-    if team < 1 or team & (team - 1) or block % team:
-        raise ValueError(f"bad row layout team={team} block={block}")
-    CT = compute_type(storage)
-    load, store = make_io(storage)
-    row_lse = make_row_lse(load, CT, team, unroll)
-    step_loads = make_step_loads(load, CT)
+    parts = row_parts(storage, team, block, unroll)
+    CT, load, store, row_lse, step_loads = parts[:5]
+    row_start, grad_start, token_coefs, denom_split = parts[5:]
     N = len(durations)
     NB1 = max(N, 1)  # local array sizes must be >= 1
     BIG = tuple(int(k) for k in big_ids) + (0,)  # (0,): never empty (typing BIG[i])
-    TS = team
     NB = block
-    RPB = block // team
-    UN = unroll
-    STEP = team * unroll
-    F64 = CT is numba.float64
+
+    @cuda.jit(device=True, inline=True)
+    def grad_of(k, x, p):
+        """g_k of the module docstring (before the clamp and the factor)."""
+        c_p, d_hi, d_lo, blank, lab, c_blank, c_label, wbig = p
+        g = c_p * math.exp((x - d_hi) - d_lo)
+        if k == blank:
+            g -= c_blank
+        elif k == lab:
+            g -= c_label
+        else:
+            for i in range(N):
+                if k == BIG[i]:
+                    g -= wbig[i]
+        return g
+
+    grad_row = make_grad_row(load, store, CT, team, unroll, grad_of)
 
     @cuda.jit
     def row_stats_kernel(acts, labels, act_lens, label_lens, blank, sigma, denom, lpw):
@@ -184,19 +186,8 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
         """
         sm_m = cuda.shared.array(NB, CT)
         sm_s = cuda.shared.array(NB, CT)
-        tid = cuda.threadIdx.x
-        lane = tid % TS
-        T = acts.shape[1]
-        U = acts.shape[2]
         V = acts.shape[3]
-        row = cuda.blockIdx.x * RPB + tid // TS
-        b = 0
-        t = 0
-        u = 0
-        Ub = 1
-        active = False
-        if row < acts.shape[0] * T * U:
-            b, t, u, Ub, active = row_node(row, T, U, act_lens, label_lens)
+        tid, lane, _, b, t, u, Ub, active = row_start(acts, act_lens, label_lens)
         # lane 0 fetches the N + 2 logits the lattice needs now: in flight during
         # the row loop instead of after it
         lead = active and lane == 0
@@ -246,58 +237,24 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
             grads: (B, T, U, V) out, storage dtype, every element written.
         Grid: as row_stats_kernel (a pure streaming pass: no shared memory).
         """
-        tid = cuda.threadIdx.x
-        lane = tid % TS
-        T = acts.shape[1]
-        U = acts.shape[2]
         V = acts.shape[3]
-        row = cuda.blockIdx.x * RPB + tid // TS
-        if row >= acts.shape[0] * T * U:
+        go, lane, b, t, u, Ub = grad_start(acts, act_lens, label_lens, logp, grads, V)
+        if not go:
             return
-        b, t, u, Ub, valid = row_node(row, T, U, act_lens, label_lens)
-        if not (valid and abs(logp[b]) < POS_INF):
-            fill_row(grads, b, t, u, V, lane, TS, store(CT(0.0)))
-            return
-        w_blank = wts[b, t, u, 0]
-        w_label = wts[b, t, u, 1]
-        gamma = w_blank + w_label
+        gamma, w_label, c_blank, c_label, lab = token_coefs(
+            wts, labels, b, t, u, Ub, fastemit_lambda
+        )
         wbig = cuda.local.array(NB1, CT)
         for i in range(N):
             w = wts[b, t, u, 2 + i]
             gamma += w
             wbig[i] = CT(w)
         c_p = CT(gamma + fastemit_lambda * w_label)
-        c_blank = CT(w_blank)
-        c_label = CT((1.0 + fastemit_lambda) * w_label)
-        if F64:
-            d_hi = CT(denom[b, t, u])
-            d_lo = CT(0.0)
-        else:
-            d_hi, d_lo = split_hi_lo(denom[b, t, u])
+        d_hi, d_lo = denom_split(denom[b, t, u])
         gw = CT(factors[b])
         cl = CT(clamp)
-        lab = labels[b, u] if u < Ub - 1 else -1
-        xs = cuda.local.array(UN, CT)
-        k0 = lane
-        while k0 < V:
-            for j in range(UN):  # all the chunk's loads first, unconditional
-                xs[j] = load(acts[b, t, u, min(k0 + j * TS, V - 1)])
-            for j in range(UN):
-                k = k0 + j * TS
-                if k < V:
-                    g = c_p * math.exp((xs[j] - d_hi) - d_lo)
-                    if k == blank:
-                        g -= c_blank
-                    elif k == lab:
-                        g -= c_label
-                    else:
-                        for i in range(N):
-                            if k == BIG[i]:
-                                g -= wbig[i]
-                    if cl > 0:
-                        g = min(max(g, -cl), cl)
-                    grads[b, t, u, k] = store(g * gw)
-            k0 += STEP
+        p = (c_p, d_hi, d_lo, blank, lab, c_blank, c_label, wbig)
+        grad_row(acts, grads, b, t, u, V, lane, cl, gw, p)
 
     return row_stats_kernel, grad_kernel
 
@@ -306,6 +263,51 @@ def _make_dp_kernels(durations):
     N = len(durations)
     NW = N + 2  # workspace columns: blank, label, big blanks
     DUR = tuple(int(d) for d in durations) + (0,)  # (0,): never empty (typing DUR[i])
+
+    @cuda.jit(device=True, inline=True)
+    def alpha_of(lpw, alphas, b, t, u, terms):
+        """alpha(t, u) of a cell with t + u >= 1 (module docstring)."""
+        # fixed slots (registers once unrolled); -inf = no edge
+        terms[0] = NEG_INF
+        terms[1] = NEG_INF
+        if t > 0:
+            terms[0] = alphas[b, t - 1, u] + lpw[b, t - 1, u, 0]
+        if u > 0:
+            terms[1] = alphas[b, t, u - 1] + lpw[b, t, u - 1, 1]
+        for i in range(N):
+            d = DUR[i]
+            terms[2 + i] = NEG_INF
+            if t >= d:
+                terms[2 + i] = alphas[b, t - d, u] + lpw[b, t - d, u, 2 + i]
+        return log_sum_exp(terms, NW)
+
+    @cuda.jit(device=True, inline=True)
+    def beta_of(lpw, betas, b, t, u, Tb, Ub, terms):
+        """beta(t, u) of a valid cell (module docstring)."""
+        last_row = u == Ub - 1
+        # standard blank -> (t + 1, u)
+        x = lpw[b, t, u, 0]
+        if t + 1 < Tb:
+            terms[0] = x + betas[b, t + 1, u]
+        elif last_row:
+            terms[0] = x
+        else:
+            terms[0] = NEG_INF
+        # label y_u -> (t, u + 1)
+        terms[1] = NEG_INF
+        if not last_row:
+            terms[1] = lpw[b, t, u, 1] + betas[b, t, u + 1]
+        # big blank i -> (t + d_i, u)
+        for i in range(N):
+            d = DUR[i]
+            terms[2 + i] = NEG_INF
+            if t + d < Tb:
+                terms[2 + i] = lpw[b, t, u, 2 + i] + betas[b, t + d, u]
+            elif t + d == Tb and last_row:
+                terms[2 + i] = lpw[b, t, u, 2 + i]
+        return log_sum_exp(terms, NW)
+
+    alpha_sweep, beta_sweep = make_diagonal_sweeps(alpha_of, beta_of)
 
     @cuda.jit
     def alpha_beta_kernel(
@@ -323,47 +325,16 @@ def _make_dp_kernels(durations):
             costs: (B,) float32 or float64 out: -(1 + lambda) * log P.
         Grid: (B, 1 + do_beta) blocks of any number of threads (they stride).
         """
-        b = cuda.blockIdx.x
-        which = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        nthr = cuda.blockDim.x
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
+        b, which, tid, nthr, Tb, Ub = lattice_block(act_lens, label_lens)
         if Tb == 0:
             if which == 0 and tid == 0:
                 lp0 = 0.0 if Ub == 1 else NEG_INF
                 logp[b] = lp0
                 costs[b] = -(1.0 + fastemit_lambda) * lp0
             return
-        n_diag = Tb + Ub - 1
         terms = cuda.local.array(NW, numba.float64)
         if which == 0:
-            for n in range(n_diag):
-                t = max(0, n - Ub + 1) + tid
-                t_hi = min(n, Tb - 1)
-                while t <= t_hi:
-                    u = n - t
-                    if n == 0:
-                        a = 0.0
-                    else:
-                        # fixed slots (registers once unrolled); -inf = no edge
-                        terms[0] = NEG_INF
-                        terms[1] = NEG_INF
-                        if t > 0:
-                            terms[0] = alphas[b, t - 1, u] + lpw[b, t - 1, u, 0]
-                        if u > 0:
-                            terms[1] = alphas[b, t, u - 1] + lpw[b, t, u - 1, 1]
-                        for i in range(N):
-                            d = DUR[i]
-                            terms[2 + i] = NEG_INF
-                            if t >= d:
-                                terms[2 + i] = (
-                                    alphas[b, t - d, u] + lpw[b, t - d, u, 2 + i]
-                                )
-                        a = log_sum_exp(terms, NW)
-                    alphas[b, t, u] = a
-                    t += nthr
-                cuda.syncthreads()
+            alpha_sweep(lpw, alphas, terms, b, tid, nthr, Tb, Ub)
             if tid == 0:
                 u = Ub - 1
                 lp = alphas[b, Tb - 1, u] + lpw[b, Tb - 1, u, 0]
@@ -376,37 +347,7 @@ def _make_dp_kernels(durations):
                 logp[b] = lp
                 costs[b] = -(1.0 + fastemit_lambda) * lp
         else:
-            for m in range(n_diag):
-                n = n_diag - 1 - m
-                t = max(0, n - Ub + 1) + tid
-                t_hi = min(n, Tb - 1)
-                while t <= t_hi:
-                    u = n - t
-                    last_row = u == Ub - 1
-                    # standard blank -> (t + 1, u)
-                    x = lpw[b, t, u, 0]
-                    if t + 1 < Tb:
-                        terms[0] = x + betas[b, t + 1, u]
-                    elif last_row:
-                        terms[0] = x
-                    else:
-                        terms[0] = NEG_INF
-                    # label y_u -> (t, u + 1)
-                    terms[1] = NEG_INF
-                    if not last_row:
-                        terms[1] = lpw[b, t, u, 1] + betas[b, t, u + 1]
-                    # big blank i -> (t + d_i, u)
-                    for i in range(N):
-                        d = DUR[i]
-                        terms[2 + i] = NEG_INF
-                        if t + d < Tb:
-                            terms[2 + i] = lpw[b, t, u, 2 + i] + betas[b, t + d, u]
-                        elif t + d == Tb and last_row:
-                            terms[2 + i] = lpw[b, t, u, 2 + i]
-                    bb = log_sum_exp(terms, NW)
-                    betas[b, t, u] = bb
-                    t += nthr
-                cuda.syncthreads()
+            beta_sweep(lpw, betas, terms, b, tid, nthr, Tb, Ub)
 
     @cuda.jit
     def weights_kernel(lpw, act_lens, label_lens, alphas, betas, logp):
@@ -421,19 +362,8 @@ def _make_dp_kernels(durations):
             alphas, betas: (B, T, U) float64.  logp: (B,) float64.
         Grid: ceil(B*T*U / blockDim) blocks, one thread per cell.
         """
-        cell = cuda.grid(1)
-        T = lpw.shape[1]
-        U = lpw.shape[2]
-        if cell >= lpw.shape[0] * T * U:
-            return
-        u = cell % U
-        bt = cell // U
-        t = bt % T
-        b = bt // T
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        lp_tot = logp[b]
-        if t >= Tb or u >= Ub or not (abs(lp_tot) < POS_INF):
+        go, b, t, u, Tb, Ub, lp_tot = lattice_cell(lpw, act_lens, label_lens, logp)
+        if not go:
             return
         base = alphas[b, t, u] - lp_tot
         last_row = u == Ub - 1

@@ -70,17 +70,16 @@ from numba import cuda
 from espnet_multiblank.lattice import TDTLattice
 from espnet_multiblank.loss.cuda.device_ops import (
     NEG_INF,
-    POS_INF,
-    compute_type,
-    fill_row,
+    dp_kernels,
+    family_kernels,
+    lattice_block,
+    lattice_cell,
     log_sum_exp,
-    make_io,
-    make_row_lse,
-    make_step_loads,
+    make_diagonal_sweeps,
+    make_grad_row,
     nan_max,
     row_denominator,
-    row_node,
-    split_hi_lo,
+    row_parts,
 )
 
 _KERNEL_CACHE = {}
@@ -101,37 +100,42 @@ def get_tdt_kernels(storage: str, lattice: TDTLattice, row_cfg):
     """
     team, block, unroll = (int(x) for x in row_cfg)
     key = (storage, lattice.durations, team, block, unroll)
-    if key not in _KERNEL_CACHE:
-        row_stats, grad = _make_row_kernels(*key)
-        alpha_beta, weights = get_tdt_dp_kernels(lattice)
-        _KERNEL_CACHE[key] = (row_stats, alpha_beta, weights, grad)
-    return _KERNEL_CACHE[key]
+    return family_kernels(
+        _KERNEL_CACHE, key, _make_row_kernels, get_tdt_dp_kernels, lattice
+    )
 
 
 def get_tdt_dp_kernels(lattice):
-    """The two lattice kernels (alpha_beta, weights) of ``lattice``: they depend
-    only on the durations (numba specialises them on the costs' dtype by itself), so
-    they are compiled once and shared by every storage kind and row layout."""
-    key = ("dp", lattice.durations)
-    if key not in _KERNEL_CACHE:
-        _KERNEL_CACHE[key] = _make_dp_kernels(lattice.durations)
-    return _KERNEL_CACHE[key]
+    """The two lattice kernels (alpha_beta, weights) of ``lattice``, compiled once
+    per duration set (``device_ops.dp_kernels``)."""
+    return dp_kernels(_KERNEL_CACHE, lattice.durations, _make_dp_kernels)
 
 
 def _make_row_kernels(storage, durations, team, block, unroll):
-    if team < 1 or team & (team - 1) or block % team:
-        raise ValueError(f"bad row layout team={team} block={block}")
-    CT = compute_type(storage)
-    load, store = make_io(storage)
-    row_lse = make_row_lse(load, CT, team, unroll)
-    step_loads = make_step_loads(load, CT)
+    parts = row_parts(storage, team, block, unroll)
+    CT, load, store, row_lse, step_loads = parts[:5]
+    row_start, grad_start, token_coefs, denom_split = parts[5:]
     D = len(durations)
-    TS = team
     NB = block
-    RPB = block // team
-    UN = unroll
-    STEP = team * unroll
-    F64 = CT is numba.float64
+
+    @cuda.jit(device=True, inline=True)
+    def grad_of(k, x, p):
+        """g[k] of the module docstring (before the clamp and the factor)."""
+        V, c_tok, t_hi, t_lo, blank, lab, c_blank, c_label, c_dur, e_hi, e_lo, wdur = p
+        if k < V:
+            g = c_tok * math.exp((x - t_hi) - t_lo)
+            if k == blank:
+                g -= c_blank
+            elif k == lab:
+                g -= c_label
+        else:
+            g = c_dur * math.exp((x - e_hi) - e_lo)
+            for i in range(D):
+                if k == V + i:
+                    g -= wdur[i]
+        return g
+
+    grad_row = make_grad_row(load, store, CT, team, unroll, grad_of)
 
     @cuda.jit
     def tdt_row_stats_kernel(
@@ -151,18 +155,7 @@ def _make_row_kernels(storage, durations, team, block, unroll):
         """
         sm_m = cuda.shared.array(NB, CT)
         sm_s = cuda.shared.array(NB, CT)
-        tid = cuda.threadIdx.x
-        lane = tid % TS
-        T = acts.shape[1]
-        U = acts.shape[2]
-        row = cuda.blockIdx.x * RPB + tid // TS
-        b = 0
-        t = 0
-        u = 0
-        Ub = 1
-        active = False
-        if row < acts.shape[0] * T * U:
-            b, t, u, Ub, active = row_node(row, T, U, act_lens, label_lens)
+        tid, lane, _, b, t, u, Ub, active = row_start(acts, act_lens, label_lens)
         lead = active and lane == 0
         x_blank = CT(0.0)
         x_label = CT(NEG_INF)
@@ -220,62 +213,37 @@ def _make_row_kernels(storage, durations, team, block, unroll):
             grads: (B, T, U, V + D) out (storage dtype), every element written.
         Grid: as the row kernel (streaming; no shared memory).
         """
-        tid = cuda.threadIdx.x
-        lane = tid % TS
-        T = acts.shape[1]
-        U = acts.shape[2]
         VD = acts.shape[3]
-        row = cuda.blockIdx.x * RPB + tid // TS
-        if row >= acts.shape[0] * T * U:
+        go, lane, b, t, u, Ub = grad_start(acts, act_lens, label_lens, logp, grads, VD)
+        if not go:
             return
-        b, t, u, Ub, valid = row_node(row, T, U, act_lens, label_lens)
-        if not (valid and abs(logp[b]) < POS_INF):
-            fill_row(grads, b, t, u, VD, lane, TS, store(CT(0.0)))
-            return
-        w_blank = wts[b, t, u, 0]
-        w_label = wts[b, t, u, 1]
-        gamma = w_blank + w_label
+        gamma, w_label, c_blank, c_label, lab = token_coefs(
+            wts, labels, b, t, u, Ub, fastemit_lambda
+        )
         c_tok = CT(gamma + fastemit_lambda * w_label)
         c_dur = CT(gamma)
-        c_blank = CT(w_blank)
-        c_label = CT((1.0 + fastemit_lambda) * w_label)
         wdur = cuda.local.array(D, CT)  # registers: indexed by constants below
         for j in range(D):
             wdur[j] = CT(wts[b, t, u, 2 + j])
-        if F64:
-            t_hi = CT(denom[b, t, u, 0])
-            t_lo = CT(0.0)
-            e_hi = CT(denom[b, t, u, 1])
-            e_lo = CT(0.0)
-        else:
-            t_hi, t_lo = split_hi_lo(denom[b, t, u, 0])
-            e_hi, e_lo = split_hi_lo(denom[b, t, u, 1])
+        t_hi, t_lo = denom_split(denom[b, t, u, 0])
+        e_hi, e_lo = denom_split(denom[b, t, u, 1])
         gw = CT(factors[b])
         cl = CT(clamp)
-        lab = labels[b, u] if u < Ub - 1 else -1
-        xs = cuda.local.array(UN, CT)
-        k0 = lane
-        while k0 < VD:
-            for j in range(UN):  # all the chunk's loads first, unconditional
-                xs[j] = load(acts[b, t, u, min(k0 + j * TS, VD - 1)])
-            for j in range(UN):
-                k = k0 + j * TS
-                if k < VD:
-                    if k < V:
-                        g = c_tok * math.exp((xs[j] - t_hi) - t_lo)
-                        if k == blank:
-                            g -= c_blank
-                        elif k == lab:
-                            g -= c_label
-                    else:
-                        g = c_dur * math.exp((xs[j] - e_hi) - e_lo)
-                        for i in range(D):
-                            if k == V + i:
-                                g -= wdur[i]
-                    if cl > 0:
-                        g = min(max(g, -cl), cl)
-                    grads[b, t, u, k] = store(g * gw)
-            k0 += STEP
+        p = (
+            V,
+            c_tok,
+            t_hi,
+            t_lo,
+            blank,
+            lab,
+            c_blank,
+            c_label,
+            c_dur,
+            e_hi,
+            e_lo,
+            wdur,
+        )
+        grad_row(acts, grads, b, t, u, VD, lane, cl, gw, p)
 
     return tdt_row_stats_kernel, tdt_grad_kernel
 
@@ -284,6 +252,48 @@ def _make_dp_kernels(durations):
     D = len(durations)
     DUR = tuple(int(e) for e in durations)
     NT = 2 * D  # terms of one log-sum-exp: a blank and a label step per duration
+
+    @cuda.jit(device=True, inline=True)
+    def alpha_of(lpw, alphas, b, t, u, terms):
+        """alpha(t, u) of a cell with t + u >= 1 (module docstring)."""
+        for j in range(D):
+            e = DUR[j]
+            s = t - e
+            terms[j] = NEG_INF
+            terms[D + j] = NEG_INF
+            if s >= 0:
+                if e >= 1:
+                    terms[j] = alphas[b, s, u] + lpw[b, s, u, 0] + lpw[b, s, u, 2 + j]
+                if u >= 1:
+                    terms[D + j] = (
+                        alphas[b, s, u - 1]
+                        + lpw[b, s, u - 1, 1]
+                        + lpw[b, s, u - 1, 2 + j]
+                    )
+        return log_sum_exp(terms, NT)
+
+    @cuda.jit(device=True, inline=True)
+    def beta_of(lpw, betas, b, t, u, Tb, Ub, terms):
+        """beta(t, u) of a valid cell (module docstring)."""
+        last_row = u == Ub - 1
+        lpb = lpw[b, t, u, 0]
+        lpl = lpw[b, t, u, 1]
+        for j in range(D):
+            e = DUR[j]
+            dest = t + e
+            dj = lpw[b, t, u, 2 + j]
+            terms[j] = NEG_INF
+            if e >= 1:
+                if dest < Tb:
+                    terms[j] = lpb + dj + betas[b, dest, u]
+                elif dest == Tb and last_row:
+                    terms[j] = lpb + dj
+            terms[D + j] = NEG_INF
+            if not last_row and dest < Tb:
+                terms[D + j] = lpl + dj + betas[b, dest, u + 1]
+        return log_sum_exp(terms, NT)
+
+    alpha_sweep, beta_sweep = make_diagonal_sweeps(alpha_of, beta_of)
 
     @cuda.jit
     def tdt_alpha_beta_kernel(
@@ -308,53 +318,18 @@ def _make_dp_kernels(durations):
             logp: (B,) float64 out.  costs: (B,) float32 or float64 out.
         Grid: (B, 1 + do_beta) blocks of any number of threads (they stride).
         """
-        b = cuda.blockIdx.x
-        which = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        nthr = cuda.blockDim.x
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
+        b, which, tid, nthr, Tb, Ub = lattice_block(act_lens, label_lens)
         if Tb == 0:
             if which == 0 and tid == 0:
                 lp0 = 0.0 if Ub == 1 else NEG_INF
                 logp[b] = lp0
                 costs[b] = -(1.0 + fastemit_lambda) * lp0 + 0.0
             return
-        L = Ub - 1
-        n_diag = Tb + Ub - 1
         terms = cuda.local.array(NT, numba.float64)
         if which == 0:
-            for n in range(n_diag):
-                t = max(0, n - L) + tid
-                t_hi = min(n, Tb - 1)
-                while t <= t_hi:
-                    u = n - t
-                    if n == 0:
-                        a = 0.0
-                    else:
-                        for j in range(D):
-                            e = DUR[j]
-                            s = t - e
-                            terms[j] = NEG_INF
-                            terms[D + j] = NEG_INF
-                            if s >= 0:
-                                if e >= 1:
-                                    terms[j] = (
-                                        alphas[b, s, u]
-                                        + lpw[b, s, u, 0]
-                                        + lpw[b, s, u, 2 + j]
-                                    )
-                                if u >= 1:
-                                    terms[D + j] = (
-                                        alphas[b, s, u - 1]
-                                        + lpw[b, s, u - 1, 1]
-                                        + lpw[b, s, u - 1, 2 + j]
-                                    )
-                        a = log_sum_exp(terms, NT)
-                    alphas[b, t, u] = a
-                    t += nthr
-                cuda.syncthreads()
+            alpha_sweep(lpw, alphas, terms, b, tid, nthr, Tb, Ub)
             if tid == 0:
+                L = Ub - 1
                 for j in range(D):
                     e = DUR[j]
                     s = Tb - e
@@ -369,31 +344,7 @@ def _make_dp_kernels(durations):
                 logp[b] = lp
                 costs[b] = -(1.0 + fastemit_lambda) * lp
         else:
-            for m in range(n_diag):
-                n = n_diag - 1 - m
-                t = max(0, n - L) + tid
-                t_hi = min(n, Tb - 1)
-                while t <= t_hi:
-                    u = n - t
-                    last_row = u == L
-                    lpb = lpw[b, t, u, 0]
-                    lpl = lpw[b, t, u, 1]
-                    for j in range(D):
-                        e = DUR[j]
-                        dest = t + e
-                        dj = lpw[b, t, u, 2 + j]
-                        terms[j] = NEG_INF
-                        if e >= 1:
-                            if dest < Tb:
-                                terms[j] = lpb + dj + betas[b, dest, u]
-                            elif dest == Tb and last_row:
-                                terms[j] = lpb + dj
-                        terms[D + j] = NEG_INF
-                        if not last_row and dest < Tb:
-                            terms[D + j] = lpl + dj + betas[b, dest, u + 1]
-                    betas[b, t, u] = log_sum_exp(terms, NT)
-                    t += nthr
-                cuda.syncthreads()
+            beta_sweep(lpw, betas, terms, b, tid, nthr, Tb, Ub)
 
     @cuda.jit
     def tdt_weights_kernel(lpw, act_lens, label_lens, alphas, betas, logp):
@@ -406,19 +357,8 @@ def _make_dp_kernels(durations):
             alphas, betas: (B, T, U) float64.  logp: (B,) float64.
         Grid: ceil(B*T*U / blockDim) blocks, one thread per cell.
         """
-        cell = cuda.grid(1)
-        T = lpw.shape[1]
-        U = lpw.shape[2]
-        if cell >= lpw.shape[0] * T * U:
-            return
-        u = cell % U
-        bt = cell // U
-        t = bt % T
-        b = bt // T
-        Tb = act_lens[b]
-        Ub = label_lens[b] + 1
-        lp_tot = logp[b]
-        if t >= Tb or u >= Ub or not (abs(lp_tot) < POS_INF):
+        go, b, t, u, Tb, Ub, lp_tot = lattice_cell(lpw, act_lens, label_lens, logp)
+        if not go:
             return
         last_row = u == Ub - 1
         base = alphas[b, t, u] - lp_tot

@@ -48,6 +48,7 @@ better-scoring path than greedy search, but in practice (and in the tests) its 1
 scores at least as well.
 """
 
+import math
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -311,22 +312,19 @@ class MultiblankBeamSearch(BatchedBeamSearch):
         scores = base.to(device).unsqueeze(1) + cand.score.double()
         N = scores.size(1)
         top_scores, top_idx = scores.view(-1).topk(min(self.beam_size, A * N))
-        keep = torch.isfinite(top_scores)
-        top_idx = top_idx[keep]
-        rows, cols = top_idx // N, top_idx % N
-        picked = torch.stack(
-            [
-                rows,
-                cand.symbol[rows, cols],
-                cand.frames[rows, cols],
-                cand.is_label[rows, cols].long(),
-            ]
-        ).tolist()
+        # the kept arcs' symbols and frames in one host transfer
+        picked = torch.stack([cand.symbol, cand.frames]).view(2, -1)[:, top_idx]
 
         floor = self._label_floor(queues, t)
+        is_blank = self.lattice.is_blank
         labels, label_frames = [], []  # (parent index, symbol, score), frames
-        for score, a, k, frames, is_label in zip(top_scores[keep].tolist(), *picked):
-            if not is_label:
+        for score, flat, k, frames in zip(
+            top_scores.tolist(), top_idx.tolist(), *picked.tolist()
+        ):
+            if not math.isfinite(score):  # not allowed
+                continue
+            a = flat // N
+            if is_blank(k):
                 self._queue_blank(queues, current[a], score, t, frames)
             elif frames > 0 or score >= floor:
                 labels.append((a, k, score))

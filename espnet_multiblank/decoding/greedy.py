@@ -79,6 +79,7 @@ class GreedySearch(FrameLoopingGreedySearch):
         run.fold(length, final, cap)
         hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
         cache = run.cache
+        one_outputs, one_choice = table.one_outputs, table.one_choice
 
         def choose(info, guarded: bool, room: int):
             """The table's choice with min(T - t, cap) = ``room``, kept in the
@@ -86,30 +87,41 @@ class GreedySearch(FrameLoopingGreedySearch):
             choices = info[1]
             out = choices.get(room)
             if out is None:
-                out = table.one_choice(info[0], room, guarded, max_sym, decision)
+                out = one_choice(info[0], room, guarded, max_sym, decision)
                 choices[room] = out
             return out
 
         while hyp.frame < length:
             t = hyp.frame
             tail = t > length - cap  # near the last frame: other runs may take it
-            info = key = None  # [joint outputs, choices by room] (a stream's)
+            info = key = None  # a stream's [joint outputs, choices by room]
             if cache is not None and t >= cache.low:
                 key = cache.key(hyp)
                 info = cache.steps.get(key)
             if info is None:
-                outputs = table.one_outputs(
+                outputs = one_outputs(
                     stepper, enc_proj[t : t + 1], dec_proj, lm, decision
                 )
-                info = [outputs, {}]
-                if cache is not None and tail:
-                    cache.put_step(cache.key(hyp) if key is None else key, info)
+                if cache is not None:
+                    info = [outputs, {}]
+                    if tail:
+                        cache.put_step(cache.key(hyp) if key is None else key, info)
+            else:
+                outputs = info[0]
             guarded = hyp.num_sym_frame >= max_sym
             room = length - t
             if final or room >= cap:
-                is_label, k, _, frames, score = choose(info, guarded, min(room, cap))
+                if info is None:  # offline: every step is taken once
+                    choice = one_choice(
+                        outputs, min(room, cap), guarded, max_sym, decision
+                    )
+                else:
+                    choice = choose(info, guarded, min(room, cap))
+                is_label, k, _, frames, score = choice
                 pending = None
             else:  # T decides which arcs fit: taken if every T >= N agrees
+                if info is None:
+                    info = [outputs, {}]
                 early = decide_early(lambda r: choose(info, guarded, r), room, cap)
                 if early is None:
                     break  # this step waits for more frames

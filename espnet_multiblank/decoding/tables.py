@@ -330,8 +330,8 @@ class SymbolTable:
         if room >= R and not guarded:  # every big blank fits: no mask needed
             masked = logp
         else:
-            masks = self.mask_rows(max_sym).to(logp.dtype)
-            masked = logp + masks[guarded * (R + 1) + room]
+            # (0 or -inf: exact in any dtype)
+            masked = logp + self.mask_rows(max_sym)[guarded * (R + 1) + room]
         k = int(masked[0].argmax())
         frames = self.frames_list[k]
         if decision == "total":

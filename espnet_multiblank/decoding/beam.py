@@ -61,8 +61,8 @@ from espnet_multiblank.decoding.batched_beam import (
     check_beam_sync,
     check_frame_prune,
 )
+from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.label_looping import greedy_search_class
 from espnet_multiblank.decoding.tables import check_blank_decision
 from espnet_multiblank.lattice import TDTLattice
 
@@ -157,8 +157,7 @@ class MultiblankBeamSearch(BatchedBeamSearch):
         log-probability of one path of the lattice, plus the fused LMs' weighted
         log P(y </s>))."""
         if self._path_search is None:
-            greedy = greedy_search_class(self.lattice, loop_labels=False)
-            self._path_search = greedy(
+            self._path_search = GreedySearch(
                 self.stepper,
                 self.lattice,
                 max_sym_per_frame=self.max_sym_per_frame,

@@ -89,6 +89,84 @@ def step_target(t: int, frames: int, num_frames: int, is_blank: bool, last_row: 
     return NOWHERE
 
 
+#: end rules a search may use: ``"exact"`` (the loss's, :func:`step_target`) and
+#: ``"clip"`` (every arc allowed, one that reaches or passes T ends the path, as
+#: NeMo's TDT greedy search does; a TDT's searches only)
+END_RULES = ("exact", "clip")
+
+
+class _SearchRules:
+    """What a search asks a lattice (derived from its arcs; no lattice kind is
+    tested outside this module)."""
+
+    #: the end rules its searches support (see :data:`END_RULES`)
+    end_rules: Tuple[str, ...] = ("exact",)
+
+    def check_end_rule(self, end_rule: Any) -> str:
+        """``end_rule`` if this lattice's searches support it, else ValueError."""
+        if end_rule not in self.end_rules:
+            raise ValueError(
+                f"end_rule must be one of {self.end_rules}, got {end_rule!r}"
+            )
+        return end_rule
+
+    @property
+    def room_cap(self) -> int:
+        """C: the frames left ``T - t`` past which the end rule allows the same arcs
+        at t whatever T is: a blank covering d frames needs ``d <= T - t``, a label
+        covering e frames ``e < T - t`` (standard and multi-blank: the longest
+        blank R; TDT: R + 1). A search's step depends on T only through
+        ``min(T - t, C)``."""
+        blank = max(arc.frames for arc in self.blank_arcs)
+        return max(blank, max(move.frames for move in self.label_moves) + 1)
+
+    @property
+    def labels_move(self) -> bool:
+        """Whether a label arc may cover frames (TDT): then a label's child can land
+        on the frame of another hypothesis's blank in one step."""
+        return any(move.frames > 0 for move in self.label_moves)
+
+    @property
+    def factorised(self) -> bool:
+        """Whether an arc's log-probability is a token's plus a duration's (TDT: the
+        joint output is V token logits then D duration logits), rather than one
+        symbol's of a single softmax."""
+        return self.num_duration_outputs > 0
+
+    def num_tokens(self, joint_size: int) -> int:
+        """V: the token outputs among ``joint_size`` joint-network outputs."""
+        return joint_size - self.num_duration_outputs
+
+
+def lattice_of(lattice: Any, kinds: Sequence[type]) -> bool:
+    """Whether ``lattice`` is a lattice of one of ``kinds`` (lattice classes)."""
+    return isinstance(lattice, tuple(kinds))
+
+
+def decide_early(choose, room: int, cap: int):
+    """A step a stream may take before T is known, or None.
+
+    A stream has received N frames of an utterance whose T >= N is unknown; its
+    step at frame t depends on T only through ``min(T - t, cap)``
+    (:attr:`_SearchRules.room_cap`), which is one of ``room .. cap`` (``room = N -
+    t``). The step is taken when every one of them chooses the same arc.
+
+    Args:
+        choose: ``choose(r)`` -> ``(arc..., score)`` of the step with
+            ``min(T - t, cap) = r``: a tuple whose last item is the score.
+        room: ``N - t`` (< cap).
+        cap: C.
+
+    Returns:
+        ``(the first choice, {r: score})``, or None when the choices differ.
+    """
+    options = [choose(r) for r in range(room, cap + 1)]
+    first = options[0][:-1]
+    if any(o[:-1] != first for o in options[1:]):
+        return None
+    return options[0], {r: o[-1] for r, o in zip(range(room, cap + 1), options)}
+
+
 def _as_int(name: str, value: Any) -> int:
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy/torch scalar
         value = value.item()
@@ -173,7 +251,7 @@ def _check_blank(blank: Any, name: str) -> int:
 
 
 @dataclass(frozen=True)
-class MultiblankLattice:
+class MultiblankLattice(_SearchRules):
     """Standard / multi-blank RNN-T lattice.
 
     Attributes:
@@ -283,7 +361,7 @@ class MultiblankLattice:
 
 
 @dataclass(frozen=True)
-class TDTLattice:
+class TDTLattice(_SearchRules):
     """Token-and-duration transducer lattice (Xu et al., ICML 2023).
 
     The joint network outputs ``V`` token logits followed by ``D = len(durations)``
@@ -300,6 +378,7 @@ class TDTLattice:
     durations: Tuple[int, ...]
 
     kind = "tdt"
+    end_rules = END_RULES
 
     @classmethod
     def create(

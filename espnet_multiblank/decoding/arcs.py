@@ -1,4 +1,5 @@
-"""The arcs a greedy step chooses: one type for every lattice and search."""
+"""The arcs a search step chooses from or takes: one type for every lattice and
+search."""
 
 from typing import NamedTuple
 
@@ -6,15 +7,18 @@ import torch
 
 
 class Arcs(NamedTuple):
-    """One arc per row: what a row emits at its node and how far it moves.
+    """Arcs leaving the rows' nodes: what each emits and how far it moves.
+
+    A greedy step has one arc per row (shapes (A,), the tables' ``best_arcs``); a
+    beam expansion N candidates per row (shapes (A, N), ``beam_candidates``).
 
     Attributes:
-        symbol: (A,) long, the emitted symbol (a label or a blank).
-        frames: (A,) long, frames the arc moves on (0: a label that stays), never past
+        symbol: long, the emitted symbol (a label or a blank).
+        frames: long, frames the arc moves on (0: a label that stays), never past
             the utterance's last frame (for rows inside their utterance).
-        score: (A,) float32, the step's score (``blank_decision``; with an LM, the
-            fused score).
-        is_label: (A,) bool.
+        score: float32, the arc's score (``blank_decision``; with an LM, the fused
+            score); a candidate that is not allowed scores -inf.
+        is_label: bool.
     """
 
     symbol: torch.Tensor
@@ -25,3 +29,7 @@ class Arcs(NamedTuple):
     def where(self, mask: torch.Tensor, other: "Arcs") -> "Arcs":
         """``self`` in the rows of ``mask`` ((A,) bool), ``other`` elsewhere."""
         return Arcs(*(torch.where(mask, a, b) for a, b in zip(self, other)))
+
+
+#: the candidates of a beam expansion: (A, N) :class:`Arcs` (the former name)
+BeamCandidates = Arcs

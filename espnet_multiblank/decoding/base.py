@@ -18,17 +18,20 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.multiblank_table import (
-    SymbolTable,
-    check_blank_decision,
-)
 from espnet_multiblank.decoding.one_run import OneRun
 from espnet_multiblank.decoding.stepper import Stepper
-from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
+from espnet_multiblank.decoding.tables import (
+    SymbolTable,
+    TDTSymbolTable,
+    check_blank_decision,
+)
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice, lattice_of
 
 Lattice = Union[MultiblankLattice, TDTLattice]
+Table = Union[SymbolTable, TDTSymbolTable]
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -77,6 +80,9 @@ class TransducerSearch(ABC):
 
     batched = False
     lattice_types: Tuple[type, ...] = (MultiblankLattice,)
+    #: how a path may end (:data:`espnet_multiblank.lattice.END_RULES`): the
+    #: lattice's own rule unless a search is built with another one it supports
+    end_rule = "exact"
 
     def __init__(
         self,
@@ -91,7 +97,7 @@ class TransducerSearch(ABC):
                 f"stepper must be an espnet_multiblank.decoding.Stepper, got "
                 f"{type(stepper).__name__}"
             )
-        if not isinstance(lattice, self.lattice_types):
+        if not lattice_of(lattice, self.lattice_types):
             names = " or ".join(
                 f"espnet_multiblank.lattice.{c.__name__}" for c in self.lattice_types
             )
@@ -106,15 +112,13 @@ class TransducerSearch(ABC):
             "max_sym_per_frame", max_sym_per_frame
         )
         self.nbest = check_positive_int("nbest", nbest)
-        self._tables: Dict[torch.device, SymbolTable] = {}
+        self._tables: Dict[torch.device, Table] = {}
         self.fusion = self._check_fusion(fusion)
 
     @property
     def num_tokens(self) -> int:
         """V: the joint network's token outputs (a TDT's duration logits excluded)."""
-        if isinstance(self.lattice, TDTLattice):
-            return self.stepper.vocab_size - self.lattice.num_durations
-        return self.stepper.vocab_size
+        return self.lattice.num_tokens(self.stepper.vocab_size)
 
     def _check_fusion(self, fusion: Optional[ShallowFusion]):
         if fusion is None:
@@ -149,17 +153,79 @@ class TransducerSearch(ABC):
         """The standard blank (the start symbol of every hypothesis)."""
         return self.lattice.blank
 
-    def make_table(self, device: torch.device) -> SymbolTable:
-        """The symbol table of :attr:`lattice` on ``device`` (override for other
-        lattices)."""
-        return SymbolTable(self.lattice, self.stepper.vocab_size, device)
+    def _set_end_rule(self, end_rule: str) -> None:
+        """:attr:`end_rule`, one the lattice supports (its ``end_rules``)."""
+        self.end_rule = self.lattice.check_end_rule(end_rule)
 
-    def table(self, device: torch.device) -> SymbolTable:
+    def make_table(self, device: torch.device) -> Table:
+        """The symbol table of :attr:`lattice` on ``device``: the tensors its arcs
+        are scored and chosen with (a single softmax over the symbols, or a TDT's
+        token and duration softmaxes)."""
+        kind = TDTSymbolTable if self.lattice.factorised else SymbolTable
+        return kind(self.lattice, self.stepper.vocab_size, device, self.end_rule)
+
+    def table(self, device: torch.device) -> Table:
         """:meth:`make_table`, cached per device."""
         table = self._tables.get(device)
         if table is None:
             table = self._tables[device] = self.make_table(device)
         return table
+
+    def row_arcs(
+        self,
+        table: Table,
+        enc_proj: torch.Tensor,
+        dec_proj: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
+    ) -> Arcs:
+        """The greedy arc of A rows (every greedy search's step, frame- and
+        label-looping): the joint network at the rows' nodes, the arcs the lattice
+        allows there (end rule, ``max_sym_per_frame``), the best one by
+        ``blank_decision`` (the table's ``best_arcs``).
+
+        Args:
+            table: The search's symbol table on the rows' device.
+            enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
+            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
+                end: their arcs are to be ignored).
+            length: (A,) long, T of each row.
+            num_sym: (A,) long, labels already emitted at ``frame``.
+            lm_labels: (A, V) float32 weighted LM scores of every token as the next
+                label (0 at the blanks), or None without an LM.
+
+        Returns:
+            :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A,).
+        """
+        scores = table.step_scores(self.stepper, enc_proj, dec_proj, lm_labels)
+        return table.best_arcs(
+            scores, frame, length, num_sym, self.max_sym_per_frame, self.blank_decision
+        )
+
+    def beam_candidates(
+        self,
+        table: Table,
+        enc_proj: torch.Tensor,
+        dec_proj: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
+    ) -> Arcs:
+        """The N candidate arcs of each of A hypotheses (every beam search's
+        expansion; the table's ``beam_candidates``). Arguments as for
+        :meth:`row_arcs` (``frame`` < ``length``).
+
+        Returns:
+            :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A, N); ``score``
+            is -inf where the arc is not allowed.
+        """
+        scores = table.step_scores(self.stepper, enc_proj, dec_proj, lm_labels)
+        return table.beam_candidates(
+            scores, frame, length, num_sym, self.max_sym_per_frame, self.blank_decision
+        )
 
     def start(self, batch: int, device: torch.device) -> Tuple[torch.Tensor, Any]:
         """Prediction network after the start symbol, for ``batch`` rows.
@@ -226,14 +292,15 @@ class FrameLoopingGreedySearch(TransducerSearch):
     """What the frame-looping greedy searches share (multi-blank and TDT): one
     utterance at a time with :meth:`search_one`, and B at once with
     :meth:`search_batch`, which takes one step for every active utterance per
-    iteration: one joint call, ``row_arcs`` of the lattice kind for every row (the
-    subclasses take it from a :mod:`~espnet_multiblank.decoding.row_step` mixin),
+    iteration: one joint call, :meth:`TransducerSearch.row_arcs` for every row,
     one prediction-network call for the rows that emitted a label; each utterance
     advances by its own number of frames and leaves when it reaches its T_b.
 
-    Args: those of :class:`TransducerSearch` (``nbest`` is 1) and ``blank_decision``
+    Args: those of :class:`TransducerSearch` (``nbest`` is 1), ``blank_decision``
     (``"total"`` or ``"symbol"``, see
-    :mod:`~espnet_multiblank.decoding.multiblank_table`).
+    :mod:`~espnet_multiblank.decoding.tables`) and ``end_rule`` (one of the
+    lattice's ``end_rules``: ``"exact"``, or for a TDT ``"clip"``, see
+    :mod:`~espnet_multiblank.decoding.tables`).
     """
 
     batched = True
@@ -245,12 +312,14 @@ class FrameLoopingGreedySearch(TransducerSearch):
         max_sym_per_frame: int = 10,
         blank_decision: str = "total",
         fusion: Optional[ShallowFusion] = None,
+        end_rule: str = "exact",
     ):
         super().__init__(
             stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
         )
         self.beam_size = 1
         self.blank_decision = check_blank_decision(blank_decision)
+        self._set_end_rule(end_rule)
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         return [self.search_one(enc_out)]

@@ -6,7 +6,8 @@ decodes B utterances with one joint-network call per step for every live hypothe
 of every utterance (each at its own frame), one prediction-network call (and one call
 of the fused LMs) for the labels kept, finished utterances out of the work, hypotheses
 with the same labels at the same frame merged (log-add), n-best lists; the lattice
-kind only gives the candidates (:mod:`.beam_step`). ``beam_sync`` chooses the rule:
+only gives the candidates (the symbol table's ``beam_candidates``). ``beam_sync``
+chooses the rule:
 
 * ``"frame"`` (:mod:`.frame_sync_beam`): the frame-synchronous rule of the
   one-utterance search :meth:`~espnet_multiblank.decoding.MultiblankBeamSearch.search`
@@ -61,7 +62,7 @@ def check_frame_prune(value, beam_sync: str) -> Optional[float]:
 class BatchedBeamSearch(TransducerSearch):
     """What the beam searches share for B utterances at once (module docstring).
 
-    A subclass provides ``beam_candidates`` (a :mod:`.beam_step` mixin), and has
+    A subclass has ``beam_candidates`` (:class:`TransducerSearch`'s), and has
     ``beam_size``, ``score_norm``, ``blank_decision`` and ``beam_sync``.
     """
 

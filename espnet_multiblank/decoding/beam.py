@@ -48,29 +48,28 @@ better-scoring path than greedy search, but in practice (and in the tests) its 1
 scores at least as well.
 """
 
+import math
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from espnet_multiblank.decoding import prefix_kernels
+from espnet_multiblank.decoding.base import Table
 from espnet_multiblank.decoding.batched_beam import (
     BatchedBeamSearch,
     check_beam_sync,
     check_frame_prune,
 )
-from espnet_multiblank.decoding.beam_step import MultiblankBeamStep
-from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
+from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.multiblank_table import (
-    SymbolTable,
-    check_blank_decision,
-)
+from espnet_multiblank.decoding.tables import check_blank_decision
+from espnet_multiblank.lattice import TDTLattice
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
 
-class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
+class MultiblankBeamSearch(BatchedBeamSearch):
     """Frame-synchronous multi-blank beam search (see the module docstring).
 
     :meth:`search` decodes one utterance (the reference implementation, in Python
@@ -91,7 +90,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
             ``"total"``: each hypothesis has one blank candidate, scored with the
             total log-probability of its allowed blanks and parked where the most
             probable of them lands (beam 1 is then the greedy search's default
-            rule). See :mod:`~espnet_multiblank.decoding.multiblank_table` and
+            rule). See :mod:`~espnet_multiblank.decoding.tables` and
             ``docs/decoding.md``.
         fusion: Language models (:class:`~espnet_multiblank.decoding.ShallowFusion`):
             candidates, merging and the final ranking use the fused score (a label's
@@ -122,6 +121,7 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         fusion=None,
         beam_sync: str = "frame",
         frame_prune: Optional[float] = None,
+        end_rule: str = "exact",
     ):
         super().__init__(
             stepper,
@@ -141,16 +141,15 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         self.score_norm = score_norm
         self.blank_decision = check_blank_decision(blank_decision)
         self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
+        self._set_end_rule(end_rule)
+        if self.end_rule != "exact" and beam_sync == "label":
+            raise ValueError(
+                "beam_sync 'label' scores the loss's lattice, whose paths end "
+                f"exactly on T: end_rule must be 'exact', got {end_rule!r}"
+            )
         self._path_search = None  # built on first use (path_search)
         if self.beam_sync == "label":  # its Numba kernels compiled with the model
             prefix_kernels.prepare()
-
-    #: the greedy search of the same lattice, for ``frame_prune``'s floor
-    greedy_class = MultiblankGreedySearch
-
-    def greedy_options(self) -> dict:
-        """Options of :attr:`greedy_class` beyond the shared ones."""
-        return {}
 
     def path_search(self):
         """The greedy search whose path scores bound ``frame_prune``'s floor: the
@@ -158,13 +157,13 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         log-probability of one path of the lattice, plus the fused LMs' weighted
         log P(y </s>))."""
         if self._path_search is None:
-            self._path_search = self.greedy_class(
+            self._path_search = GreedySearch(
                 self.stepper,
                 self.lattice,
                 max_sym_per_frame=self.max_sym_per_frame,
                 blank_decision="symbol",
                 fusion=self.fusion,
-                **self.greedy_options(),
+                end_rule=self.end_rule,  # its paths end as this search's do
             )
         return self._path_search
 
@@ -284,55 +283,62 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
         t: int,
         enc_proj_t: torch.Tensor,
         length: torch.Tensor,
-        table: SymbolTable,
+        table: Table,
         queues: List[Optional[Queue]],
     ) -> List[Hypothesis]:
-        """Expand the hypotheses of frame t once; queue blanks, return label children.
+        """Expand the hypotheses of frame t once: the B best candidates of all of
+        them (:meth:`beam_candidates`, the batched searches' own); queue the arcs
+        that move (blanks, and a TDT's labels with a duration >= 1), return the label
+        children that stay at t.
 
         Args:
             current: A hypotheses at frame t.
             enc_proj_t: (J,) projected encoder frame t.
             length: (1,) long, T.
         """
-        stepper = self.stepper
-        B = self.beam_size
         A = len(current)
         device = enc_proj_t.device
-        dec_proj = torch.stack([h.dec_proj for h in current])  # (A, J)
-        logp = stepper.log_probs(enc_proj_t.expand(A, -1), dec_proj)  # (A, V)
-        num_sym = torch.tensor([h.num_sym_frame for h in current], device=device)
-        masked = table.mask(
-            logp,
+        cand = self.beam_candidates(
+            table,
+            enc_proj_t.expand(A, -1),
+            torch.stack([h.dec_proj for h in current]),  # (A, J)
             torch.full((A,), t, dtype=torch.long, device=device),
             length.expand(A),
-            num_sym,
-            self.max_sym_per_frame,
-        )
-        if self.fusion is not None:  # the labels' fused scores (the blanks' are 0)
-            masked = masked + self._lm_labels(current)
+            torch.tensor([h.num_sym_frame for h in current], device=device),
+            None if self.fusion is None else self._lm_labels(current),
+        )  # (A, N)
         base = torch.tensor([h.score for h in current], dtype=torch.float64)
-        cand = base.to(device).unsqueeze(1) + masked.double()  # (A, V)
-        if self.blank_decision == "total":  # one blank candidate per hypothesis
-            total, best_blank = table.blank_total(masked)
-            cand[:, table.blank_index] = float("-inf")
-            rows = torch.arange(A, device=device)
-            cand[rows, best_blank] = base.to(device) + total.double()
-        V = cand.size(1)
-        top_scores, top_idx = cand.view(-1).topk(min(B, A * V))
-        keep = torch.isfinite(top_scores)
-        top_scores, top_idx = top_scores[keep].tolist(), top_idx[keep].tolist()
+        scores = base.to(device).unsqueeze(1) + cand.score.double()
+        N = scores.size(1)
+        top_scores, top_idx = scores.view(-1).topk(min(self.beam_size, A * N))
+        # the kept arcs' symbols and frames in one host transfer
+        picked = torch.stack([cand.symbol, cand.frames]).view(2, -1)[:, top_idx]
 
         floor = self._label_floor(queues, t)
-        labels = []  # (parent index, symbol, score)
-        for score, flat in zip(top_scores, top_idx):
-            a, k = divmod(flat, V)
-            frames = table.frames_list[k]
-            if frames == 0:
-                if score >= floor:
-                    labels.append((a, k, score))
-            else:
+        is_blank = self.lattice.is_blank
+        labels, label_frames = [], []  # (parent index, symbol, score), frames
+        for score, flat, k, frames in zip(
+            top_scores.tolist(), top_idx.tolist(), *picked.tolist()
+        ):
+            if not math.isfinite(score):  # not allowed
+                continue
+            a = flat // N
+            if is_blank(k):
                 self._queue_blank(queues, current[a], score, t, frames)
-        return self._label_children(current, labels, t)
+            elif frames > 0 or score >= floor:
+                labels.append((a, k, score))
+                label_frames.append(frames)
+        staying = []
+        for child, frames in zip(
+            self._label_children(current, labels, t), label_frames
+        ):
+            if frames == 0:
+                staying.append(child)
+            else:  # a TDT label that moves on
+                child.timing[-1] = (t, frames, child.timing[-1][2])
+                child.advance(frames, is_label=True)
+                self._enqueue(queues, child)
+        return staying
 
     def _lm_labels(self, current: List[Hypothesis]) -> torch.Tensor:
         """(A, V) float32 weighted LM scores of the next label of each hypothesis."""
@@ -414,3 +420,21 @@ class MultiblankBeamSearch(MultiblankBeamStep, BatchedBeamSearch):
                 )
             )
         return children
+
+
+class TDTBeamSearch(MultiblankBeamSearch):
+    """The beam search (:class:`MultiblankBeamSearch`, every rule) of a
+    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D):
+    a candidate is an arc (token k, duration e_j), scored ``tok[k] + dur[j]``
+    (``"symbol"``) or with the token's total over the durations it may take
+    (``"total"``); a label with e_j >= 1 moves its child to frame t + e_j; with
+    ``end_rule: "clip"`` every duration is allowed, clipped at T
+    (:class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`). With B = 1 each
+    expansion keeps the greedy search's arc (same ``blank_decision``).
+    """
+
+    lattice_types = (TDTLattice,)
+
+
+#: the TDT beam search's default ``blank_decision`` (that of every beam search)
+TDT_BEAM_DECISION = "symbol"

@@ -8,7 +8,7 @@ log-probability: ``yseq`` and
 :attr:`~espnet_multiblank.decoding.hypothesis.Hypothesis.timing` are read back at the
 end). :meth:`BeamRun.expand` is one expansion of every live hypothesis of every
 utterance: one joint-network call for all of them, each at its own frame, the
-candidates of its lattice kind (:mod:`.beam_step`), the K best of each utterance;
+candidates of its lattice (``beam_candidates``), the K best of each utterance;
 :meth:`BeamRun.step_labels` one prediction-network (and LM) call for the kept labels.
 The subclasses (:mod:`.frame_sync_beam`, :mod:`.step_sync_beam`) decide which
 hypotheses expand and where the children go.

@@ -40,7 +40,6 @@ from espnet_multiblank.decoding.beam_queues import (
     stats_increment,
 )
 from espnet_multiblank.decoding.beam_run import BeamRun
-from espnet_multiblank.decoding.tdt_table import TDTSymbolTable
 
 
 class FrameSyncRun(BeamRun):
@@ -60,7 +59,7 @@ class FrameSyncRun(BeamRun):
             K,
             search.initial_overflow,
             self.device,
-            merge_in_step=isinstance(self.table, TDTSymbolTable),
+            merge_in_step=search.lattice.labels_move,
         )
         self.frame = torch.zeros(B, dtype=torch.long, device=self.device)
         self.num_sym = torch.zeros(B, K, dtype=torch.long, device=self.device)

@@ -1,9 +1,9 @@
-"""Multi-blank greedy search (frame-looping), one utterance and batched.
+"""Greedy search (frame-looping) of every lattice, one utterance and batched.
 
 Algorithm (Xu et al. 2023, "multi-blank greedy"; ``docs/decoding.md``): a hypothesis
 sits at frame t with label history y and emits one allowed symbol k of
 ``log_softmax(joint(enc[t], pred(y)))``, decided by ``blank_decision``
-(:mod:`~espnet_multiblank.decoding.multiblank_table`; default ``"total"``: a blank
+(:mod:`~espnet_multiblank.decoding.tables`; default ``"total"``: a blank
 when the allowed blanks together are at least as probable as the best label, then the
 most probable blank; ``"symbol"``: the arg-max symbol):
 
@@ -18,162 +18,147 @@ It stops when t == T. The batched version takes the same step for every active
 utterance at once (one joint call; one prediction-network call for the rows that
 emitted a label); each utterance has its own t and leaves when it reaches its T. Both
 choose the same symbols (tested).
-"""
 
-from typing import List
+A token-and-duration transducer (TDT; ``docs/decoding.md``, "TDT searches") takes the
+same loop with (token, duration) arcs: the joint network gives token log-probabilities
+``tok`` (V) and duration log-probabilities ``dur`` (D), and the search emits one
+allowed arc (token k, duration e_j) chosen by ``blank_decision``
+(:mod:`~espnet_multiblank.decoding.tables`): ``"total"`` (default) the most
+probable token, each counted with the total probability of the durations it may take,
+then its most probable allowed duration; ``"symbol"`` the most probable allowed arc
+``tok[k] + dur[j]``. Allowed: a blank takes durations >= 1 that do not pass T; a label
+takes durations that land before T (>= 1 once ``max_sym_per_frame`` labels stayed at
+this frame). A label extends y; every arc moves t to ``t + e_j``; the hypothesis ends
+when it reaches T, always with a blank, as a path of the loss's lattice.
+
+Differences from NeMo's TDT greedy search (token arg-max first, then duration
+arg-max; a blank with duration 0 moved by one frame; durations that overshoot T end
+the utterance): here a token counts with the durations it may take (a blank's
+probability excludes duration 0), and a path ends with a blank landing on T.
+
+The step of each lattice is its symbol table's (``one_outputs``, ``one_choice``);
+the loop, the stream's early decisions and the bookkeeping are here, once.
+"""
 
 import torch
 
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
-from espnet_multiblank.decoding.multiblank_table import log_sum_exp
 from espnet_multiblank.decoding.one_run import OneRun
-from espnet_multiblank.decoding.row_step import MultiblankRowStep
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice, decide_early
+
+#: the TDT searches' default ``blank_decision`` (chosen on the digits dev set; that
+#: of every greedy search)
+TDT_GREEDY_DECISION = "total"
 
 
-class MultiblankGreedySearch(MultiblankRowStep, FrameLoopingGreedySearch):
-    """Multi-blank greedy search (standard greedy search without big blanks).
+class GreedySearch(FrameLoopingGreedySearch):
+    """Greedy search of any lattice (see the module docstring).
 
     Args: those of :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`
-    (``blank_decision``: ``"total"`` (default) or ``"symbol"``).
+    (``blank_decision``: ``"total"`` (default) or ``"symbol"``; ``end_rule``: the
+    lattice's ``"exact"``, or for a TDT ``"clip"``: every duration allowed, clipped at
+    T, :class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`). With a TDT
+    (``stepper.vocab_size`` = V + D) ``max_sym_per_frame`` counts the labels that
+    stay (duration 0) at one frame; after that every emission moves on.
     """
+
+    lattice_types = (MultiblankLattice, TDTLattice)
 
     @torch.no_grad()
     def run_one(
         self, run: OneRun, enc_proj: torch.Tensor, length: int, final: bool = True
     ):
-        """The one-utterance loop (see :meth:`FrameLoopingGreedySearch.run_one`)."""
+        """The one-utterance loop (see :meth:`FrameLoopingGreedySearch.run_one`;
+        the same arcs as the table's ``best_arcs``)."""
         device = enc_proj.device
         table = self.table(device)
         stepper = self.stepper
-        R = table.max_frames
-        run.fold(length, final, R)
-        hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
+        cap = self.lattice.room_cap  # the step depends on T via min(T - t, cap)
         max_sym = self.max_sym_per_frame
-        # up to this frame every big blank fits: no mask needed while labels are allowed
-        free_until = length - R
-        masks = None  # (2 (R + 1), V) additive masks, by guard and frames left
-        total = self.blank_decision == "total"
-        lo, hi = table.blank_range
-        frames_list = table.frames_list
+        decision = self.blank_decision
+        run.fold(length, final, cap)
+        hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
         cache = run.cache
+        one_outputs, one_choice = table.one_outputs, table.one_choice
+
+        def choose(info, guarded: bool, room: int):
+            """The table's choice with min(T - t, cap) = ``room``, kept in the
+            step's ``info`` (a stream evaluates a step again with more frames)."""
+            choices = info[1]
+            out = choices.get(room)
+            if out is None:
+                out = one_choice(info[0], room, guarded, max_sym, decision)
+                choices[room] = out
+            return out
+
         while hyp.frame < length:
             t = hyp.frame
-            tail = t > free_until  # near the last frame: other runs may take it
-            info = key = None  # [log-probs, what _early_step derived] (a stream's)
+            tail = t > length - cap  # near the last frame: other runs may take it
+            info = key = None  # a stream's [joint outputs, choices by room]
             if cache is not None and t >= cache.low:
                 key = cache.key(hyp)
                 info = cache.steps.get(key)
-            if info is not None:
-                logp = info[0]
+            if info is None:
+                outputs = one_outputs(
+                    stepper, enc_proj[t : t + 1], dec_proj, lm, decision
+                )
+                if cache is not None:
+                    info = [outputs, {}]
+                    if tail:
+                        cache.put_step(cache.key(hyp) if key is None else key, info)
             else:
-                logp = stepper.log_probs(enc_proj[t : t + 1], dec_proj)  # (1, V)
-                if lm is not None:  # fused scores of the labels (the blanks' are 0)
-                    logp = logp + lm.labels
-                if cache is not None and tail:
-                    info = [logp, None]
-                    cache.put_step(cache.key(hyp) if key is None else key, info)
+                outputs = info[0]
             guarded = hyp.num_sym_frame >= max_sym
-            if not final and tail:  # T decides which big blanks fit
-                if guarded and masks is None:
-                    masks = table.mask_rows(max_sym).to(logp.dtype)
-                step = self._early_step(table, logp, masks, guarded, length - t, info)
-                if step is None:
+            room = length - t
+            if final or room >= cap:
+                if info is None:  # offline: every step is taken once
+                    choice = one_choice(
+                        outputs, min(room, cap), guarded, max_sym, decision
+                    )
+                else:
+                    choice = choose(info, guarded, min(room, cap))
+                is_label, k, _, frames, score = choice
+                pending = None
+            else:  # T decides which arcs fit: taken if every T >= N agrees
+                if info is None:
+                    info = [outputs, {}]
+                early = decide_early(lambda r: choose(info, guarded, r), room, cap)
+                if early is None:
                     break  # this step waits for more frames
-                k, frames, term = step
-                if isinstance(term, dict):
-                    run.terms.append((t, term, None))
-                else:
-                    run.add(term)
-            else:
-                if t <= free_until and not guarded:
-                    masked = logp
-                else:
-                    if masks is None:
-                        masks = table.mask_rows(max_sym).to(logp.dtype)
-                    masked = logp + masks[guarded * (R + 1) + min(length - t, R)]
-                k = int(masked[0].argmax())
-                frames = frames_list[k]
-                if total:
-                    blanks = masked[0, lo:hi].tolist()
-                    blank_lp = log_sum_exp(blanks)
-                    if frames == 0 and float(logp[0, k]) <= blank_lp:
-                        k = lo + blanks.index(max(blanks))
-                        frames = frames_list[k]
-                    run.add(blank_lp if frames else float(logp[0, k]))
-                else:
-                    run.add(float(logp[0, k]))
-            if frames == 0:
-                lm_k = 0.0 if lm is None else float(lm.labels[0, k])
-                hyp.timing.append((t, 0, float(logp[0, k]) - lm_k))
+                (is_label, k, _, frames, score), pending = early
+            if is_label:
                 hyp.yseq.append(k)
-                hyp.num_sym_frame += 1
+                lm_k = 0.0 if lm is None else float(lm.labels[0, k])
+                if pending is None:
+                    run.add(score)
+                else:
+                    run.terms.append((t, pending, (len(hyp.timing), frames, lm_k)))
+                hyp.timing.append((t, frames, score - lm_k))
                 dec_proj, state, lm = self.emit_one(
                     run, k, dec_proj, state, lm, device, tail
                 )
+                if frames == 0:
+                    hyp.num_sym_frame += 1
+                else:
+                    hyp.advance(frames, is_label=True)
             else:
+                if pending is None:
+                    run.add(score)
+                else:
+                    run.terms.append((t, pending, None))
                 hyp.advance(frames)
         run.dec_proj, run.state, run.lm = dec_proj, state, lm
 
-    def _early_step(self, table, logp, masks, guarded: bool, room: int, info=None):
-        """The step at a frame t with ``room`` = N - t < R frames received after it,
-        when every T >= N takes it, else None: ``(symbol, frames, score)``, the
-        score a float, or ``{min(T - t, R): score}`` when T decides it.
 
-        The arcs T allows at t grow with T (the big blanks that fit). ``symbol``:
-        the best arc over all of them is chosen for every T when it fits in
-        ``room``. ``total``: a label is chosen for every T when it beats the total
-        of all blanks, a blank when the best label does not beat the total of the
-        blanks that fit in ``room`` and the best blank fits (the most probable of a
-        set is the most probable of any subset it belongs to).
+class MultiblankGreedySearch(GreedySearch):
+    """:class:`GreedySearch` of a standard or multi-blank lattice (the former
+    class: it accepts those lattices only)."""
 
-        ``info``: the step's cache entry; what is derived from ``logp`` is kept in
-        ``info[1]`` for when the step is evaluated again with more frames."""
-        R = table.max_frames
-        lo, hi = table.blank_range
-        frames_list = table.frames_list
-        derived = None if info is None else info[1]
-        if derived is None:
-            masked = logp if not guarded else logp + masks[R + 1 + R]  # every blank
-            k = int(masked[0].argmax())
-            frames = frames_list[k]
-            blank = None  # (most probable blank, the blanks' log-probs, totals by room)
-            if self.blank_decision == "total":
-                blanks = masked[0, lo:hi].tolist()
-                if not (frames == 0 and float(logp[0, k]) > log_sum_exp(blanks)):
-                    totals = _BlankTotals(blanks, frames_list[lo:hi])
-                    blank = (lo + blanks.index(max(blanks)), blanks, totals)
-            derived = (k, frames, float(logp[0, k]), blank)
-            if info is not None:
-                info[1] = derived
-        k, frames, score, blank = derived
-        if self.blank_decision != "total":
-            return (k, frames, score) if frames <= room else None
-        if blank is None:  # a label beats every blank
-            return k, 0, score
-        b, blanks, totals = blank
-        if frames_list[b] > room:
-            return None
-        # the best label: k when k is a label; when the best symbol k is a blank
-        # (then k = b, which fits), no label beats it nor the total it belongs to
-        best_label = score if frames == 0 else float("-inf")
-        if not best_label <= totals[room]:
-            return None
-        return b, frames_list[b], totals
+    lattice_types = (MultiblankLattice,)
 
 
-class _BlankTotals(dict):
-    """{min(T - t, R): log of the summed probabilities of the blanks that fit},
-    each computed when first read, as the offline step computes it (the blanks that
-    do not fit at -inf)."""
+class TDTGreedySearch(GreedySearch):
+    """:class:`GreedySearch` of a :class:`~espnet_multiblank.lattice.TDTLattice`
+    (the former class: it accepts TDT lattices only)."""
 
-    def __init__(self, blanks: List[float], frames: List[int]):
-        super().__init__()
-        self.blanks, self.frames = blanks, frames
-
-    def __missing__(self, room: int) -> float:
-        neg = float("-inf")
-        value = log_sum_exp(
-            [x if d <= room else neg for x, d in zip(self.blanks, self.frames)]
-        )
-        self[room] = value
-        return value
+    lattice_types = (TDTLattice,)

@@ -19,9 +19,9 @@ Each utterance takes exactly the steps of the one-utterance greedy search (the s
 arcs, the same ``max_sym_per_frame`` guard, the same end rule, the same scores): only
 the order in which the utterances' steps are computed changes. The arc of a joint row
 comes from the step the frame-looping searches take
-(:mod:`~espnet_multiblank.decoding.row_step`: ``SymbolTable.best_arcs``,
-``TDTSymbolTable.best_arcs``); the two subclasses differ only in their lattice kind's
-mixin.
+(:meth:`~espnet_multiblank.decoding.base.TransducerSearch.row_arcs`: the symbol
+table's ``best_arcs``); the two subclasses differ only in the lattices they accept and
+their one-utterance search.
 
 **Window.** The prediction output of an utterance does not change until its next
 label, so the inner loop may evaluate the joint network at ``window`` = W frames
@@ -70,12 +70,10 @@ from espnet_multiblank.decoding.base import (
     check_batch,
     check_positive_int,
 )
-from espnet_multiblank.decoding.greedy import MultiblankGreedySearch
+from espnet_multiblank.decoding.greedy import MultiblankGreedySearch, TDTGreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
-from espnet_multiblank.decoding.multiblank_table import check_blank_decision
-from espnet_multiblank.decoding.row_step import MultiblankRowStep, TDTRowStep
-from espnet_multiblank.decoding.tdt_greedy import TDT_GREEDY_DECISION, TDTGreedySearch
-from espnet_multiblank.lattice import TDTLattice
+from espnet_multiblank.decoding.tables import check_blank_decision
+from espnet_multiblank.lattice import TDTLattice, lattice_of
 
 
 class Window(NamedTuple):
@@ -98,7 +96,7 @@ class Window(NamedTuple):
     arcs: Arcs
 
 
-class _Batch:
+class LoopBatch:
     """Constant tensors of one :meth:`LabelLoopingGreedySearch.search_batch` call.
 
     ``padded``: ``enc_proj`` already has at least W frames after every row's length
@@ -224,15 +222,14 @@ def _repeat_rows(x: torch.Tensor, W: int) -> torch.Tensor:
 class LabelLoopingGreedySearch(TransducerSearch):
     """Base class of the label-looping greedy searches (module docstring).
 
-    Subclasses take ``row_arcs`` (the arc a joint row chooses) from their lattice
-    kind's :mod:`~espnet_multiblank.decoding.row_step` mixin; the loops,
-    the bookkeeping and the results are here. :meth:`search` decodes one utterance
-    with the frame-looping search's one-utterance loop (``one_utterance_class``).
+    The arc a joint row chooses is :meth:`TransducerSearch.row_arcs` (every
+    lattice's); the loops, the bookkeeping and the results are here. :meth:`search`
+    decodes one utterance with the frame-looping search's one-utterance loop
+    (``one_utterance_class``, the subclasses').
 
     Args:
-        stepper, lattice, max_sym_per_frame: As for
-            :class:`~espnet_multiblank.decoding.base.TransducerSearch` (``nbest`` is
-            1).
+        stepper, lattice, max_sym_per_frame, blank_decision, fusion, end_rule: As for
+            :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`.
         window: Frames the inner loop evaluates per joint-network call and utterance
             (module docstring); None: 16 when every blank of the lattice covers one
             frame, else 1.
@@ -250,14 +247,18 @@ class LabelLoopingGreedySearch(TransducerSearch):
         stepper,
         lattice,
         max_sym_per_frame: int = 10,
+        blank_decision: str = "total",
         window: Optional[int] = None,
         max_inner: Optional[int] = None,
         fusion=None,
+        end_rule: str = "exact",
     ):
         super().__init__(
             stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
         )
         self.beam_size = 1
+        self.blank_decision = check_blank_decision(blank_decision)
+        self._set_end_rule(end_rule)
         if window is None:
             window = 16 if lattice.max_frames == 1 else 1
         self.window = check_positive_int("window", window)
@@ -296,12 +297,13 @@ class LabelLoopingGreedySearch(TransducerSearch):
                 max_sym_per_frame=self.max_sym_per_frame,
                 blank_decision=self.blank_decision,
                 fusion=self.fusion,
+                end_rule=self.end_rule,
             )
         return self._one
 
     def follow_blanks(
         self,
-        ctx: _Batch,
+        ctx: LoopBatch,
         dec_proj: torch.Tensor,
         frame: torch.Tensor,
         num_sym: torch.Tensor,
@@ -436,7 +438,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         what the streaming search decides on, chunk by chunk."""
         B = enc_proj.size(0)
         loop = self.init_loop(B, enc_proj.device)
-        ctx = _Batch(self.table(enc_proj.device), enc_proj, lens, self.window)
+        ctx = LoopBatch(self.table(enc_proj.device), enc_proj, lens, self.window)
         self.run_loops(ctx, loop, lens)
         self.finish_loop(loop)
         return self.hypotheses(loop, *loop.drain())
@@ -464,7 +466,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             lm=self.start_lm(batch, device),
         )
 
-    def run_loops(self, ctx: _Batch, loop: LoopState, limit: torch.Tensor) -> None:
+    def run_loops(self, ctx: LoopBatch, loop: LoopState, limit: torch.Tensor) -> None:
         """The outer and inner loops, for as long as some row may take its next
         window: a row at frame t evaluates frames ``t .. t + W - 1`` only while
         ``t < limit`` (offline: ``limit`` = the utterance lengths, ``ctx.lens``; the
@@ -594,40 +596,18 @@ class LabelLoopingGreedySearch(TransducerSearch):
         return out
 
 
-class MultiblankLabelLoopingSearch(MultiblankRowStep, LabelLoopingGreedySearch):
+class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
     """Label-looping multi-blank greedy search: the hypotheses of
     :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (standard RNN-T
     without big blanks).
 
-    Args: those of :class:`LabelLoopingGreedySearch`, and ``blank_decision``
-    (``"total"`` or ``"symbol"``, see
-    :mod:`~espnet_multiblank.decoding.multiblank_table`).
+    Args: those of :class:`LabelLoopingGreedySearch`.
     """
-
-    def __init__(
-        self,
-        stepper,
-        lattice,
-        max_sym_per_frame: int = 10,
-        blank_decision: str = "total",
-        window: Optional[int] = None,
-        max_inner: Optional[int] = None,
-        fusion=None,
-    ):
-        super().__init__(
-            stepper,
-            lattice,
-            max_sym_per_frame=max_sym_per_frame,
-            window=window,
-            max_inner=max_inner,
-            fusion=fusion,
-        )
-        self.blank_decision = check_blank_decision(blank_decision)
 
     one_utterance_class = MultiblankGreedySearch
 
 
-class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
+class TDTLabelLoopingSearch(LabelLoopingGreedySearch):
     """Label-looping TDT greedy search: the hypotheses of
     :class:`~espnet_multiblank.decoding.TDTGreedySearch`. A label arc with a
     duration >= 1 moves its utterance on when it is recorded (outer loop).
@@ -636,24 +616,17 @@ class TDTLabelLoopingSearch(TDTRowStep, LabelLoopingGreedySearch):
     :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D).
     """
 
-    def __init__(
-        self,
-        stepper,
-        lattice: TDTLattice,
-        max_sym_per_frame: int = 10,
-        blank_decision: str = TDT_GREEDY_DECISION,
-        window: Optional[int] = None,
-        max_inner: Optional[int] = None,
-        fusion=None,
-    ):
-        super().__init__(
-            stepper,
-            lattice,
-            max_sym_per_frame=max_sym_per_frame,
-            window=window,
-            max_inner=max_inner,
-            fusion=fusion,
-        )
-        self.blank_decision = check_blank_decision(blank_decision)
-
+    lattice_types = (TDTLattice,)
     one_utterance_class = TDTGreedySearch
+
+
+def greedy_search_class(lattice, loop_labels: bool) -> type:
+    """The greedy search of ``lattice`` (frame-looping, or label-looping with
+    ``loop_labels``), as the lattice answers which searches accept it."""
+    for one, looping in (
+        (MultiblankGreedySearch, MultiblankLabelLoopingSearch),
+        (TDTGreedySearch, TDTLabelLoopingSearch),
+    ):
+        if lattice_of(lattice, one.lattice_types):
+            return looping if loop_labels else one
+    raise TypeError(f"no greedy search for a {type(lattice).__name__}")

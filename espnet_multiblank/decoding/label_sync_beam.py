@@ -51,7 +51,6 @@ from espnet_multiblank.decoding.prefix_kernels import (
     child_entries,
     level_forward,
 )
-from espnet_multiblank.lattice import TDTLattice
 
 #: frames evaluated past a prefix's last entry at first, and per extension
 FIRST_WINDOW = 16
@@ -71,23 +70,23 @@ class LatticeArcs:
     """
 
     def __init__(self, lattice, num_tokens: int, device: torch.device):
-        self.tdt = isinstance(lattice, TDTLattice)
+        # factorised (TDT): an arc reads a token column and a duration column
+        self.tdt = lattice.factorised
         self.V = num_tokens
         blanks = set(lattice.blank_ids)
         labels = [k for k in range(num_tokens) if k not in blanks]
         self.labels = torch.tensor(labels, dtype=torch.long, device=device)
         self.label_cols = _columns(labels, device)
+        arcs = lattice.blank_arcs
+        self.blank_d = torch.tensor([arc.frames for arc in arcs], dtype=torch.long)
+        self.label_d = torch.tensor(
+            [move.frames for move in lattice.label_moves], dtype=torch.long
+        )
         if self.tdt:
             self.blank = lattice.blank
-            moving = [j for j, e in enumerate(lattice.durations) if e >= 1]
-            self.blank_dur = _columns(moving, device)
-            self.blank_d = torch.tensor([lattice.durations[j] for j in moving])
-            self.label_d = torch.tensor(lattice.durations, dtype=torch.long)
+            self.blank_dur = _columns([arc.slot for arc in arcs], device)
         else:
-            cols = [lattice.blank] + list(lattice.big_blank_ids)
-            self.blank_cols = _columns(cols, device)
-            self.blank_d = torch.tensor([1] + list(lattice.big_blank_durations))
-            self.label_d = torch.zeros(1, dtype=torch.long)
+            self.blank_cols = _columns([arc.token for arc in arcs], device)
 
     def log_probs(self, logits: torch.Tensor):
         """(..., V') raw logits -> what the arcs read: (token log-probs (..., V),

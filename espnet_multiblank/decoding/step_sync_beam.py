@@ -13,7 +13,7 @@ step, not d:
     beam_b = the K hypotheses of utterance b, each at its own frame t_h
     one step, for every utterance b that has not finished:
         one joint-network call for every hypothesis with t_h < T_b
-        candidates of each (its lattice kind's arcs, :mod:`.beam_step`); a
+        candidates of each (its lattice's arcs, ``beam_candidates``); a
             hypothesis that has reached T_b competes as it is (pinned)
         beam_b = the K best candidates of the utterance
         children that arrived at the same frame with the same labels (by a move, or

@@ -51,10 +51,9 @@ from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
-    _Batch,
+    LoopBatch,
 )
 from espnet_multiblank.decoding.one_run import StepCache
-from espnet_multiblank.lattice import TDTLattice
 
 
 def decision_lookahead(search) -> int:
@@ -63,12 +62,10 @@ def decision_lookahead(search) -> int:
     and standard greedy search (1 without big blanks), R + 1 for a TDT's and for the
     beam searches (which must also not complete a hypothesis at the last frame
     received)."""
-    R = search.lattice.max_frames
-    if isinstance(search, MultiblankBeamSearch) or isinstance(
-        search.lattice, TDTLattice
-    ):
-        return R + 1
-    return R
+    lattice = search.lattice
+    if isinstance(search, MultiblankBeamSearch):
+        return max(lattice.room_cap, lattice.max_frames + 1)
+    return lattice.room_cap
 
 
 def _check_frames(name: str, frames: torch.Tensor, J: Optional[int]) -> None:
@@ -123,7 +120,9 @@ class StreamingGreedySearch:
         self._fresh = search.init_loop(batch, self.device)
         # (B, capacity, J), with at least W frames after every row's last frame
         self.enc_proj: Optional[torch.Tensor] = None
-        self._ctx: Optional[_Batch] = None  # the loops' view of it (rebuilt on growth)
+        self._ctx: Optional[LoopBatch] = (
+            None  # the loops' view of it (rebuilt on growth)
+        )
         self.received = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.final = torch.zeros(batch, dtype=torch.bool, device=self.device)
         self._ended = [False] * batch  # end of sentence scored
@@ -190,18 +189,18 @@ class StreamingGreedySearch:
             self.enc_proj = grown
             self._ctx = None
 
-    def _context(self) -> _Batch:
+    def _context(self) -> LoopBatch:
         table, W = self.search.table(self.device), self.search.window
         if self.enc_proj is None:  # no frame yet anywhere: W zero frames to read
             enc = torch.zeros(
                 self.batch, W, self.loop.dec_proj.size(1), device=self.device
             )
             enc = enc.to(self.loop.dec_proj.dtype)
-            return _Batch(table, enc, self.received, W, padded=True)
+            return LoopBatch(table, enc, self.received, W, padded=True)
         if self._ctx is None:
             # the buffer itself, not a copy: appended frames and the in-place
             # updates of ``received`` reach the loops without rebuilding it
-            self._ctx = _Batch(table, self.enc_proj, self.received, W, padded=True)
+            self._ctx = LoopBatch(table, self.enc_proj, self.received, W, padded=True)
         return self._ctx
 
     def _limit(self) -> torch.Tensor:

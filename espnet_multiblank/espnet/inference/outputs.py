@@ -29,14 +29,15 @@ class CtmWriter:
         from pathlib import Path
 
         from espnet_multiblank.espnet.inference.timestamps import ctm_header
-        from espnet_multiblank.lattice import TDTLattice
 
         self.speech2text = speech2text
         try:  # before the file is opened: no empty CTM
             frame_shift = speech2text.frame_shift()
         except ValueError as e:
             raise ValueError(f"--write_ctm: {e}") from e
-        tdt = isinstance(getattr(speech2text, "lattice", None), TDTLattice)
+        # a TDT's label arcs cover frames: the CTM has the model's word durations
+        lattice = getattr(speech2text, "lattice", None)
+        tdt = lattice is not None and lattice.labels_move
         path = Path(output_dir) / "1best_recog" / "ctm"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "w", encoding="utf-8")

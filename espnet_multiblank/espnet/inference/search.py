@@ -127,9 +127,7 @@ def vocab_size_of(model: Any) -> int:
 
 def joint_size_of(model: Any, lattice: Union[MultiblankLattice, TDTLattice]) -> int:
     """The joint network's output size: V, plus the duration logits of a TDT."""
-    if isinstance(lattice, TDTLattice):
-        return vocab_size_of(model) + lattice.num_durations
-    return vocab_size_of(model)
+    return vocab_size_of(model) + lattice.num_duration_outputs
 
 
 def fix_decoder_blank(
@@ -262,7 +260,7 @@ def build_transducer_search(
     """
     lattice = lattice_from_model(model)
     fix_decoder_blank(model.decoder, lattice)
-    tdt = isinstance(lattice, TDTLattice)
+    tdt = lattice.kind == "tdt"  # the tdt_* search types
     resolved = resolve_search_type(
         search_type, beam_size, not tdt and lattice.is_multiblank, tdt=tdt
     )

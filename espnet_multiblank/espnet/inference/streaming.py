@@ -40,15 +40,12 @@ from espnet_multiblank.decoding import (
     Hypothesis,
     JointStepper,
     MultiblankBeamSearch,
-    MultiblankGreedySearch,
-    TDTGreedySearch,
     single_thread_on_cpu,
 )
 from espnet_multiblank.decoding.base import FrameLoopingGreedySearch as FrameLooping
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
+    greedy_search_class,
 )
 from espnet_multiblank.decoding.streaming import (
     StreamingBeamSearch,
@@ -67,7 +64,6 @@ from espnet_multiblank.espnet.inference.stream_encoder import (
     StreamEncoder,
     streaming_support,
 )
-from espnet_multiblank.lattice import TDTLattice
 
 logger = logging.getLogger(__name__)
 
@@ -101,30 +97,23 @@ def streaming_search(search: Any, model: Any, one_loop: bool = False):
         stepper = JointStepper(
             model.decoder, model.joint_network, joint_size_of(model, lattice)
         )
-        kind = MultiblankGreedySearch if one_loop else MultiblankLabelLoopingSearch
+        kind = greedy_search_class(lattice, loop_labels=not one_loop)
         extra = {} if one_loop else dict(window=1)
         return kind(
             stepper, lattice, max_sym_per_frame=1, blank_decision="symbol", **extra
         )
     if isinstance(search, LabelLoopingGreedySearch if one_loop else FrameLooping):
-        tdt = isinstance(search.lattice, TDTLattice)
-        if one_loop:
-            cls = TDTGreedySearch if tdt else MultiblankGreedySearch
-            extra = {}
-        else:
-            cls = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
-            extra = dict(window=1)
-        out = cls(
+        cls = greedy_search_class(search.lattice, loop_labels=not one_loop)
+        extra = {} if one_loop else dict(window=1)
+        return cls(
             search.stepper,
             search.lattice,
             max_sym_per_frame=search.max_sym_per_frame,
             blank_decision=search.blank_decision,
             fusion=search.fusion,
+            end_rule=search.end_rule,
             **extra,
         )
-        if tdt:
-            out._set_end_rule(search.end_rule)
-        return out
     return search
 
 

@@ -1,0 +1,726 @@
+"""The symbol tables: a lattice's arcs as tensors on one device, which arcs a search
+allows, how their scores are read from the joint network and how a step chooses.
+
+Every search asks its table
+(:meth:`~espnet_multiblank.decoding.base.TransducerSearch.make_table`) through one
+interface:
+
+* ``step_scores(stepper, enc_proj, dec_proj, lm_labels)``: the joint network's scores
+  of A rows;
+* ``best_arcs(scores, frame, length, num_sym, max_sym, decision)``: the greedy arc of
+  each row; ``beam_candidates(...)``: every candidate arc of each row (both
+  :class:`~espnet_multiblank.decoding.arcs.Arcs`);
+* ``one_outputs`` / ``one_choice``: the same step for one row in Python floats (the
+  one-utterance greedy loop);
+* ``max_frames``: the longest arc.
+
+:class:`SymbolTable` serves the lattices scored by one softmax over the symbols
+(standard and multi-blank), :class:`TDTSymbolTable` the token-and-duration
+transducers (a token softmax and a duration softmax).
+
+Standard and multi-blank lattices
+---------------------------------
+
+Built from :class:`espnet_multiblank.lattice.MultiblankLattice` (the owner of the
+symbol rules): the standard blank covers 1 frame, big blank ``i`` (index
+``blank - 1 - i``) covers ``d_i`` frames, every other symbol is a label (0 frames).
+
+Blank decisions (``docs/decoding.md``, "Blank or label"):
+
+* ``"total"``: a step is a blank when the allowed blanks together are at least as
+  probable as the best label, and then the most probable allowed blank; its score is
+  the blanks' total log-probability. A multi-blank model spreads the blank mass over
+  several durations, so a label can beat every single blank while the blanks
+  together beat the label; the arg-max over symbols then emits that label (most often
+  a repeated or extra last word).
+* ``"symbol"``: the arg-max over all allowed symbols, scored with that symbol's
+  log-probability (the paper's and ESPnet's greedy rule): scores are lattice path
+  log-probabilities.
+
+Token-and-duration transducers
+------------------------------
+
+Built from :class:`espnet_multiblank.lattice.TDTLattice` (the owner of the rules): the
+joint network outputs ``V`` token logits (the blank at ``blank``) followed by
+``D = len(durations)`` duration logits; an arc emits a token *and* a duration ``e``,
+with log-probability ``tok[k] + dur[j] = log_softmax(z[:V])[k] +
+log_softmax(z[V:])[j]``. A blank takes only durations >= 1; a label takes any (0 keeps
+the frame). The searches add (``docs/decoding.md``, "TDT searches"):
+
+* **end rule** (the lattice's, as for big blanks): from frame t of an utterance with T
+  frames, a blank may take ``e <= T - t`` (landing on T completes the hypothesis) and
+  a label ``e < T - t`` (a label never lands on T: a blank must end the path). Only
+  when a duration set without 1 leaves no allowed arc at all does the most probable
+  blank take a longer duration; it then ends the hypothesis (clipped at T).
+* **guard**: once ``max_sym_per_frame`` labels stayed at one frame (duration 0), a
+  label must take a duration >= 1 there.
+* **decision** (``blank_decision``): ``"total"``: every token counts with the total
+  probability of its allowed durations (``tok[k] + logsumexp(dur[allowed])``); the
+  most probable token is emitted with its most probable allowed duration, and the step
+  scores that total. ``"symbol"``: the most probable allowed arc, scored with its own
+  log-probability (scores are lattice path log-probabilities).
+"""
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from espnet_multiblank.decoding.arcs import Arcs
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
+
+#: ``blank_decision`` values (module docstring)
+BLANK_DECISIONS = ("total", "symbol")
+
+
+def check_blank_decision(value) -> str:
+    if value not in BLANK_DECISIONS:
+        raise ValueError(
+            f"blank_decision must be one of {list(BLANK_DECISIONS)}, got {value!r}"
+        )
+    return value
+
+
+def log_sum_exp(values: List[float]) -> float:
+    """log(sum(exp(values))) of a short Python list (-inf when all are -inf)."""
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum([math.exp(v - top) for v in values]))
+
+
+class SymbolTable:
+    """Frames covered by each symbol, as tensors on one device, and the masks.
+
+    Args:
+        lattice: The lattice.
+        vocab_size: V, the joint network's output size.
+        device: Where the tensors live.
+        end_rule: ``"exact"``, the lattice's (the only one it supports).
+
+    Attributes:
+        frames: (V,) long, frames covered by each symbol (0 for labels);
+            ``frames_list`` is the same as a Python list.
+        is_label: (V,) bool.
+        blank_index: (N + 1,) long, every blank: the standard blank, then big blank
+            0, 1, ...; ``blank_index_list`` as a Python list.
+        blank_range: ``(lo, hi)``: the blanks are the indices ``lo .. hi - 1``.
+        big_ids: (N,) long, index of big blank i.
+        durations: (N,) long, d_i.
+        max_frames: The most frames one symbol covers.
+    """
+
+    def __init__(
+        self,
+        lattice: MultiblankLattice,
+        vocab_size: int,
+        device: torch.device,
+        end_rule: str = "exact",
+    ):
+        lattice.check_vocab_size(vocab_size)
+        lattice.check_end_rule(end_rule)
+        self.lattice = lattice
+        self.vocab_size = vocab_size
+        self.frames = torch.zeros(vocab_size, dtype=torch.long, device=device)
+        for symbol, n in lattice.blank_moves:
+            self.frames[symbol] = n
+        self.big_ids = torch.tensor(
+            lattice.big_blank_ids, dtype=torch.long, device=device
+        )
+        self.durations = torch.tensor(
+            lattice.big_blank_durations, dtype=torch.long, device=device
+        )
+        self.is_label = self.frames == 0
+        self.frames_list: List[int] = self.frames.tolist()
+        self.max_frames = lattice.max_frames
+        self.blank_index = torch.tensor(
+            lattice.blank_ids, dtype=torch.long, device=device
+        )
+        self.blank_index_list: List[int] = list(lattice.blank_ids)
+        # the blanks are the contiguous indices blank - N .. blank
+        self.blank_range = (lattice.blank - lattice.num_big_blanks, lattice.blank + 1)
+        self._mask_rows: Dict[int, torch.Tensor] = {}
+
+    def mask(
+        self,
+        logp: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        max_sym: int,
+    ) -> torch.Tensor:
+        """Set the log-probability of the symbols a search may not emit to -inf.
+
+        Not allowed: labels once ``max_sym`` labels were emitted at this frame, and big
+        blank ``i`` where ``frame + d_i > length`` (a path ends exactly on T, as in
+        the loss). The standard blank is always allowed.
+
+        Args:
+            logp: (A, V) log-probabilities (not modified).
+            frame: (A,) long, current frame t of each row.
+            length: (A,) long, T of each row.
+            num_sym: (A,) long, labels already emitted at ``frame``.
+            max_sym: Labels allowed per frame.
+
+        Returns:
+            (A, V) masked copy.
+        """
+        neg = torch.tensor(float("-inf"), dtype=logp.dtype, device=logp.device)
+        out = torch.where(
+            (num_sym >= max_sym).unsqueeze(1) & self.is_label.unsqueeze(0), neg, logp
+        )
+        if self.big_ids.numel():
+            over = (frame.unsqueeze(1) + self.durations.unsqueeze(0)) > (
+                length.unsqueeze(1)
+            )
+            out[:, self.big_ids] = torch.where(over, neg, out[:, self.big_ids])
+        return out
+
+    def blank_total(self, masked: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Total log-probability of the allowed blanks and the most probable one.
+
+        Args:
+            masked: (A, V) log-probabilities, disallowed symbols at -inf.
+
+        Returns:
+            (A,) log-sum-exp over the blanks, (A,) long index of the best blank.
+        """
+        blanks = masked[:, self.blank_index]  # (A, N + 1)
+        return torch.logsumexp(blanks, -1), self.blank_index[blanks.argmax(-1)]
+
+    def decide(
+        self, logp: torch.Tensor, masked: torch.Tensor, blank_decision: str
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The symbol each row emits, and its score (module docstring).
+
+        Args:
+            logp: (A, V) log-probabilities.
+            masked: (A, V) the same with disallowed symbols at -inf.
+            blank_decision: ``"total"`` or ``"symbol"``.
+
+        Returns:
+            (A,) long symbols, (A,) their scores (``logp``'s dtype).
+        """
+        k = masked.argmax(dim=-1)
+        if blank_decision == "symbol":
+            return k, logp.gather(1, k.unsqueeze(1)).squeeze(1)
+        total, best_blank = self.blank_total(masked)
+        label_lp = logp.gather(1, k.unsqueeze(1)).squeeze(1)
+        is_label = self.is_label[k] & (label_lp > total)
+        k = torch.where(is_label, k, best_blank)
+        return k, torch.where(is_label, label_lp, total)
+
+    def mask_rows(self, max_sym: int) -> torch.Tensor:
+        """:meth:`mask` as a lookup (cached per ``max_sym``).
+
+        The mask of a row depends only on whether the guard holds (``num_sym >=
+        max_sym``) and on the frames left, ``T - t``, up to the longest blank: row
+        ``g * (R + 1) + r`` (``R = max_frames``) is the mask of a row with guard ``g``
+        and ``min(T - t, R) = r`` frames left, taken from :meth:`mask` itself.
+
+        Returns:
+            (2 (R + 1), V) additive masks: 0 where allowed, -inf where not.
+        """
+        rows = self._mask_rows.get(max_sym)
+        if rows is None:
+            device = self.frames.device
+            R = self.max_frames
+            left = torch.arange(R + 1, device=device).repeat(2)
+            n = left.numel()
+            guard = torch.arange(n, device=device) > R
+            rows = self.mask(
+                torch.zeros(n, self.vocab_size, device=device),
+                frame=R - left,
+                length=torch.full((n,), R, device=device),
+                num_sym=guard.long() * max_sym,
+                max_sym=max_sym,
+            )
+            self._mask_rows[max_sym] = rows
+        return rows
+
+    def step_scores(
+        self,
+        stepper,
+        enc_proj: torch.Tensor,
+        dec_proj: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """What :meth:`best_arcs` and :meth:`beam_candidates` choose from.
+
+        Args:
+            stepper: The search's networks.
+            enc_proj, dec_proj: (A, J) projected encoder frames and prediction outputs.
+            lm_labels: (A, V) float32 weighted LM scores of the next label (0 at the
+                blanks), or None.
+
+        Returns:
+            (A, V) float32 log-softmax of the joint network (plus ``lm_labels``).
+        """
+        logp = stepper.log_probs(enc_proj, dec_proj)  # (A, V) float32
+        if lm_labels is not None:
+            logp = logp + lm_labels
+        return logp
+
+    def beam_candidates(
+        self,
+        logp: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        max_sym: int,
+        blank_decision: str,
+    ) -> Arcs:
+        """Every candidate arc of each row (beam search), N = V, one per symbol: the
+        masked scores (:meth:`mask_rows`); with ``"total"`` the blanks are replaced by
+        one candidate, the most probable allowed blank scored with the allowed
+        blanks' total. Arguments as for :meth:`best_arcs` (``frame < length``).
+
+        Returns:
+            (A, V) :class:`Arcs`, ``score`` -inf where not allowed.
+        """
+        R = self.max_frames
+        guard = num_sym >= max_sym
+        which = (length - frame).clamp(0, R) + (R + 1) * guard.long()
+        scores = logp + self.mask_rows(max_sym)[which]
+        if blank_decision == "total":  # one blank candidate per hypothesis
+            total, best_blank = self.blank_total(scores)
+            scores = scores.index_fill(1, self.blank_index, float("-inf"))
+            scores.scatter_(1, best_blank.unsqueeze(1), total.unsqueeze(1))
+        A, V = scores.shape
+        return Arcs(
+            torch.arange(V, device=scores.device).expand(A, V),
+            self.frames.expand(A, V),
+            scores,
+            self.is_label.expand(A, V),
+        )
+
+    def one_outputs(
+        self, stepper, enc_proj: torch.Tensor, dec_proj: torch.Tensor, lm, decision
+    ) -> torch.Tensor:
+        """The joint network's outputs at one step of a one-utterance greedy search,
+        as :meth:`one_choice` reads them: (1, V) float32 log-probabilities, with an
+        LM the labels' fused scores (the blanks' are 0).
+
+        Args:
+            enc_proj, dec_proj: (1, J).
+            lm: The fused LMs' state, or None.
+            decision: ``blank_decision`` (unused: the same outputs serve both).
+        """
+        logp = stepper.log_probs(enc_proj, dec_proj)  # (1, V)
+        if lm is not None:
+            logp = logp + lm.labels
+        return logp
+
+    def one_choice(
+        self, logp: torch.Tensor, room: int, guarded: bool, max_sym: int, decision
+    ) -> Tuple[bool, int, None, int, float]:
+        """The arc of a one-utterance greedy step (:meth:`best_arcs` of one row, in
+        Python floats: no batch overhead).
+
+        Args:
+            logp: (1, V) :meth:`one_outputs`.
+            room: ``min(T - t, R)`` (R = :attr:`max_frames`).
+            guarded: Whether ``max_sym`` labels stayed at this frame.
+            decision: ``"total"`` or ``"symbol"``.
+
+        Returns:
+            ``(is label, symbol, None, frames, score)``.
+        """
+        R = self.max_frames
+        if room >= R and not guarded:  # every big blank fits: no mask needed
+            masked = logp
+        else:
+            # (0 or -inf: exact in any dtype)
+            masked = logp + self.mask_rows(max_sym)[guarded * (R + 1) + room]
+        k = int(masked[0].argmax())
+        frames = self.frames_list[k]
+        if decision == "total":
+            lo, hi = self.blank_range
+            blanks = masked[0, lo:hi].tolist()
+            blank_lp = log_sum_exp(blanks)
+            if frames == 0 and float(logp[0, k]) <= blank_lp:
+                k = lo + blanks.index(max(blanks))
+                frames = self.frames_list[k]
+            score = blank_lp if frames else float(logp[0, k])
+        else:
+            score = float(logp[0, k])
+        return frames == 0, k, None, frames, score
+
+    def best_arcs(
+        self,
+        logp: torch.Tensor,
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        max_sym: int,
+        blank_decision: str,
+    ) -> Arcs:
+        """The greedy step of each row: the allowed symbol it emits (:meth:`decide`).
+
+        Args:
+            logp: (A, V) float32 log-probabilities of the row's node (with an LM, the
+                fused scores: the labels' log-probabilities plus the LM's).
+            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
+                end: their arcs are to be ignored).
+            length: (A,) long, T of each row.
+            num_sym: (A,) long, labels already emitted at ``frame``.
+            max_sym: Labels allowed per frame.
+            blank_decision: ``"total"`` or ``"symbol"``.
+        """
+        R = self.max_frames
+        which = (length - frame).clamp(0, R) + (R + 1) * (num_sym >= max_sym)
+        masked = logp + self.mask_rows(max_sym)[which]
+        symbol, score = self.decide(logp, masked, blank_decision)
+        frames = self.frames[symbol]
+        return Arcs(symbol, frames, score, frames == 0)
+
+
+def _durations_value(raw, ex, slots, total: bool):
+    """(value, slot) of the allowed duration ``slots`` of one step: their total (log
+    of the sum of their exp(raw - max) ``ex``) or the best one's raw logit (the
+    duration log-normaliser is subtracted by the caller), and the best slot."""
+    if not slots:
+        return float("-inf"), -1
+    j = max(slots, key=raw.__getitem__)
+    if not total:
+        return raw[j], j
+    mass = sum([ex[i] for i in slots])
+    if mass > 0.0:
+        return math.log(mass), j
+    # every allowed duration underflowed next to the best one: exact, slower
+    top = max(raw)
+    return log_sum_exp([raw[i] - top for i in slots]), j
+
+
+class TDTSymbolTable:
+    """Durations and masks of a TDT lattice on one device.
+
+    Args:
+        lattice: The lattice.
+        vocab_size: ``V + D``, the joint network's output size.
+        device: Where the tensors live.
+        end_rule: ``"exact"`` (the lattice's end rule, module docstring) or
+            ``"clip"`` (every duration allowed; an arc that reaches or passes T ends
+            the hypothesis, as NeMo's TDT greedy search does).
+
+    Attributes:
+        num_tokens: V.
+        num_durations: D.
+        durations: (D,) long, frames of duration slot ``j``; ``durations_list`` the
+            same as a list.
+        moves: (D,) bool, slots with a duration >= 1 (the blank's slots).
+        max_frames: The longest duration.
+    """
+
+    def __init__(
+        self,
+        lattice: TDTLattice,
+        vocab_size: int,
+        device: torch.device,
+        end_rule: str = "exact",
+    ):
+        lattice.check_vocab_size(vocab_size)
+        self.lattice = lattice
+        self.end_rule = lattice.check_end_rule(end_rule)
+        self.blank = lattice.blank
+        self.num_durations = lattice.num_durations
+        self.num_tokens = vocab_size - self.num_durations
+        durations = torch.tensor(lattice.durations, dtype=torch.long)
+        self.durations = durations.to(device)
+        self.durations_list = list(lattice.durations)
+        self.moves = self.durations >= 1
+        self.max_frames = lattice.max_frames
+        label = torch.zeros(self.num_tokens)
+        label[self.blank] = float("-inf")
+        self.label_mask = label.to(device)  # (V,), -inf on the blank
+        # allowed() as a lookup for best_arcs(): the masks depend only on the guard and
+        # on min(T - t, R + 1); row g * (R + 1) + r - 1, (blank, label) x D additive
+        R1 = self.max_frames + 1
+        room = torch.arange(1, R1 + 1, device=device).repeat(2)
+        guard = torch.arange(2 * R1, device=device) >= R1
+        ok = torch.stack(self.allowed(room, guard), 1)  # (2 (R + 1), 2, D)
+        self._mask_rows = torch.zeros(ok.shape, device=device).masked_fill(
+            ~ok, float("-inf")
+        )
+        # column of each token in (blank, label) pairs
+        self._token_kind = torch.ones(self.num_tokens, dtype=torch.long, device=device)
+        self._token_kind[self.blank] = 0
+        self._slot_sets = None
+
+    def log_probs(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Token and duration log-probabilities of raw joint outputs.
+
+        Args:
+            logits: (A, V + D) raw joint-network output.
+
+        Returns:
+            (A, V) token and (A, D) duration log-probabilities, float32 (decoding
+            applies no sigma).
+        """
+        logits = logits.float()
+        V = self.num_tokens
+        return logits[:, :V].log_softmax(-1), logits[:, V:].log_softmax(-1)
+
+    def slot_sets(self):
+        """{(min(T - t, R + 1), guarded): (blank slots, label slots)}: the allowed
+        duration slots of :meth:`allowed` as Python lists (the one-utterance greedy
+        loop's; built on first use)."""
+        if self._slot_sets is None:
+            R1 = self.max_frames + 1
+            room = torch.arange(1, R1 + 1, device=self.durations.device).repeat(2)
+            guard = torch.arange(room.numel(), device=room.device) >= R1
+            blank_ok, label_ok = self.allowed(room, guard)
+            self._slot_sets = {
+                (r, g): (
+                    [j for j, ok in enumerate(b) if ok],
+                    [j for j, ok in enumerate(lab) if ok],
+                )
+                for r, g, b, lab in zip(
+                    room.tolist(), guard.tolist(), blank_ok.tolist(), label_ok.tolist()
+                )
+            }
+        return self._slot_sets
+
+    def one_outputs(
+        self, stepper, enc_proj: torch.Tensor, dec_proj: torch.Tensor, lm, decision
+    ) -> list:
+        """The joint network's outputs at one step of a one-utterance greedy search,
+        as :meth:`one_choice` reads them: the duration logits ``raw`` (D floats),
+        their exp(raw - max) ``ex``, the normaliser to subtract from a duration
+        value, the (1, V) token log-probabilities (LM-fused), their two best
+        ((values), (tokens)) (None when V = 1), and the blank token's score once
+        read (None until then).
+
+        Args:
+            enc_proj, dec_proj: (1, J).
+            lm: The fused LMs' state, or None.
+            decision: ``blank_decision``.
+        """
+        V = self.num_tokens
+        # as few torch calls per step as possible: the durations' log-softmax is
+        # taken in Python on D floats, the tokens' in torch (V may be large)
+        z_tok, z_dur = stepper.joint(enc_proj, dec_proj).split_with_sizes(
+            (V, self.num_durations), 1
+        )
+        raw = z_dur.tolist()[0]  # (D,) duration logits
+        top = max(raw)
+        ex = [math.exp(x - top) for x in raw]
+        # log-prob of a duration = raw - top - log(sum(ex)); of a total = the
+        # _durations_value() (log of its ex sum) - log(sum(ex)); so subtract:
+        norm = math.log(sum(ex)) + (0.0 if decision == "total" else top)
+        tok = z_tok.float().log_softmax(-1)  # (1, V)
+        if lm is not None:  # fused scores of the labels (the blank's is 0)
+            tok = tok + lm.labels
+        best_tokens = tuple(x.tolist() for x in tok[0].topk(2)) if V > 1 else None
+        return [raw, ex, norm, tok, best_tokens, None]
+
+    def one_choice(
+        self, outputs: list, room: int, guarded: bool, max_sym: int, decision
+    ) -> Tuple[bool, int, int, int, float]:
+        """The arc of a one-utterance greedy step (:meth:`best_arcs` of one row, in
+        Python floats: no batch overhead).
+
+        Args:
+            outputs: :meth:`one_outputs` (its blank token's score filled in when
+                read).
+            room: ``min(T - t, R + 1)``.
+            guarded: Whether ``max_sym`` labels stayed at this frame.
+            decision: ``"total"`` or ``"symbol"``.
+
+        Returns:
+            ``(is label, token, duration slot, frames, score)``.
+        """
+        raw, ex, norm, tok, best_tokens = outputs[:5]
+        total = decision == "total"
+        neg = float("-inf")
+        blank_slots, label_slots = self.slot_sets()[room, guarded]
+        b_val, b_j = _durations_value(raw, ex, blank_slots, total)
+        l_val, l_j = _durations_value(raw, ex, label_slots, total)
+        b_val -= norm
+        l_val -= norm
+        blank = self.blank
+        # the best label token and the blank's, from the two best tokens
+        if best_tokens is not None:
+            (v0, v1), (k0, k1) = best_tokens
+            if k0 == blank:
+                label_k, label_tok, blank_tok = k1, v1, v0
+            else:
+                label_k, label_tok = k0, v0
+                blank_tok = v1 if k1 == blank else None
+                if blank_tok is None and b_val > l_val:  # not decided by order
+                    if outputs[5] is None:
+                        outputs[5] = float(tok[0, blank])
+                    blank_tok = outputs[5]
+        else:
+            label_k, label_tok, blank_tok = -1, neg, float(tok[0, 0])
+        label_score = label_tok + l_val
+        durations = self.durations_list
+        if blank_tok is None or label_score > blank_tok + b_val:
+            return True, label_k, l_j, min(durations[l_j], room), label_score
+        return False, blank, b_j, min(durations[b_j], room), blank_tok + b_val
+
+    def step_scores(
+        self,
+        stepper,
+        enc_proj: torch.Tensor,
+        dec_proj: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`best_arcs` and :meth:`beam_candidates` choose from.
+
+        Args:
+            stepper: The search's networks.
+            enc_proj, dec_proj: (A, J) projected encoder frames and prediction outputs.
+            lm_labels: (A, V) float32 weighted LM scores of the next label (0 at the
+                blank), or None.
+
+        Returns:
+            (A, V) token (plus ``lm_labels``) and (A, D) duration log-probabilities,
+            float32 (:meth:`log_probs`).
+        """
+        tok, dur = self.log_probs(stepper.joint(enc_proj, dec_proj))
+        if lm_labels is not None:
+            tok = tok + lm_labels
+        return tok, dur
+
+    def allowed(
+        self, room: torch.Tensor, guard: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Which durations the blank and the labels may take (module docstring).
+
+        Args:
+            room: (A,) long, frames left ``T - t`` (>= 1).
+            guard: (A,) bool, rows whose labels must move.
+
+        Returns:
+            (A, D) bool for the blank, (A, D) bool for every label.
+        """
+        e = self.durations.unsqueeze(0)  # (1, D)
+        moves = self.moves.unsqueeze(0)
+        stay_ok = ~guard.unsqueeze(1) | moves  # (A, D)
+        if self.end_rule == "clip":
+            return moves.expand_as(stay_ok), stay_ok
+        room = room.unsqueeze(1)
+        blank_ok = moves & (e <= room)
+        label_ok = stay_ok & (e < room)
+        # no allowed arc (only with durations sets without 1): any blank, clipped
+        stuck = ~(blank_ok.any(1) | label_ok.any(1))
+        return blank_ok | (stuck.unsqueeze(1) & moves), label_ok
+
+    def _duration_parts(self, dur, blank_ok, label_ok, decision):
+        """Per row, the blank's and the labels' duration term and best slot."""
+        neg = torch.tensor(float("-inf"), dtype=dur.dtype, device=dur.device)
+        blank_dur = torch.where(blank_ok, dur, neg)
+        label_dur = torch.where(label_ok, dur, neg)
+        blank_j = blank_dur.argmax(-1)
+        label_j = label_dur.argmax(-1)
+        if decision == "total":
+            return blank_dur.logsumexp(-1), blank_j, label_dur.logsumexp(-1), label_j
+        return blank_dur.max(-1)[0], blank_j, label_dur.max(-1)[0], label_j
+
+    def best_arcs(
+        self,
+        scores: Tuple[torch.Tensor, torch.Tensor],
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        max_sym: int,
+        decision: str,
+    ) -> Arcs:
+        """The arc each row emits (greedy search; module docstring). A tie between
+        tokens goes to the lower index.
+
+        Args:
+            scores: (A, V) float32 token log-probabilities (with an LM, the fused
+                scores: the labels' log-probabilities plus the LM's) and (A, D)
+                duration log-probabilities (:meth:`step_scores`).
+            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
+                end: their arcs are to be ignored).
+            length: (A,) long, T of each row.
+            num_sym: (A,) long, labels already emitted at ``frame``.
+            max_sym: Labels that may stay at one frame (the guard: after them a
+                label must move).
+            decision: ``"total"`` or ``"symbol"``.
+        """
+        tok, dur = scores
+        room = length - frame
+        guard = num_sym >= max_sym
+        R1 = self.max_frames + 1
+        which = room.clamp(1, R1) - 1 + R1 * guard.long()
+        masked = dur.unsqueeze(1) + self._mask_rows[which]  # (A, 2, D): blank, label
+        slots = masked.argmax(-1)  # (A, 2)
+        if decision == "total":
+            values = masked.logsumexp(-1)
+        else:
+            values = masked.gather(2, slots.unsqueeze(2)).squeeze(2)
+        # each token with its kind's duration term (blank: column 0, labels: 1)
+        score, symbol = (tok + values[:, self._token_kind]).max(-1)
+        is_label = symbol != self.blank
+        slot = slots.gather(1, is_label.long().unsqueeze(1)).squeeze(1)
+        frames = torch.minimum(self.durations[slot], room)
+        return Arcs(symbol, frames, score, is_label)
+
+    def beam_candidates(
+        self,
+        scores: Tuple[torch.Tensor, torch.Tensor],
+        frame: torch.Tensor,
+        length: torch.Tensor,
+        num_sym: torch.Tensor,
+        max_sym: int,
+        decision: str,
+    ) -> Arcs:
+        """Every candidate arc of each row (beam search; :meth:`candidates`), each
+        moving by its duration (clipped at T). Arguments as for :meth:`best_arcs`
+        (``frame < length``).
+
+        Returns:
+            (A, N) :class:`Arcs` (N = V D with ``"symbol"``, V with ``"total"``),
+            ``score`` -inf where not allowed.
+        """
+        tok, dur = scores
+        room = length - frame
+        guard = num_sym >= max_sym
+        score, tokens, slots = self.candidates(tok, dur, room, guard, decision)
+        frames = torch.minimum(self.durations[slots], room.unsqueeze(1))
+        return Arcs(tokens, frames, score, tokens != self.blank)
+
+    def candidates(
+        self,
+        tok: torch.Tensor,
+        dur: torch.Tensor,
+        room: torch.Tensor,
+        guard: torch.Tensor,
+        decision: str,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every candidate of each row (beam search), -inf where not allowed.
+
+        ``"symbol"``: one candidate per arc (token k, slot j), N = V * D, scored
+        ``tok[k] + dur[j]``. ``"total"``: one per token, N = V, scored with the token's
+        total over its allowed durations and placed at its most probable one.
+
+        Args: see :meth:`best_arcs`.
+
+        Returns:
+            (A, N) scores, (A, N) long tokens, (A, N) long slots.
+        """
+        A, V = tok.shape
+        D = self.num_durations
+        blank_ok, label_ok = self.allowed(room, guard)
+        neg = torch.tensor(float("-inf"), dtype=dur.dtype, device=dur.device)
+        if decision == "symbol":
+            is_blank = torch.zeros(V, dtype=torch.bool, device=tok.device)
+            is_blank[self.blank] = True
+            ok = torch.where(
+                is_blank.view(1, V, 1), blank_ok.unsqueeze(1), label_ok.unsqueeze(1)
+            )  # (A, V, D)
+            scores = torch.where(ok, tok.unsqueeze(2) + dur.unsqueeze(1), neg)
+            tokens = torch.arange(V, device=tok.device).repeat_interleave(D)
+            slots = torch.arange(D, device=tok.device).repeat(V)
+            return scores.view(A, V * D), tokens.expand(A, -1), slots.expand(A, -1)
+        b_val, b_j, l_val, l_j = self._duration_parts(dur, blank_ok, label_ok, decision)
+        scores = tok + l_val.unsqueeze(1)  # (A, V)
+        scores[:, self.blank] = tok[:, self.blank] + b_val
+        slots = l_j.unsqueeze(1).repeat(1, V)
+        slots[:, self.blank] = b_j
+        tokens = torch.arange(V, device=tok.device).expand(A, -1)
+        return scores, tokens, slots

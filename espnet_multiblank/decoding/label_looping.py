@@ -1,7 +1,7 @@
 """Label-looping greedy search (Bataev et al. 2024, arXiv 2406.06220), batched.
 
-The frame-looping greedy searches (:mod:`~espnet_multiblank.decoding.greedy`,
-:mod:`~espnet_multiblank.decoding.tdt_greedy`) take one step per iteration for every
+The frame-looping greedy search (:mod:`~espnet_multiblank.decoding.greedy`, every
+lattice kind) takes one step per iteration for every
 active utterance: one joint-network call, then one prediction-network call for the rows
 that emitted a label. Label-looping reorders the same steps so that the prediction
 network runs once per emitted label, for the whole batch at once:

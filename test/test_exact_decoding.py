@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from espnet_experiments import RNN_ENCODER as RNN
-from espnet_experiments import asr_model_args, dry_run_experiment
+from espnet_experiments import asr_model_args, dry_run_experiment, inference_args
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
@@ -95,16 +95,7 @@ def decode(exp: Path, scp: Path, out: Path, batch_size: int) -> dict:
             # emits many, the harder case for batched decoding
             "--transducer_conf",
             "search_type=mb_greedy,max_sym_per_frame=10,blank_decision=total",
-            "--asr_train_config",
-            str(exp / "config.yaml"),
-            "--asr_model_file",
-            str(exp / "model.pth"),
-            "--data_path_and_name_and_type",
-            f"{scp},speech,sound",
-            "--output_dir",
-            str(out),
-            "--batch_size",
-            str(batch_size),
+            *inference_args(exp, scp, out, "--batch_size", str(batch_size)),
         ]
     )
     kwargs = vars(args)

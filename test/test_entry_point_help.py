@@ -28,11 +28,11 @@ from test_search_defaults import docs_table
 
 from espnet_multiblank.bin import asr_inference, stream_wav
 from espnet_multiblank.espnet.inference.arguments import get_parser_from_source
-from espnet_multiblank.espnet.inference.search_defaults import TRANSDUCER_CONF_KEYS
 from espnet_multiblank.espnet.registration.quiet import (
     FLASH_ATTENTION_LINE,
     LineFilter,
 )
+from espnet_multiblank.search_defaults import TRANSDUCER_CONF_KEYS
 
 pytestmark = pytest.mark.timeout(1200)
 

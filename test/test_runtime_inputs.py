@@ -2,15 +2,17 @@
 metadata's refusals, wav.scp lines. Oracles: soundfile's reading of the same files
 (ESPnet's loader), and the messages' contents."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 import soundfile
 
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 from espnet_multiblank.runtime.audio import check_samples, read_wav
 from espnet_multiblank.runtime.decode import read_scp
-from espnet_multiblank.runtime.metadata import FORMAT_VERSION, ModelInfo
+from espnet_multiblank.runtime.metadata import FORMAT_VERSION, ModelInfo, lattice_keys
 
 
 @pytest.mark.parametrize("subtype", ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT"])
@@ -84,6 +86,21 @@ def test_metadata_round_trip_and_refusals():
     # a joint size that does not fit the durations
     with pytest.raises(ValueError, match="joint_size"):
         ModelInfo.from_props(_props(joint_size=json.dumps(3)))
+
+
+@pytest.mark.parametrize(
+    "lattice, kind",
+    [
+        (MultiblankLattice(0), "standard"),
+        (MultiblankLattice(4, (2, 4, 8)), "multiblank"),
+        (TDTLattice(0, (0, 2, 4)), "tdt"),
+    ],
+)
+def test_lattice_keys_give_the_lattice_back(lattice, kind):
+    keys = lattice_keys(lattice)
+    assert keys["lattice"] == kind
+    info = dataclasses.replace(ModelInfo.from_props(_props()), **keys)
+    assert ModelInfo.from_props(info.to_props()).lattice_object() == lattice
 
 
 def test_read_scp_refuses_pipes_and_bad_lines(tmp_path):

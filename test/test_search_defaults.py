@@ -19,6 +19,8 @@ model (10 decodes differently): the old Python default would fail here.
 """
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,8 @@ from test_decoding_stock import plugin_experiments, read_outputs
 from test_tdt_cli import make_tdt_experiment
 
 import espnet_multiblank
-from espnet_multiblank.espnet.inference.search_defaults import SEARCH_DEFAULTS
+from espnet_multiblank import search_defaults
+from espnet_multiblank.search_defaults import SEARCH_DEFAULTS
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -69,6 +72,35 @@ def docs_table() -> dict:
         for name in re.findall(r"`([a-z_]+)`", cells[0]):
             table[name] = values
     return table
+
+
+def test_the_old_path_gives_the_same_table():
+    from espnet_multiblank.espnet.inference import search_defaults as old
+
+    for name in (
+        "DEFAULT_SEARCH_TYPE",
+        "ESPNET_BEAM_SIZE",
+        "SEARCH_DEFAULTS",
+        "TRANSDUCER_CONF_KEYS",
+        "defaults_help",
+        "search_settings",
+    ):
+        assert getattr(old, name) is getattr(search_defaults, name)
+
+
+def test_the_runtime_reads_the_table_without_the_espnet_layer():
+    """The runtime's searches take their defaults from the bottom layer: importing
+    them imports nothing of ``espnet_multiblank.espnet``."""
+    code = (
+        "import sys\n"
+        "import espnet_multiblank.runtime.greedy\n"
+        "import espnet_multiblank.runtime.recognizer\n"
+        "print([m for m in sys.modules if m.startswith('espnet_multiblank.espnet')])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_code_and_the_docs_give_the_same_table():

@@ -19,7 +19,7 @@ by key in ``failed_utterances``). Differences from ESPnet's parser:
 * ``--transducer_conf`` also works on the command line (``search_type=mb_beam,...``
   or a YAML mapping; ESPnet's keeps it a string there); its unset keys and
   ``--beam_size`` take the search type's defaults
-  (:mod:`~espnet_multiblank.espnet.inference.search_defaults`);
+  (:mod:`~espnet_multiblank.search_defaults`);
 * ``--dtype`` also takes ``bfloat16``, ``--token_type`` also ``word``;
 * ``--allow_failed_utterances`` (default false): the exit status is 1 when some
   utterance could not be decoded, unless this is true (the outputs are the same).

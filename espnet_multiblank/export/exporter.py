@@ -37,7 +37,7 @@ from espnet_multiblank.runtime.metadata import (
     GRAPHS,
     TOKENS,
     ModelInfo,
-    lattice_kind,
+    lattice_keys,
 )
 
 logger = logging.getLogger(__name__)
@@ -111,10 +111,7 @@ def model_info(model: Any, args: Any) -> ModelInfo:
     decoder = model.decoder
     joint = model.joint_network
     return ModelInfo(
-        lattice=lattice_kind(lattice),
-        blank_id=int(lattice.blank),
-        big_blank_durations=list(getattr(lattice, "big_blank_durations", ())),
-        tdt_durations=list(getattr(lattice, "durations", ())),
+        **lattice_keys(lattice),
         vocab_size=len(model.token_list),
         joint_size=int(joint_size_of(model, lattice)),
         token_type=str(getattr(args, "token_type", "char")),

@@ -124,6 +124,21 @@ def _finish_grad(g, live, cap, limit, CLAMP: tl.constexpr):
     return tl.where((g < limit[:, None]) & (g > -limit[:, None]), 0.0, g)
 
 
+@triton.jit
+def _row_block(erow_ptr, prow_ptr, R, J, BLOCK_R: tl.constexpr, BLOCK_J: tl.constexpr):
+    """The block of this program of the gather and scatter kernels: (r, j, m, er,
+    pr), its rows ``r`` (int64) and columns ``j`` of the (R, J) tile, the mask ``m``
+    (rows x columns inside the tile) and the rows' enc and pred rows (int64; 0 past
+    the tile)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    rmask = r < R
+    m = rmask[:, None] & (j < J)[None, :]
+    er = tl.load(erow_ptr + r, mask=rmask, other=0)
+    pr = tl.load(prow_ptr + r, mask=rmask, other=0)
+    return r, j, m, er, pr
+
+
 #: the sizes that change from batch to batch (tile rows, frames, label positions):
 #: not specialised on (Triton compiles a kernel per value class of a specialised
 #: integer, 1 or a multiple of 16, which would recompile as the batches' shapes vary)
@@ -142,12 +157,7 @@ def gather_pre(
     BLOCK_R: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    rmask = r < R
-    m = rmask[:, None] & (j < J)[None, :]
-    er = tl.load(erow_ptr + r, mask=rmask, other=0)
-    pr = tl.load(prow_ptr + r, mask=rmask, other=0)
+    r, j, m, er, pr = _row_block(erow_ptr, prow_ptr, R, J, BLOCK_R, BLOCK_J)
     x = tl.load(enc_ptr + er[:, None] * J + j[None, :], mask=m, other=0.0)
     y = tl.load(pred_ptr + pr[:, None] * J + j[None, :], mask=m, other=0.0)
     tl.store(out_ptr + r[:, None] * J + j[None, :], x + y, mask=m)
@@ -165,12 +175,7 @@ def scatter_pre_grad(
     BLOCK_R: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    rmask = r < R
-    m = rmask[:, None] & (j < J)[None, :]
-    er = tl.load(erow_ptr + r, mask=rmask, other=0)
-    pr = tl.load(prow_ptr + r, mask=rmask, other=0)
+    r, j, m, er, pr = _row_block(erow_ptr, prow_ptr, R, J, BLOCK_R, BLOCK_J)
     d = tl.load(d_pre_ptr + r[:, None] * J + j[None, :], mask=m, other=0.0)
     tl.atomic_add(d_enc_ptr + er[:, None] * J + j[None, :], d, mask=m)
     tl.atomic_add(d_pred_ptr + pr[:, None] * J + j[None, :], d, mask=m)

@@ -23,9 +23,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from espnet_multiblank.espnet.inference.search_defaults import SEARCH_DEFAULTS
 from espnet_multiblank.runtime.model import ExportedModel, State
 from espnet_multiblank.runtime.step_rule import Step, StepRule
+from espnet_multiblank.search_defaults import SEARCH_DEFAULTS
 
 #: the plug-in's greedy search per lattice kind, whose defaults (the plug-in's one
 #: table, also behind conf/decode/) the runtime's greedy search takes

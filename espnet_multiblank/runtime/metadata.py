@@ -162,13 +162,24 @@ class ModelInfo:
 
 
 def lattice_kind(lattice) -> str:
-    """``"standard"``, ``"multiblank"`` or ``"tdt"`` for a lattice object."""
-    kind = getattr(lattice, "kind", None)
-    if kind == "multiblank" and not lattice.big_blank_durations:
+    """``"standard"``, ``"multiblank"`` or ``"tdt"`` for a lattice object: its
+    ``kind``, a multi-blank lattice without big blanks being standard RNN-T."""
+    if lattice.kind == "multiblank" and not lattice.is_multiblank:
         return "standard"
-    if kind not in ("multiblank", "tdt"):
-        raise TypeError(f"not a lattice: {type(lattice).__name__}")
-    return kind
+    return lattice.kind
+
+
+def lattice_keys(lattice) -> Dict[str, Any]:
+    """The metadata keys that describe a lattice object (``lattice``, ``blank_id``,
+    ``big_blank_durations``, ``tdt_durations``): what
+    :meth:`ModelInfo.lattice_object` builds it back from."""
+    tdt = lattice.kind == "tdt"
+    return dict(
+        lattice=lattice_kind(lattice),
+        blank_id=int(lattice.blank),
+        big_blank_durations=[] if tdt else list(lattice.big_blank_durations),
+        tdt_durations=list(lattice.durations) if tdt else [],
+    )
 
 
 def read_tokens(path) -> Tuple[str, ...]:

@@ -15,6 +15,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from espnet_multiblank.runtime.extras import needs_extra
 from espnet_multiblank.runtime.metadata import GRAPHS, TOKENS, ModelInfo, read_tokens
 
 #: a prediction-network state: the arrays of ``decoder.onnx``'s state inputs, in order
@@ -22,13 +23,8 @@ State = Tuple[np.ndarray, ...]
 
 
 def _import_onnxruntime():
-    try:
+    with needs_extra("espnet_multiblank.runtime needs onnxruntime", "runtime"):
         import onnxruntime
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "espnet_multiblank.runtime needs onnxruntime: pip install "
-            "'espnet-multiblank[runtime]'"
-        ) from e
     return onnxruntime
 
 

@@ -22,11 +22,11 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from espnet_multiblank.espnet.inference.search_defaults import SEARCH_DEFAULTS
 from espnet_multiblank.runtime.audio import check_samples
 from espnet_multiblank.runtime.model import ExportedModel
 from espnet_multiblank.runtime.result import DecodingStats, Result, make_result
 from espnet_multiblank.runtime.stream import Stream, decode_streams
+from espnet_multiblank.search_defaults import SEARCH_DEFAULTS
 
 #: ``search`` values of :class:`Recognizer`
 SEARCHES = ("greedy", "beam")

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import List, Optional
 
+from espnet_multiblank.runtime.extras import needs_extra
 from espnet_multiblank.runtime.model import ExportedModel
 from espnet_multiblank.runtime.recognizer import Recognizer
 from espnet_multiblank.runtime.serve_decoder import END, Decoder, Session
@@ -57,16 +58,11 @@ STATIC = {
 
 
 def _import_websockets():
-    try:
+    with needs_extra("the live server needs websockets >= 14", "serve"):
         from websockets.asyncio.server import serve
         from websockets.datastructures import Headers
         from websockets.exceptions import ConnectionClosed
         from websockets.http11 import Response
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "the live server needs websockets >= 14: pip install "
-            "'espnet-multiblank[serve]'"
-        ) from e
     return serve, Headers, ConnectionClosed, Response
 
 

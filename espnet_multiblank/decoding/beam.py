@@ -1,4 +1,4 @@
-"""Multi-blank beam search: frame-synchronous; big blanks park hypotheses ahead.
+"""Beam search of every lattice: frame-synchronous; big blanks park hypotheses ahead.
 
 ESPnet and NeMo ship only greedy decoding for multi-blank transducers. This search
 generalises the frame-synchronous transducer beam search to symbols that advance a
@@ -64,13 +64,20 @@ from espnet_multiblank.decoding.batched_beam import (
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.tables import check_blank_decision
-from espnet_multiblank.lattice import TDTLattice
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
 
-class MultiblankBeamSearch(BatchedBeamSearch):
-    """Frame-synchronous multi-blank beam search (see the module docstring).
+class BeamSearch(BatchedBeamSearch):
+    """Beam search of every lattice, every rule (see the module docstring;
+    ``MultiblankBeamSearch`` and ``TDTBeamSearch`` are its former names).
+
+    A TDT (``stepper.vocab_size`` = V + D): a candidate is an arc (token k,
+    duration e_j), scored ``tok[k] + dur[j]`` (``"symbol"``) or with the token's
+    total over the durations it may take (``"total"``); a label with e_j >= 1
+    moves its child to frame t + e_j; with ``end_rule: "clip"`` every duration is
+    allowed, clipped at T
+    (:class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`).
 
     :meth:`search` decodes one utterance (the reference implementation, in Python
     over hypothesis objects); :meth:`search_batch_nbest` decodes B utterances at
@@ -420,21 +427,3 @@ class MultiblankBeamSearch(BatchedBeamSearch):
                 )
             )
         return children
-
-
-class TDTBeamSearch(MultiblankBeamSearch):
-    """The beam search (:class:`MultiblankBeamSearch`, every rule) of a
-    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D):
-    a candidate is an arc (token k, duration e_j), scored ``tok[k] + dur[j]``
-    (``"symbol"``) or with the token's total over the durations it may take
-    (``"total"``); a label with e_j >= 1 moves its child to frame t + e_j; with
-    ``end_rule: "clip"`` every duration is allowed, clipped at T
-    (:class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`). With B = 1 each
-    expansion keeps the greedy search's arc (same ``blank_decision``).
-    """
-
-    lattice_types = (TDTLattice,)
-
-
-#: the TDT beam search's default ``blank_decision`` (that of every beam search)
-TDT_BEAM_DECISION = "symbol"

@@ -321,7 +321,7 @@ def stream_beam(search, proj, seed, check_provisional=False):
             sb.end()
         sb.advance()
         if check_provisional and not end:
-            want = search.search_projected(proj[:pos])[0].labels
+            want = search.nbest_projected(proj[:pos])[0].labels
             assert sb.provisional() == want
         if end:
             return sb.hypotheses()
@@ -343,7 +343,7 @@ def test_beam_search_streams_exactly(kind, fused):
     g = torch.Generator().manual_seed(4)
     for T in (0, 1, 7, 26):
         proj = search.stepper.project_enc(torch.randn(T, D_ENC, generator=g))
-        want = search.search_projected(proj)
+        want = search.nbest_projected(proj)
         got = stream_beam(search, proj, T, check_provisional=T == 26)
         assert [(h.yseq, h.score, h.frame, h.timing) for h in got] == [
             (h.yseq, h.score, h.frame, h.timing) for h in want

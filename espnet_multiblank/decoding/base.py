@@ -7,7 +7,7 @@ prediction and joint networks) and a lattice from :mod:`espnet_multiblank.lattic
 algorithm, :meth:`TransducerSearch.search_batch` (B utterances, 1-best each) with
 ``batched = True``. The searches (:mod:`.greedy`, :mod:`.label_looping`,
 :mod:`.beam`) are written once for every lattice: what a lattice kind changes
-reaches them through its symbol table (:meth:`TransducerSearch.make_table`).
+reaches them through its symbol table (:meth:`TransducerSearch.table`).
 """
 
 from abc import ABC, abstractmethod
@@ -148,18 +148,15 @@ class TransducerSearch(ABC):
         """:attr:`end_rule`, one the lattice supports (its ``end_rules``)."""
         self.end_rule = self.lattice.check_end_rule(end_rule)
 
-    def make_table(self, device: torch.device) -> Table:
-        """The symbol table of :attr:`lattice` on ``device``: the tensors its arcs
-        are scored and chosen with (a single softmax over the symbols, or a TDT's
-        token and duration softmaxes)."""
-        kind = TDTSymbolTable if self.lattice.factorised else SymbolTable
-        return kind(self.lattice, self.stepper.vocab_size, device, self.end_rule)
-
     def table(self, device: torch.device) -> Table:
-        """:meth:`make_table`, cached per device."""
+        """The symbol table of :attr:`lattice` on ``device`` (built once per
+        device): the tensors its arcs are scored and chosen with (a single softmax
+        over the symbols, or a TDT's token and duration softmaxes)."""
         table = self._tables.get(device)
         if table is None:
-            table = self._tables[device] = self.make_table(device)
+            kind = TDTSymbolTable if self.lattice.factorised else SymbolTable
+            table = kind(self.lattice, self.stepper.vocab_size, device, self.end_rule)
+            self._tables[device] = table
         return table
 
     def row_arcs(

@@ -174,7 +174,7 @@ class BeamSearch(BatchedBeamSearch):
             )
         return self._path_search
 
-    def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
+    def _rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
         """Final ranking, best first: by score, or by score / len(yseq)."""
         if self.score_norm:
             return sorted(hyps, key=lambda h: h.score / len(h.yseq), reverse=True)
@@ -215,13 +215,15 @@ class BeamSearch(BatchedBeamSearch):
         if self.beam_sync != "frame":  # one utterance as a batch of one
             length = torch.tensor([enc_out.size(0)], device=enc_out.device)
             return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
-        return self.search_projected(self.stepper.project_enc(enc_out))
+        return self.nbest_projected(self.stepper.project_enc(enc_out))
 
     @torch.no_grad()
-    def search_projected(self, enc_proj: torch.Tensor) -> List[Hypothesis]:
-        """:meth:`search` on encoder frames already projected by
-        ``stepper.project_enc`` ((T, J)): what the streaming search runs chunk by
-        chunk (:meth:`start_queues`, :meth:`run_frames`, :meth:`final_hypotheses`)."""
+    def nbest_projected(self, enc_proj: torch.Tensor) -> List[Hypothesis]:
+        """:meth:`search` (one utterance, n-best) on encoder frames already
+        projected by ``stepper.project_enc`` ((T, J)): what the streaming search
+        runs chunk by chunk (:meth:`start_queues`, :meth:`run_frames`,
+        :meth:`final_hypotheses`). (``search_projected`` of the greedy searches is
+        a batch with lengths, 1-best each.)"""
         T = enc_proj.size(0)
         queues = self.start_queues(enc_proj.device, T)
         self.run_frames(queues, enc_proj, 0, T)
@@ -282,7 +284,7 @@ class BeamSearch(BatchedBeamSearch):
             if root.lm_state is not None:
                 root.score += float(root.lm_state.end[0])
             return [root]
-        return self.rank(list(queues[T].values()))[: self.nbest]
+        return self._rank(list(queues[T].values()))[: self.nbest]
 
     def _expand(
         self,

@@ -301,7 +301,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             )
         return self._one
 
-    def follow_blanks(
+    def _follow_blanks(
         self,
         ctx: LoopBatch,
         dec_proj: torch.Tensor,
@@ -347,7 +347,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         )
 
     def _follow_one_frame(self, ctx, dec_proj, frame, num_sym, rows, lm_labels):
-        """:meth:`follow_blanks` with W = 1: the arc at ``t``, taken if a blank."""
+        """:meth:`_follow_blanks` with W = 1: the arc at ``t``, taken if a blank."""
         enc_rows = ctx.enc_proj[ctx.rows, frame]
         arcs = self.row_arcs(
             ctx.table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
@@ -498,7 +498,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         the last window evaluated, or they wait at ``limit``)."""
         max_inner = self.inner_limit(ctx.lens.device)
         lm_labels = None if loop.lm is None else loop.lm.labels
-        window = self.follow_blanks(
+        window = self._follow_blanks(
             ctx, loop.dec_proj, loop.frame, loop.num_sym, ready, lm_labels
         )
         arcs = window.arcs
@@ -506,7 +506,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         calls = 1
         go = searching & (loop.frame < limit)
         while calls < max_inner and bool(go.any()):
-            window = self.follow_blanks(
+            window = self._follow_blanks(
                 ctx, loop.dec_proj, loop.frame, loop.num_sym, go, lm_labels
             )
             arcs = window.arcs.where(go, arcs)

@@ -2,7 +2,7 @@
 allows, how their scores are read from the joint network and how a step chooses.
 
 Every search asks its table
-(:meth:`~espnet_multiblank.decoding.base.TransducerSearch.make_table`) through one
+(:meth:`~espnet_multiblank.decoding.base.TransducerSearch.table`) through one
 interface:
 
 * ``step_scores(stepper, enc_proj, dec_proj, lm_labels)``: the joint network's scores

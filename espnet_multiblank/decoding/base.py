@@ -16,11 +16,15 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs
+from espnet_multiblank.decoding.arcs import Arcs, RowNodes
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.stepper import Stepper
-from espnet_multiblank.decoding.tables import SymbolTable, TDTSymbolTable
+from espnet_multiblank.decoding.tables import (
+    SymbolTable,
+    TDTSymbolTable,
+    check_blank_decision,
+)
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice, is_lattice
 
 Lattice = Union[MultiblankLattice, TDTLattice]
@@ -60,30 +64,37 @@ class TransducerSearch(ABC):
             prediction network's start symbol, as in training).
         max_sym_per_frame: Labels a hypothesis may emit at one frame; after that only
             blanks are allowed there.
-        nbest: Hypotheses :meth:`search` returns.
+        blank_decision: How a step chooses between blanks and labels: ``"total"``
+            or ``"symbol"`` (:mod:`~espnet_multiblank.decoding.tables`).
         fusion: Language models fused into the search
             (:class:`~espnet_multiblank.decoding.fusion.ShallowFusion` over the
             search's tokens), or None.
+        end_rule: How a path may end: one of the lattice's ``end_rules``
+            (:data:`espnet_multiblank.lattice.END_RULES`): ``"exact"``, or for a
+            TDT ``"clip"`` (every duration allowed, clipped at T,
+            :class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`).
 
     Attributes:
         batched: True when :meth:`search_batch` decodes the utterances together.
+        nbest: Hypotheses :meth:`search` returns (1; a beam search's own).
+        beam_size: Hypotheses kept per step (1; a beam search's own).
 
     Every search decodes every lattice kind (the lattice gives its rules and its
     symbol table); the constructor refuses what is not a lattice.
     """
 
     batched = False
-    #: how a path may end (:data:`espnet_multiblank.lattice.END_RULES`): the
-    #: lattice's own rule unless a search is built with another one it supports
-    end_rule = "exact"
+    nbest = 1
+    beam_size = 1
 
     def __init__(
         self,
         stepper: Stepper,
         lattice: Lattice,
         max_sym_per_frame: int = 10,
-        nbest: int = 1,
+        blank_decision: str = "total",
         fusion: Optional[ShallowFusion] = None,
+        end_rule: str = "exact",
     ):
         if not isinstance(stepper, Stepper):
             raise TypeError(
@@ -102,9 +113,10 @@ class TransducerSearch(ABC):
         self.max_sym_per_frame = check_positive_int(
             "max_sym_per_frame", max_sym_per_frame
         )
-        self.nbest = check_positive_int("nbest", nbest)
         self._tables: Dict[torch.device, Table] = {}
         self.fusion = self._check_fusion(fusion)
+        self.blank_decision = check_blank_decision(blank_decision)
+        self.end_rule = lattice.check_end_rule(end_rule)
 
     @property
     def num_tokens(self) -> int:
@@ -144,10 +156,6 @@ class TransducerSearch(ABC):
         """The standard blank (the start symbol of every hypothesis)."""
         return self.lattice.blank
 
-    def _set_end_rule(self, end_rule: str) -> None:
-        """:attr:`end_rule`, one the lattice supports (its ``end_rules``)."""
-        self.end_rule = self.lattice.check_end_rule(end_rule)
-
     def table(self, device: torch.device) -> Table:
         """The symbol table of :attr:`lattice` on ``device`` (built once per
         device): the tensors its arcs are scored and chosen with (a single softmax
@@ -159,16 +167,7 @@ class TransducerSearch(ABC):
             self._tables[device] = table
         return table
 
-    def row_arcs(
-        self,
-        table: Table,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Arcs:
+    def row_arcs(self, table: Table, nodes: RowNodes) -> Arcs:
         """The greedy arc of A rows (every greedy search's step, frame- and
         label-looping): the joint network at the rows' nodes, the arcs the lattice
         allows there (end rule, ``max_sym_per_frame``), the best one by
@@ -176,32 +175,18 @@ class TransducerSearch(ABC):
 
         Args:
             table: The search's symbol table on the rows' device.
-            enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
-            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
-                end: their arcs are to be ignored).
-            length: (A,) long, T of each row.
-            num_sym: (A,) long, labels already emitted at ``frame``.
-            lm_labels: (A, V) float32 weighted LM scores of every token as the next
-                label (0 at the blanks), or None without an LM.
+            nodes: The rows at their nodes
+                (:class:`~espnet_multiblank.decoding.arcs.RowNodes`).
 
         Returns:
             :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A,).
         """
-        scores = table.step_scores(self.stepper, enc_proj, dec_proj, lm_labels)
+        scores = table.step_scores(self.stepper, nodes)
         return table.best_arcs(
-            scores, frame, length, num_sym, self.max_sym_per_frame, self.blank_decision
+            scores, nodes, self.max_sym_per_frame, self.blank_decision
         )
 
-    def beam_candidates(
-        self,
-        table: Table,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Arcs:
+    def beam_candidates(self, table: Table, nodes: RowNodes) -> Arcs:
         """The N candidate arcs of each of A hypotheses (every beam search's
         expansion; the table's ``beam_candidates``). Arguments as for
         :meth:`row_arcs` (``frame`` < ``length``).
@@ -210,9 +195,9 @@ class TransducerSearch(ABC):
             :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A, N); ``score``
             is -inf where the arc is not allowed.
         """
-        scores = table.step_scores(self.stepper, enc_proj, dec_proj, lm_labels)
+        scores = table.step_scores(self.stepper, nodes)
         return table.beam_candidates(
-            scores, frame, length, num_sym, self.max_sym_per_frame, self.blank_decision
+            scores, nodes, self.max_sym_per_frame, self.blank_decision
         )
 
     def start(self, batch: int, device: torch.device) -> Tuple[torch.Tensor, Any]:

@@ -55,7 +55,8 @@ import numpy as np
 import torch
 
 from espnet_multiblank.decoding import prefix_kernels
-from espnet_multiblank.decoding.base import Table
+from espnet_multiblank.decoding.arcs import RowNodes
+from espnet_multiblank.decoding.base import Table, check_positive_int
 from espnet_multiblank.decoding.batched_beam import (
     BatchedBeamSearch,
     check_beam_sync,
@@ -63,7 +64,6 @@ from espnet_multiblank.decoding.batched_beam import (
 )
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.tables import check_blank_decision
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
@@ -131,12 +131,9 @@ class BeamSearch(BatchedBeamSearch):
         end_rule: str = "exact",
     ):
         super().__init__(
-            stepper,
-            lattice,
-            max_sym_per_frame=max_sym_per_frame,
-            nbest=nbest,
-            fusion=fusion,
+            stepper, lattice, max_sym_per_frame, blank_decision, fusion, end_rule
         )
+        self.nbest = check_positive_int("nbest", nbest)
         self.beam_sync = check_beam_sync(beam_sync)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int):
             raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
@@ -146,9 +143,7 @@ class BeamSearch(BatchedBeamSearch):
             raise TypeError(f"score_norm must be a bool, got {score_norm!r}")
         self.beam_size = beam_size
         self.score_norm = score_norm
-        self.blank_decision = check_blank_decision(blank_decision)
         self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
-        self._set_end_rule(end_rule)
         if self.end_rule != "exact" and beam_sync == "label":
             raise ValueError(
                 "beam_sync 'label' scores the loss's lattice, whose paths end "
@@ -307,15 +302,15 @@ class BeamSearch(BatchedBeamSearch):
         """
         A = len(current)
         device = enc_proj_t.device
-        cand = self.beam_candidates(
-            table,
+        nodes = RowNodes(
             enc_proj_t.expand(A, -1),
             torch.stack([h.dec_proj for h in current]),  # (A, J)
             torch.full((A,), t, dtype=torch.long, device=device),
             length.expand(A),
             torch.tensor([h.num_sym_frame for h in current], device=device),
             None if self.fusion is None else self._lm_labels(current),
-        )  # (A, N)
+        )
+        cand = self.beam_candidates(table, nodes)  # (A, N)
         base = torch.tensor([h.score for h in current], dtype=torch.float64)
         scores = base.to(device).unsqueeze(1) + cand.score.double()
         N = scores.size(1)

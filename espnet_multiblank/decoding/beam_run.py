@@ -21,6 +21,7 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from espnet_multiblank.decoding.arcs import RowNodes
 from espnet_multiblank.decoding.beam_queues import NEG, unpack_stats
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 
@@ -119,8 +120,7 @@ class BeamRun:
         t_of = frame.reshape(-1)[flat]
         store = rows.view(-1)[flat]
         lm_labels = None if self.lm is None else self.lm.labels[store]
-        cand = self.search.beam_candidates(
-            self.table,
+        nodes = RowNodes(
             self.enc_proj[b_of, t_of],
             self.dec_proj[store],
             t_of,
@@ -128,6 +128,7 @@ class BeamRun:
             num_sym.view(-1)[flat],
             lm_labels,
         )
+        cand = self.search.beam_candidates(self.table, nodes)
         # the W best of each hypothesis, then the K best of each utterance
         row_top, row_col = cand.score.topk(min(K, cand.score.size(1)), dim=1)
         W = row_top.size(1)
@@ -159,9 +160,47 @@ class BeamRun:
             is_label = is_label & ~is_pinned
         return Expansion(top, parent, symbol, frames, is_label, is_pinned, lm_label)
 
+    def step_expanded(
+        self,
+        ex: Expansion,
+        kept: torch.Tensor,
+        p_row: torch.Tensor,
+        score: torch.Tensor,
+        node: torch.Tensor,
+        frame: torch.Tensor,
+    ):
+        """:meth:`step_labels` for the label arcs ``kept`` of an expansion (the
+        frame- and step-synchronous runs').
+
+        Args:
+            ex: The expansion.
+            kept: (B, K) bool, the label arcs kept.
+            p_row: (B, K) long, the store rows of ``ex``'s parents.
+            score: The hypotheses' scores, indexed by store row (flat).
+            node, frame: (B, K) long, each candidate's parent's last node and the
+                frame its arc leaves.
+
+        Returns:
+            (L,) the flat indices of ``kept``, and :meth:`step_labels` for them
+            (None, None when there is none).
+        """
+        lab = kept.view(-1).nonzero().squeeze(1)  # (L,)
+        if not lab.numel():
+            return lab, None, None
+        src = p_row.view(-1)[lab]
+        acoustic = ex.score.view(-1)[lab] - score.view(-1)[src]
+        new, ids = self.step_labels(
+            src,
+            ex.symbol.view(-1)[lab],
+            node.reshape(-1)[lab],
+            frame.reshape(-1)[lab],
+            ex.frames.view(-1)[lab],
+            acoustic - ex.lm_label.view(-1)[lab],
+        )
+        return lab, new, ids
+
     def step_labels(
         self,
-        lab: torch.Tensor,
         src: torch.Tensor,
         labels: torch.Tensor,
         node: torch.Tensor,
@@ -172,7 +211,6 @@ class BeamRun:
         """One prediction-network (and LM) step for the L kept labels.
 
         Args:
-            lab: (L,) long, which candidates (any indexing the caller keeps).
             src: (L,) long, their parents' store rows.
             labels: (L,) long.
             node: (L,) long, their parents' last node.

@@ -96,20 +96,10 @@ class FrameSyncRun(BeamRun):
         key = torch.where(stepped, extend_key(key, ex.symbol), key)
         meta = qs.meta.view(-1, 2)[p_row]  # (B, K, 2)
         meta[..., STATS] += stats_increment(ex.frames, ex.is_label)
-        lab = stepped.view(-1).nonzero().squeeze(1)  # (L,)
-        new = None
-        if lab.numel():
-            src = p_row.view(-1)[lab]
-            acoustic = ex.score.view(-1)[lab] - qs.score.view(-1)[src]
-            new, ids = self.step_labels(
-                lab,
-                src,
-                ex.symbol.view(-1)[lab],
-                meta.view(-1, 2)[lab, NODE],
-                self.frame[lab // K],
-                ex.frames.view(-1)[lab],
-                acoustic - ex.lm_label.view(-1)[lab],
-            )
+        lab, new, ids = self.step_expanded(
+            ex, stepped, p_row, qs.score, meta[..., NODE], frame
+        )
+        if new is not None:
             meta.view(-1, 2)[lab, NODE] = ids
 
         # blanks and labels that move: queued at t + frames

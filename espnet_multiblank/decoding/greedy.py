@@ -40,16 +40,14 @@ The step of each lattice is its symbol table's (``one_outputs``, ``one_choice``)
 the loop, the stream's early decisions and the bookkeeping are here, once.
 """
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.base import Lattice, TransducerSearch
-from espnet_multiblank.decoding.fusion import ShallowFusion
+from espnet_multiblank.decoding.arcs import RowNodes
+from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.one_run import OneRun
-from espnet_multiblank.decoding.stepper import Stepper
-from espnet_multiblank.decoding.tables import check_blank_decision
 from espnet_multiblank.lattice import decide_early
 
 
@@ -62,32 +60,12 @@ class GreedySearch(TransducerSearch):
     number of frames and leaves when it reaches its T_b.
 
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch`
-    (``nbest`` is 1), ``blank_decision`` (``"total"`` (default) or ``"symbol"``, see
-    :mod:`~espnet_multiblank.decoding.tables`) and ``end_rule`` (one of the
-    lattice's ``end_rules``: ``"exact"``, or for a TDT ``"clip"``: every duration
-    allowed, clipped at T,
-    :class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`). With a TDT
+    (``blank_decision``: ``"total"`` (default) or ``"symbol"``). With a TDT
     (``stepper.vocab_size`` = V + D) ``max_sym_per_frame`` counts the labels that
     stay (duration 0) at one frame; after that every emission moves on.
     """
 
     batched = True
-
-    def __init__(
-        self,
-        stepper: Stepper,
-        lattice: Lattice,
-        max_sym_per_frame: int = 10,
-        blank_decision: str = "total",
-        fusion: Optional[ShallowFusion] = None,
-        end_rule: str = "exact",
-    ):
-        super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
-        )
-        self.beam_size = 1
-        self.blank_decision = check_blank_decision(blank_decision)
-        self._set_end_rule(end_rule)
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         return [self.search_one(enc_out)]
@@ -296,8 +274,7 @@ class GreedySearch(TransducerSearch):
         active = (hyps.frame < lens).nonzero().squeeze(1)
         while active.numel() > 0:
             t = hyps.frame[active]  # (A,)
-            arcs = self.row_arcs(
-                table,
+            nodes = RowNodes(
                 enc_proj[active, t],
                 dec_proj[active],
                 t,
@@ -305,6 +282,7 @@ class GreedySearch(TransducerSearch):
                 hyps.num_sym[active],
                 None if lm is None else lm.labels[active],
             )
+            arcs = self.row_arcs(table, nodes)
             is_label = arcs.is_label
             lm_part = None
             if lm is not None:  # timing: the labels' acoustic part

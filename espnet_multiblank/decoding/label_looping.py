@@ -63,7 +63,7 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs
+from espnet_multiblank.decoding.arcs import Arcs, RowNodes
 from espnet_multiblank.decoding.base import (
     TransducerSearch,
     check_batch,
@@ -71,7 +71,6 @@ from espnet_multiblank.decoding.base import (
 )
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
-from espnet_multiblank.decoding.tables import check_blank_decision
 from espnet_multiblank.lattice import is_lattice
 
 
@@ -257,11 +256,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
         end_rule: str = "exact",
     ):
         super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
+            stepper, lattice, max_sym_per_frame, blank_decision, fusion, end_rule
         )
-        self.beam_size = 1
-        self.blank_decision = check_blank_decision(blank_decision)
-        self._set_end_rule(end_rule)
         if window is None:
             window = 16 if lattice.max_frames == 1 else 1
         self.window = check_positive_int("window", window)
@@ -349,9 +345,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
     def _follow_one_frame(self, ctx, dec_proj, frame, num_sym, rows, lm_labels):
         """:meth:`_follow_blanks` with W = 1: the arc at ``t``, taken if a blank."""
         enc_rows = ctx.enc_proj[ctx.rows, frame]
-        arcs = self.row_arcs(
-            ctx.table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
-        )
+        nodes = RowNodes(enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels)
+        arcs = self.row_arcs(ctx.table, nodes)
         blank = rows & ~arcs.is_label
         moved = torch.where(blank, arcs.frames, 0)
         score = torch.where(blank, arcs.score, 0.0)
@@ -365,8 +360,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frames_w = frame.unsqueeze(1) + ctx.offsets  # (B, W)
         enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
         num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
-        flat = self.row_arcs(
-            ctx.table,
+        nodes = RowNodes(
             enc_rows.reshape(B * W, J),
             _repeat_rows(dec_proj, W),
             frames_w.view(-1),
@@ -374,6 +368,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             num_sym_w.view(-1),
             None if lm_labels is None else _repeat_rows(lm_labels, W),
         )
+        flat = self.row_arcs(ctx.table, nodes)
         return Arcs(*(a.view(B, W) for a in flat))
 
     def _one_frame_blanks(self, ctx, arcs: Arcs, blank: torch.Tensor):

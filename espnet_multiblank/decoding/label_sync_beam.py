@@ -405,7 +405,6 @@ class LabelSyncRun(BeamRun):
                     + self.lm.labels[parent[kept], sym].double()
                 )
             new, ids = self.step_labels(
-                kept,
                 parent[kept],
                 sym,
                 self.node[parent[kept]],

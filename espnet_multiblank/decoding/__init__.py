@@ -14,21 +14,19 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
   token-and-duration transducer's :class:`TDTSymbolTable`) scoring its arcs.
 * :class:`ShallowFusion` of :class:`TokenLM` language models: every search above
   takes one (``fusion=``) and ranks its arcs by the fused score.
-* :class:`Arcs`: the arcs a step chooses from or takes (:mod:`.arcs`).
+* :class:`Arcs`: the arcs a step chooses from or takes (:mod:`.tables`).
 
 See ``docs/decoding.md``.
 """
 
-from espnet_multiblank.decoding.arcs import Arcs
-from espnet_multiblank.decoding.base import TransducerSearch
+from espnet_multiblank.decoding.base import TransducerSearch, single_thread_on_cpu
 from espnet_multiblank.decoding.beam import BeamSearch
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion, TokenLM
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.label_looping import LabelLoopingGreedySearch
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
-from espnet_multiblank.decoding.tables import SymbolTable, TDTSymbolTable
-from espnet_multiblank.decoding.threads import single_thread_on_cpu
+from espnet_multiblank.decoding.tables import Arcs, SymbolTable, TDTSymbolTable
 
 # The former names: once one class per lattice kind, now aliases of the one search
 # (every class decodes every lattice kind).

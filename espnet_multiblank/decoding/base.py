@@ -8,19 +8,23 @@ algorithm, :meth:`TransducerSearch.search_batch` (B utterances, 1-best each) wit
 ``batched = True``. The searches (:mod:`.greedy`, :mod:`.label_looping`,
 :mod:`.beam`) are written once for every lattice: what a lattice kind changes
 reaches them through its symbol table (:meth:`TransducerSearch.table`).
+:func:`single_thread_on_cpu` is the block the callers run a search in (one intra-op
+thread on a CPU).
 """
 
+import contextlib
 from abc import ABC, abstractmethod
 from numbers import Integral
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs, RowNodes
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.stepper import Stepper
 from espnet_multiblank.decoding.tables import (
+    Arcs,
+    RowNodes,
     SymbolTable,
     TDTSymbolTable,
     check_blank_decision,
@@ -29,6 +33,26 @@ from espnet_multiblank.lattice import MultiblankLattice, TDTLattice, is_lattice
 
 Lattice = Union[MultiblankLattice, TDTLattice]
 Table = Union[SymbolTable, TDTSymbolTable]
+
+
+@contextlib.contextmanager
+def single_thread_on_cpu(device: Any) -> Iterator[None]:
+    """Run the block with one intra-op thread when ``device`` is the CPU.
+
+    A search step works on a handful of rows ((A, J) matrices, one RNN step): extra
+    threads cannot split that work and only add synchronisation, which on a loaded
+    machine costs more than the step itself (``bench/decode_steps.py`` measures it).
+    The encoder, which does gain from threads, runs outside this block.
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -176,10 +200,10 @@ class TransducerSearch(ABC):
         Args:
             table: The search's symbol table on the rows' device.
             nodes: The rows at their nodes
-                (:class:`~espnet_multiblank.decoding.arcs.RowNodes`).
+                (:class:`~espnet_multiblank.decoding.tables.RowNodes`).
 
         Returns:
-            :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A,).
+            :class:`~espnet_multiblank.decoding.tables.Arcs` of shape (A,).
         """
         scores = table.step_scores(self.stepper, nodes)
         return table.best_arcs(
@@ -192,7 +216,7 @@ class TransducerSearch(ABC):
         :meth:`row_arcs` (``frame`` < ``length``).
 
         Returns:
-            :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A, N); ``score``
+            :class:`~espnet_multiblank.decoding.tables.Arcs` of shape (A, N); ``score``
             is -inf where the arc is not allowed.
         """
         scores = table.step_scores(self.stepper, nodes)

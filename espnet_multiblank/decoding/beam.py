@@ -46,6 +46,25 @@ Decoding uses the plain log-softmax (the training-time sigma is not applied). Be
 search is not guaranteed to find a
 better-scoring path than greedy search, but in practice (and in the tests) its 1-best
 scores at least as well.
+
+Batches. :meth:`BeamSearch.search_batch_nbest` decodes B utterances with one
+joint-network call per step for every live hypothesis of every utterance (each at
+its own frame), one prediction-network call (and one call of the fused LMs) for the
+labels kept, finished utterances out of the work, hypotheses with the same labels at
+the same frame merged (log-add), n-best lists; the lattice only gives the candidates
+(the symbol table's ``beam_candidates``). ``beam_sync`` chooses the rule:
+
+* ``"frame"`` (:mod:`.frame_sync_beam`): the frame-synchronous rule above (per-frame
+  queues); the same n-best lists as :meth:`BeamSearch.search`, utterance by
+  utterance;
+* ``"step"`` (:mod:`.step_sync_beam`): every hypothesis takes one arc per step and the
+  K best of each utterance are kept (pruning per step, as NeMo's batched beam
+  searches): far fewer steps where big blanks or durations skip frames, other
+  hypotheses than the frame-synchronous rule in places;
+* ``"label"`` (:mod:`.label_sync_beam`): every hypothesis is a label sequence scored
+  with the sum over all its alignments.
+
+See ``docs/decoding.md`` ("Batched beam search").
 """
 
 import math
@@ -55,20 +74,50 @@ import numpy as np
 import torch
 
 from espnet_multiblank.decoding import prefix_kernels
-from espnet_multiblank.decoding.arcs import RowNodes
-from espnet_multiblank.decoding.base import Table, check_positive_int
-from espnet_multiblank.decoding.batched_beam import (
-    BatchedBeamSearch,
-    check_beam_sync,
-    check_frame_prune,
+from espnet_multiblank.decoding.base import (
+    Table,
+    TransducerSearch,
+    check_batch,
+    check_positive_int,
 )
+from espnet_multiblank.decoding.frame_sync_beam import FrameSyncRun
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.label_sync_beam import LabelSyncRun
+from espnet_multiblank.decoding.step_sync_beam import StepSyncRun
+from espnet_multiblank.decoding.tables import RowNodes
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
+#: ``beam_sync`` values and the run of each
+RUNS = {"frame": FrameSyncRun, "step": StepSyncRun, "label": LabelSyncRun}
+BEAM_SYNCS = tuple(RUNS)
 
-class BeamSearch(BatchedBeamSearch):
+
+def check_beam_sync(value) -> str:
+    if value not in RUNS:
+        raise ValueError(f"beam_sync must be one of {list(BEAM_SYNCS)}, got {value!r}")
+    return value
+
+
+def check_frame_prune(value, beam_sync: str) -> Optional[float]:
+    """``frame_prune``: None (every frame of every prefix), or nats > 0, with
+    ``beam_sync: label`` only."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
+    if not value > 0 or math.isnan(value):
+        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
+    if beam_sync != "label":
+        raise ValueError(
+            f"frame_prune applies to beam_sync 'label' only, got beam_sync "
+            f"{beam_sync!r}"
+        )
+    return float(value)
+
+
+class BeamSearch(TransducerSearch):
     """Beam search of every lattice, every rule (see the module docstring;
     ``MultiblankBeamSearch`` and ``TDTBeamSearch`` are its former names).
 
@@ -81,12 +130,12 @@ class BeamSearch(BatchedBeamSearch):
 
     :meth:`search` decodes one utterance (the reference implementation, in Python
     over hypothesis objects); :meth:`search_batch_nbest` decodes B utterances at
-    once with the same rules and results
-    (:mod:`~espnet_multiblank.decoding.batched_beam`).
+    once with the same rules and results (the module docstring's "Batches").
 
     Args:
-        stepper, lattice, max_sym_per_frame, nbest: see
+        stepper, lattice, max_sym_per_frame, end_rule: see
             :class:`~espnet_multiblank.decoding.base.TransducerSearch`.
+        nbest: Hypotheses :meth:`search` returns.
         beam_size: B.
         score_norm: Rank the final hypotheses by ``score / len(yseq)`` instead of
             ``score``.
@@ -115,6 +164,12 @@ class BeamSearch(BatchedBeamSearch):
             complete path of the utterance (the greedy one, :meth:`path_search`);
             None (default): every frame.
     """
+
+    batched = True
+    #: first capacity of a frame's overflow, per utterance (doubled when full)
+    initial_overflow = 4
+    #: first capacity of the node pool (doubled when full)
+    initial_nodes = 1024
 
     def __init__(
         self,
@@ -211,6 +266,45 @@ class BeamSearch(BatchedBeamSearch):
             length = torch.tensor([enc_out.size(0)], device=enc_out.device)
             return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
         return self.nbest_projected(self.stepper.project_enc(enc_out))
+
+    @torch.no_grad()
+    def search_batch_nbest(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[List[Hypothesis]]:
+        """Beam search for B utterances at once.
+
+        Args:
+            enc_out: (B, T_max, D_enc) padded encoder output.
+            enc_lens: (B,) encoder lengths T_b <= T_max.
+
+        Returns:
+            For each utterance, in input order, up to :attr:`nbest` complete
+            hypotheses, best first (``beam_sync: "frame"``: those of :meth:`search`
+            on the utterance alone); an empty list when no path survived (e.g.
+            non-finite network outputs).
+        """
+        lens = check_batch(enc_out, enc_lens)
+        if enc_out.size(0) == 0:
+            return []
+        run = RUNS[self.beam_sync](self, enc_out, lens)
+        while run.step():
+            pass
+        return run.results()
+
+    def search_batch(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """The best hypothesis of each utterance (:meth:`search_batch_nbest`).
+
+        Raises:
+            ValueError: an utterance kept no hypothesis.
+        """
+        out = []
+        for b, nbest in enumerate(self.search_batch_nbest(enc_out, enc_lens)):
+            if not nbest:
+                raise ValueError(f"utterance {b} of the batch kept no hypothesis")
+            out.append(nbest[0])
+        return out
 
     @torch.no_grad()
     def nbest_projected(self, enc_proj: torch.Tensor) -> List[Hypothesis]:

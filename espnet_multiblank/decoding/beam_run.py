@@ -13,6 +13,10 @@ candidates of its lattice (``beam_candidates``), the K best of each utterance;
 The subclasses (:mod:`.frame_sync_beam`, :mod:`.step_sync_beam`) decide which
 hypotheses expand and where the children go.
 
+Keys: a polynomial hash of the label sequence modulo 2^64 (int64 arithmetic wraps);
+two different label sequences share a key with probability about 2^-64 per pair.
+Statistics: big-blank emissions << 32 | frames skipped.
+
 Notation: B utterances, K beam, S store rows, A hypotheses expanded, N candidates per
 hypothesis, W = min(K, N), L labels kept.
 """
@@ -21,9 +25,63 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.arcs import RowNodes
-from espnet_multiblank.decoding.beam_queues import NEG, unpack_stats
 from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.tables import RowNodes
+
+NEG = float("-inf")
+#: multiplier of the label-sequence hash (odd: every key is reachable)
+KEY_MULT = 0x5851F42D4C957F2D
+#: ``meta`` columns
+NODE, STATS = 0, 1
+#: statistics: big-blank emissions in the high 32 bits, frames skipped in the low
+BIG_SHIFT = 32
+
+
+def extend_key(key: torch.Tensor, symbol: torch.Tensor) -> torch.Tensor:
+    """The key of a label sequence extended by ``symbol`` (same shapes, long)."""
+    return key * KEY_MULT + (symbol + 1)
+
+
+def stats_increment(frames: torch.Tensor, is_label: torch.Tensor) -> torch.Tensor:
+    """Packed statistics of arcs covering ``frames`` frames: frames skipped
+    (``frames - 1``) and, for a blank over more than one frame, a big-blank
+    emission."""
+    big = (~is_label & (frames > 1)).long() << BIG_SHIFT
+    return big + (frames - 1).clamp(min=0)
+
+
+def merge_equal(
+    mask: torch.Tensor, score: torch.Tensor, key: torch.Tensor, place: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge the hypotheses ``mask`` of each utterance that carry the same labels to
+    the same place into the first of them (the best: the candidates are sorted).
+
+    Args:
+        mask: (B, K) bool, the hypotheses that may merge.
+        score: (B, K) float64, sorted best first per utterance.
+        key: (B, K) long, label-sequence keys.
+        place: (B, K) long, where each goes (a frame, a queue).
+
+    Returns:
+        (B, K) bool, the hypotheses of ``mask`` that are first of their group, and
+        the scores with each first one's group log-added (the others unchanged).
+    """
+    same = (
+        mask.unsqueeze(2)
+        & mask.unsqueeze(1)
+        & (key.unsqueeze(2) == key.unsqueeze(1))
+        & (place.unsqueeze(2) == place.unsqueeze(1))
+    )  # (B, K, K)
+    first = mask & (
+        same.long().argmax(2) == torch.arange(mask.size(1), device=mask.device)
+    )
+    merged = torch.logsumexp(torch.where(same, score.unsqueeze(1), NEG), 2)
+    return first, torch.where(first, merged, score)
+
+
+def unpack_stats(stats: int) -> Tuple[int, int]:
+    """(big-blank emissions, frames skipped) of packed statistics."""
+    return stats >> BIG_SHIFT, stats & ((1 << BIG_SHIFT) - 1)
 
 
 class Expansion(NamedTuple):
@@ -54,7 +112,7 @@ class BeamRun:
 
     Args:
         search: The beam search (a
-            :class:`~espnet_multiblank.decoding.batched_beam.BatchedBeamSearch`).
+            :class:`~espnet_multiblank.decoding.beam.BeamSearch`).
         enc_out: (B, T_max, D_enc) encoder output.
         lens: (B,) long, T_b.
         rows: S, the store's rows.

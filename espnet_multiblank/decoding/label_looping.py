@@ -63,7 +63,6 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs, RowNodes
 from espnet_multiblank.decoding.base import (
     TransducerSearch,
     check_batch,
@@ -71,6 +70,7 @@ from espnet_multiblank.decoding.base import (
 )
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
+from espnet_multiblank.decoding.tables import Arcs, RowNodes
 from espnet_multiblank.lattice import is_lattice
 
 

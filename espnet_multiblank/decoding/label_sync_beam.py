@@ -43,8 +43,7 @@ from typing import List
 import numpy as np
 import torch
 
-from espnet_multiblank.decoding.beam_queues import NEG
-from espnet_multiblank.decoding.beam_run import BeamRun
+from espnet_multiblank.decoding.beam_run import NEG, BeamRun
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.prefix_kernels import (
     best_alignments,

@@ -34,13 +34,13 @@ longest path kept: frames / (frames per blank) + labels.
 
 import torch
 
-from espnet_multiblank.decoding.beam_queues import (
+from espnet_multiblank.decoding.beam_run import (
     NEG,
+    BeamRun,
     extend_key,
     merge_equal,
     stats_increment,
 )
-from espnet_multiblank.decoding.beam_run import BeamRun
 
 #: columns of a hypothesis's (B, K, 5) long fields
 FRAME, NUM_SYM, KEY, NODE_COL, STATS_COL = range(5)

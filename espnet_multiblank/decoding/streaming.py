@@ -47,13 +47,12 @@ from typing import List, Optional, Sequence
 import torch
 
 from espnet_multiblank.decoding.beam import BeamSearch, Queue
-from espnet_multiblank.decoding.greedy import GreedySearch
+from espnet_multiblank.decoding.greedy import GreedySearch, StepCache
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
     LoopBatch,
 )
-from espnet_multiblank.decoding.one_run import StepCache
 
 
 def decision_lookahead(search) -> int:

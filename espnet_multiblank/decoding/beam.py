@@ -224,8 +224,9 @@ class BeamSearch(TransducerSearch):
             )
         return self._path_search
 
-    def _rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
-        """Final ranking, best first: by score, or by score / len(yseq)."""
+    def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
+        """Final ranking, best first: by score, or by score / len(yseq) (every
+        rule's n-best lists)."""
         if self.score_norm:
             return sorted(hyps, key=lambda h: h.score / len(h.yseq), reverse=True)
         return sorted(hyps, key=lambda h: h.score, reverse=True)
@@ -373,7 +374,7 @@ class BeamSearch(TransducerSearch):
             if root.lm_state is not None:
                 root.score += float(root.lm_state.end[0])
             return [root]
-        return self._rank(list(queues[T].values()))[: self.nbest]
+        return self.rank(list(queues[T].values()))[: self.nbest]
 
     def _expand(
         self,

@@ -344,11 +344,7 @@ class BeamRun:
                 if lost
                 else [self._hypothesis(e, T, nodes, logps) for e in entries[b]]
             )
-            if search.score_norm:
-                hyps.sort(key=lambda h: h.score / len(h.yseq), reverse=True)
-            else:
-                hyps.sort(key=lambda h: h.score, reverse=True)
-            out.append(hyps[: search.nbest])
+            out.append(search.rank(hyps)[: search.nbest])
         return out
 
     def _hypothesis(self, entry, T: int, nodes, logps) -> Hypothesis:

@@ -452,12 +452,7 @@ class LabelSyncRun(BeamRun):
                     timing=arcs,
                 )
             )
-        for hyps in out:
-            if self.search.score_norm:
-                hyps.sort(key=lambda h: h.score / len(h.yseq), reverse=True)
-            else:
-                hyps.sort(key=lambda h: h.score, reverse=True)
-        return out
+        return [self.search.rank(hyps) for hyps in out]
 
     def _align(self, found):
         """The most probable alignment of each found hypothesis, from the lattice

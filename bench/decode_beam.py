@@ -70,10 +70,8 @@ from decode_gpu import (  # noqa: E402
 )
 
 from espnet_multiblank.decoding import (  # noqa: E402
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
-    TDTBeamSearch,
-    TDTGreedySearch,
+    BeamSearch,
+    GreedySearch,
     single_thread_on_cpu,
 )
 
@@ -82,14 +80,10 @@ KINDS = ("standard", "multiblank", "tdt")
 
 # ---------------------------------------------------------------- search mode
 def contenders(model: Model, beam: int, frame_prune=None):
-    tdt = model.kind == "tdt"
-    greedy = (TDTGreedySearch if tdt else MultiblankGreedySearch)(
-        model.stepper, model.lattice
-    )
-    beam_cls = TDTBeamSearch if tdt else MultiblankBeamSearch
-    frame = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="frame")
-    step = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="step")
-    label = beam_cls(model.stepper, model.lattice, beam_size=beam, beam_sync="label")
+    greedy = GreedySearch(model.stepper, model.lattice)
+    frame = BeamSearch(model.stepper, model.lattice, beam_size=beam, beam_sync="frame")
+    step = BeamSearch(model.stepper, model.lattice, beam_size=beam, beam_sync="step")
+    label = BeamSearch(model.stepper, model.lattice, beam_size=beam, beam_sync="label")
     out = [
         ("greedy", greedy),
         ("beam-frame", frame),
@@ -101,7 +95,7 @@ def contenders(model: Model, beam: int, frame_prune=None):
         out.append(
             (
                 "beam-label-prune",
-                beam_cls(
+                BeamSearch(
                     model.stepper,
                     model.lattice,
                     beam_size=beam,

@@ -5,13 +5,13 @@ For each lattice (standard RNN-T, multi-blank [2, 4, 8], TDT durations 0..8) and
 size (default 1, 16, 128), the same encoder outputs are decoded, in interleaved
 timed rounds, by
 
-* ``frame``: the frame-looping batched greedy search (``MultiblankGreedySearch`` /
-  ``TDTGreedySearch``; one joint call per step for every active utterance, one
-  prediction-network call for the rows that emitted a label);
+* ``frame``: the frame-looping batched greedy search (``GreedySearch``; one joint
+  call per step for every active utterance, one prediction-network call for the
+  rows that emitted a label);
 * ``frame-one`` (batch 1 only): the same search's one-utterance loop (``search_one``,
   what ``--batch_size 1`` decoding runs);
-* ``label``: the label-looping search (``MultiblankLabelLoopingSearch`` /
-  ``TDTLabelLoopingSearch``) with its default window; ``label-w1`` (when that default
+* ``label``: the label-looping search (``LabelLoopingGreedySearch``) with its
+  default window; ``label-w1`` (when that default
   is not 1) with ``window = 1``, the paper's loop.
 
 Columns: median search seconds over the rounds, ms per utterance, RTF of the search
@@ -61,14 +61,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from espnet_multiblank.decoding import (  # noqa: E402
+    GreedySearch,
     JointStepper,
-    MultiblankGreedySearch,
-    TDTGreedySearch,
+    LabelLoopingGreedySearch,
     single_thread_on_cpu,
-)
-from espnet_multiblank.decoding.label_looping import (  # noqa: E402
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
 )
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice  # noqa: E402
 
@@ -150,16 +146,16 @@ def random_model(kind: str, seed: int = 0):
 
 def searches(kind, stepper, lattice, batch):
     """[(name, search, method)] of the contenders at this batch size."""
-    tdt = kind == "tdt"
-    frame = (TDTGreedySearch if tdt else MultiblankGreedySearch)(stepper, lattice)
-    label_cls = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
-    label = label_cls(stepper, lattice)
+    frame = GreedySearch(stepper, lattice)
+    label = LabelLoopingGreedySearch(stepper, lattice)
     out = [("frame", frame, "batch")]
     if batch == 1:
         out.append(("frame-one", frame, "one"))
     out.append(("label", label, "batch"))
     if label.window != 1:
-        out.append(("label-w1", label_cls(stepper, lattice, window=1), "batch"))
+        out.append(
+            ("label-w1", LabelLoopingGreedySearch(stepper, lattice, window=1), "batch")
+        )
     return out
 
 

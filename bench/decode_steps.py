@@ -25,11 +25,7 @@ import time
 
 import torch
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankGreedySearch,
-    single_thread_on_cpu,
-)
+from espnet_multiblank.decoding import GreedySearch, JointStepper, single_thread_on_cpu
 from espnet_multiblank.lattice import MultiblankLattice
 
 H, J, V, D_ENC, BLANK, DURATIONS = 256, 320, 17, 144, 3, (2, 4, 8)
@@ -135,7 +131,7 @@ def main():
         encs = [torch.randn(T, D_ENC, generator=g) for T in lens]
         lattice = MultiblankLattice.create(BLANK, DURATIONS)
         searches = {
-            d: MultiblankGreedySearch(stepper, lattice, blank_decision=d)
+            d: GreedySearch(stepper, lattice, blank_decision=d)
             for d in ("symbol", "total")
         }
         spent = dict.fromkeys(searches, 0.0)

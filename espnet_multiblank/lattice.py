@@ -138,11 +138,6 @@ class _SearchRules:
         return joint_size - self.num_duration_outputs
 
 
-def lattice_of(lattice: Any, kinds: Sequence[type]) -> bool:
-    """Whether ``lattice`` is a lattice of one of ``kinds`` (lattice classes)."""
-    return isinstance(lattice, tuple(kinds))
-
-
 def decide_early(choose, room: int, cap: int):
     """A step a stream may take before T is known, or None.
 
@@ -436,6 +431,16 @@ class TDTLattice(_SearchRules):
             )
 
 
+#: every lattice kind: what a search decodes and :func:`move_frames` reads
+LATTICE_KINDS = (MultiblankLattice, TDTLattice)
+
+
+def is_lattice(value: Any) -> bool:
+    """Whether ``value`` is a lattice of this module (of any kind): the one place
+    outside the lattice classes that tells a lattice from anything else."""
+    return isinstance(value, LATTICE_KINDS)
+
+
 def lattice_from_config(
     blank: int,
     big_blank_durations: Optional[Sequence[int]] = None,
@@ -477,7 +482,7 @@ def move_frames(lattice) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     Standard / multi-blank: blanks cover 1 or ``d_i`` frames, labels 0. TDT: blanks
     take the durations >= 1, labels every duration (0 keeps the frame).
     """
-    if not isinstance(lattice, (MultiblankLattice, TDTLattice)):
+    if not is_lattice(lattice):
         raise TypeError(
             f"lattice must be a MultiblankLattice or a TDTLattice, got "
             f"{type(lattice).__name__}"

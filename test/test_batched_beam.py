@@ -1,8 +1,8 @@
 """Batched beam search (``search_batch_nbest``), both pruning rules (``beam_sync``).
 
 ``beam_sync: "frame"``: against the one-utterance frame-synchronous beam search
-(``MultiblankBeamSearch.search`` / ``TDTBeamSearch.search``), itself tested against the
-documented rule written again, exhaustive path enumeration and LM oracles
+(``BeamSearch.search``), itself tested against the documented rule written again,
+exhaustive path enumeration and LM oracles
 (test_decoding_search.py, test_tdt_search.py, test_decoding_lm.py): the same n-best
 lists (labels, scores to float rounding, big blanks, frames skipped, label timing),
 utterance by utterance, for every lattice (standard, multi-blank, TDT with and without
@@ -30,13 +30,7 @@ from search_cases import make_tdt_model as tdt_make_model
 from search_oracles import TDTOracle, brute_force_sequences, enumerate_paths
 from test_decoding_search import one_thread  # noqa: F401 (autouse fixture)
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
-    TDTBeamSearch,
-    TDTGreedySearch,
-)
+from espnet_multiblank.decoding import BeamSearch, GreedySearch, JointStepper
 from espnet_multiblank.espnet.inference.search import build_transducer_search
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
@@ -45,7 +39,7 @@ pytestmark = pytest.mark.timeout(600)
 LENS = [13, 1, 11, 0, 9, 12]
 
 
-def mb_search(model, cls=MultiblankBeamSearch, **kwargs):
+def mb_search(model, cls=BeamSearch, **kwargs):
     return cls(
         JointStepper(model.decoder, model.joint_network),
         MultiblankLattice.create(model.blank_id, model.big_blank_durations),
@@ -53,7 +47,7 @@ def mb_search(model, cls=MultiblankBeamSearch, **kwargs):
     )
 
 
-def tdt_search(model, cls=TDTBeamSearch, **kwargs):
+def tdt_search(model, cls=BeamSearch, **kwargs):
     V = model.decoder.odim
     return cls(
         JointStepper(model.decoder, model.joint_network, V + len(model.tdt_durations)),
@@ -157,8 +151,8 @@ def test_frame_rule_wide_beams_and_many_labels_per_frame(case):
 
 def test_frame_rule_overflow_and_node_pool_grow(monkeypatch):
     """Tiny first capacities: the overflow and the label nodes are grown."""
-    monkeypatch.setattr(MultiblankBeamSearch, "initial_overflow", 1)
-    monkeypatch.setattr(MultiblankBeamSearch, "initial_nodes", 2)
+    monkeypatch.setattr(BeamSearch, "initial_overflow", 1)
+    monkeypatch.setattr(BeamSearch, "initial_nodes", 2)
     make, build, enc_batch = CASES["multiblank"]
     search = build(make(1), beam_size=3, nbest=50, max_sym_per_frame=2)
     enc, _ = enc_batch(2, LENS)
@@ -332,10 +326,9 @@ def test_batch_32_equals_batch_1(case, sync):
 def test_beam_one_equals_greedy(case, decision, sync):
     make, build, enc_batch = CASES[case]
     model = make(5)
-    greedy_cls = TDTGreedySearch if case.startswith("tdt") else MultiblankGreedySearch
     kwargs = dict(max_sym_per_frame=2, blank_decision=decision)
     beam = build(model, beam_size=1, beam_sync=sync, **kwargs)
-    greedy = build(model, cls=greedy_cls, **kwargs)
+    greedy = build(model, cls=GreedySearch, **kwargs)
     enc, _ = enc_batch(6, LENS)
     got = beam.search_batch(enc, torch.tensor(LENS))
     want = greedy.search_batch(enc, torch.tensor(LENS))
@@ -396,7 +389,7 @@ def test_one_joint_and_one_prediction_call_per_step(sync, monkeypatch):
 
     model = mb_make_model(0, blank_bias=0.0)
     stepper = CallCount(model.decoder, model.joint_network)
-    search = MultiblankBeamSearch(
+    search = BeamSearch(
         stepper,
         MultiblankLattice.create(model.blank_id, model.big_blank_durations),
         beam_size=4,
@@ -479,7 +472,7 @@ def test_factory_beams_are_batched():
     model = mb_make_model(0)
     for search_type in ("mb_beam", "default"):
         search = build_transducer_search(model, search_type=search_type, beam_size=4)
-        assert isinstance(search, MultiblankBeamSearch) and search.batched
+        assert isinstance(search, BeamSearch) and search.batched
         assert search.beam_sync == "frame"
     search = build_transducer_search(
         model, search_type="mb_beam", beam_size=4, beam_sync="step"
@@ -489,7 +482,8 @@ def test_factory_beams_are_batched():
     search = build_transducer_search(
         tdt, search_type="tdt_beam", beam_size=4, beam_sync="step"
     )
-    assert isinstance(search, TDTBeamSearch) and search.batched
+    assert isinstance(search, BeamSearch) and search.batched
+    assert search.lattice.kind == "tdt"
     assert search.beam_sync == "step"
     with pytest.raises(ValueError, match="beam_sync"):
         build_transducer_search(model, search_type="mb_greedy", beam_sync="step")

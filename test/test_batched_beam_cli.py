@@ -172,13 +172,13 @@ def test_a_search_without_hypothesis_fails_alone(setup, monkeypatch):
     """The batched search finds no hypothesis for one utterance (its scores are not
     finite): that utterance is reported by key, the others are written as at batch
     1."""
-    from espnet_multiblank.decoding import MultiblankBeamSearch
+    from espnet_multiblank.decoding import BeamSearch
 
     root, scp, exps = setup
     ref = root / "o_lost_reference_b1"
     decode(exps["mb"], scp, ref, "mb_beam.yaml", "--batch_size", "1")
     want = nbest(ref, 1)
-    search_batch_nbest = MultiblankBeamSearch.search_batch_nbest
+    search_batch_nbest = BeamSearch.search_batch_nbest
 
     def one_lost(search, enc_out, enc_lens):
         got = search_batch_nbest(search, enc_out, enc_lens)
@@ -186,7 +186,7 @@ def test_a_search_without_hypothesis_fails_alone(setup, monkeypatch):
         got[lost] = []
         return got
 
-    monkeypatch.setattr(MultiblankBeamSearch, "search_batch_nbest", one_lost)
+    monkeypatch.setattr(BeamSearch, "search_batch_nbest", one_lost)
     out = root / "o_lost"
     stats = decode(exps["mb"], scp, out, "mb_beam.yaml", "--batch_size", "8")
     assert stats["num_failed"] == 1

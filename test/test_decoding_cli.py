@@ -137,8 +137,8 @@ LATTICES = {
         tdt_durations=(),
         greedy="mb_greedy.yaml",
         beam="mb_beam.yaml",
-        greedy_search="MultiblankGreedySearch",
-        beam_search="MultiblankBeamSearch",
+        greedy_search="GreedySearch",
+        beam_search="BeamSearch",
         greedy_rule=dict(max_sym=1, decision="total"),
     ),
     "tdt": SimpleNamespace(
@@ -148,8 +148,8 @@ LATTICES = {
         tdt_durations=tuple(DECODE_TDT_DURS),
         greedy="tdt_greedy.yaml",
         beam="tdt_beam.yaml",
-        greedy_search="TDTGreedySearch",
-        beam_search="TDTBeamSearch",
+        greedy_search="GreedySearch",
+        beam_search="BeamSearch",
         greedy_rule=dict(max_sym=10, decision="total"),
     ),
 }
@@ -345,7 +345,7 @@ def test_cli_standard_model(workdir, std_exp):
         assert stats["big_blank_emissions"] == 0
         assert stats["frames_skipped_by_big_blanks"] == 0
     stats = run_inference(std_exp, scp, root / "o_std_mbg", "mb_greedy.yaml")
-    assert stats["search"] == "MultiblankGreedySearch"
+    assert stats["search"] == "GreedySearch"
 
 
 def test_cli_subprocess_multiblank_espnet(workdir):
@@ -373,7 +373,7 @@ def test_cli_subprocess_multiblank_espnet(workdir):
         cwd=REPO,
     )
     stats = check_outputs(out)
-    assert stats["search"] == "MultiblankGreedySearch"
+    assert stats["search"] == "GreedySearch"
 
 
 def test_decode_batch_encodes_each_utterance_trimmed(workdir, mb_exp):

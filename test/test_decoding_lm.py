@@ -34,10 +34,10 @@ from espnet2.lm.seq_rnn_lm import SequentialRNNLM
 from espnet2.lm.transformer_lm import TransformerLM
 
 from espnet_multiblank import multiblank_rnnt_loss, tdt_loss
-from espnet_multiblank.decoding import ShallowFusion, TokenLM
-from espnet_multiblank.decoding.label_looping import (
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
+from espnet_multiblank.decoding import (
+    LabelLoopingGreedySearch,
+    ShallowFusion,
+    TokenLM,
 )
 from espnet_multiblank.espnet.inference.lm_fusion import (
     RNNLM,
@@ -188,14 +188,14 @@ def test_search_refuses_a_fusion_that_does_not_fit():
     model, lm, lm_tokens, _ = mb_setup()
     lattice = lattice_from_model(model)
     fusion = build_fusion(lattice.blank_ids[:1], model.token_list, lm, lm_tokens)
-    from espnet_multiblank.decoding import JointStepper, MultiblankGreedySearch
+    from espnet_multiblank.decoding import GreedySearch, JointStepper
 
     stepper = JointStepper(model.decoder, model.joint_network)
     with pytest.raises(ValueError, match="leave every blank"):
-        MultiblankGreedySearch(stepper, lattice, fusion=fusion)
+        GreedySearch(stepper, lattice, fusion=fusion)
     small = ShallowFusion([ConstantLM([0.0] * 5, 0.0)], [1.0], [0])
     with pytest.raises(ValueError, match="score 5 tokens, the model has 10"):
-        MultiblankGreedySearch(stepper, lattice, fusion=small)
+        GreedySearch(stepper, lattice, fusion=small)
 
 
 def test_token_ids_are_matched_by_text():
@@ -262,7 +262,7 @@ def mb_greedy_searches(model, lm, lm_tokens, weight, decision, max_sym):
         max_sym_per_frame=max_sym,
     )
     loops = [
-        MultiblankLabelLoopingSearch(
+        LabelLoopingGreedySearch(
             frame.stepper,
             frame.lattice,
             max_sym_per_frame=max_sym,
@@ -309,7 +309,7 @@ def test_fused_tdt_greedy_equals_the_reference_rule(durations, decision):
     frame = search(
         model, lm, lm_tokens, 0.3, search_type="tdt_greedy", blank_decision=decision
     )
-    loop = TDTLabelLoopingSearch(
+    loop = LabelLoopingGreedySearch(
         frame.stepper, frame.lattice, blank_decision=decision, fusion=frame.fusion
     )
     plain = build_transducer_search(
@@ -343,7 +343,7 @@ def test_espnet_greedy_type_with_an_lm_runs_fused_with_espnets_rule():
     lm = make_rnnlm(len(lm_tokens))
     oracle = OracleLM(lm, model.token_list, lm_tokens, blank_ids, 1.0)
     s = search(model, lm, lm_tokens, 1.0, search_type="greedy")
-    assert type(s).__name__ == "MultiblankGreedySearch" and s.fusion is not None
+    assert type(s).__name__ == "GreedySearch" and s.fusion is not None
     assert (s.max_sym_per_frame, s.blank_decision) == (1, "symbol")
     enc, _ = mb_enc_batch(5, [25])
     labels, score, _ = mb_reference_greedy(model, enc[0], "symbol", 1, oracle)

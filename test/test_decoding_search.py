@@ -25,7 +25,7 @@ from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from espnet2.asr_transducer.joint_network import JointNetwork
 
-from espnet_multiblank.decoding import JointStepper, MultiblankGreedySearch
+from espnet_multiblank.decoding import GreedySearch, JointStepper
 from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
     lattice_from_model,
@@ -482,7 +482,7 @@ def test_big_blank_advances_by_its_duration(T, blank_decision):
             model, search_type="mb_beam", beam_size=4, blank_decision=blank_decision
         ),
     ):
-        if isinstance(search, MultiblankGreedySearch):
+        if isinstance(search, GreedySearch):
             (h,) = search.search_batch(enc, lens)
         else:
             (h,) = search(enc[0])
@@ -502,7 +502,7 @@ def test_big_blank_advances_by_its_duration(T, blank_decision):
                 step = float(torch.logsumexp(logp[fits], 0))
             expected += step
             t += d
-        if isinstance(search, MultiblankGreedySearch):
+        if isinstance(search, GreedySearch):
             assert math.isclose(h.score, expected, rel_tol=1e-5)
         else:  # beam merges alignments of the same (empty) label sequence
             assert h.score >= expected - 1e-5

@@ -22,7 +22,7 @@ from espnet_cases import (
 
 import espnet_multiblank
 import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet2)
-from espnet_multiblank.decoding import MultiblankGreedySearch, TDTGreedySearch
+from espnet_multiblank.decoding import GreedySearch
 from espnet_multiblank.espnet.errors import ConfigError
 from espnet_multiblank.espnet.model.asr_model import MultiblankESPnetASRModel
 from espnet_multiblank.espnet.model.error_calculators import (
@@ -282,8 +282,10 @@ def test_validation_decodes_with_the_lattice_greedy_search(tmp_path, lattice):
     model = build(tmp_path, lattice_config(lattice, report_cer=True, report_wer=True))
     calc = model.error_calculator_trans
     assert isinstance(calc, MultiblankErrorCalculatorTransducer)
-    greedy = TDTGreedySearch if lattice == "tdt" else MultiblankGreedySearch
-    assert type(calc.beam_search) is greedy
+    assert type(calc.beam_search) is GreedySearch
+    assert calc.beam_search.lattice.kind == (
+        "tdt" if lattice == "tdt" else "multiblank"
+    )
     assert calc.beam_search.stepper.vocab_size == want.joint_outputs
     assert calc.blank_ids == want.blank_ids
     model.eval()
@@ -299,7 +301,7 @@ def test_validation_decodes_with_the_lattice_greedy_search(tmp_path, lattice):
             search_type="tdt_greedy" if lattice == "tdt" else "mb_greedy",
             max_sym_per_frame=5,  # the calculator's
         )
-        assert type(search) is greedy
+        assert type(search) is GreedySearch
         want_hyps = [
             search.search_one(enc[b, :T]).yseq for b, T in enumerate([9, 5, 7])
         ]
@@ -559,7 +561,7 @@ def test_error_calculator_uses_multiblank_search_and_strips_all_blanks():
         report_cer=True,
         report_wer=True,
     )
-    assert isinstance(calc.beam_search, MultiblankGreedySearch)
+    assert isinstance(calc.beam_search, GreedySearch)
     assert calc.beam_search.blank_id == 3
     assert calc.beam_search.lattice.big_blank_durations == (2, 4, 8)
     pred, ref = calc.convert_to_char([[4, 0, 6, 1, 5, 2]], torch.tensor([[4, 6, 5, 3]]))

@@ -1,13 +1,13 @@
 """Label-looping greedy search against the one-utterance (frame-looping) searches.
 
-The oracle is each lattice's one-utterance greedy search, run on every utterance alone
-(``MultiblankGreedySearch.search_one``, ``TDTGreedySearch.search_one``; they are
-tested against independent references in test_decoding_search.py and
-test_tdt_search.py): the label-looping search must take exactly their steps, so every
-hypothesis must have the same labels, end frame, big-blank and skipped-frame counts,
-label count at the last frame, prediction-network state, and the same score up to
-float rounding. Tiny random ESPnet networks; batches with utterances of 0 and 1
-frames; windows 1, 2, 5 and the default; the max-symbols guard hit on purpose.
+The oracle is the one-utterance greedy search of each lattice, run on every utterance
+alone (``GreedySearch.search_one``; it is tested against independent references in
+test_decoding_search.py and test_tdt_search.py): the label-looping search must take
+exactly its steps, so every hypothesis must have the same labels, end frame, big-blank
+and skipped-frame counts, label count at the last frame, prediction-network state, and
+the same score up to float rounding. Tiny random ESPnet networks; batches with
+utterances of 0 and 1 frames; windows 1, 2, 5 and the default; the max-symbols guard
+hit on purpose.
 """
 
 import json
@@ -24,14 +24,10 @@ from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
 from espnet2.asr_transducer.joint_network import JointNetwork
 
 from espnet_multiblank.decoding import (
+    GreedySearch,
     JointStepper,
-    MultiblankGreedySearch,
+    LabelLoopingGreedySearch,
     Stepper,
-    TDTGreedySearch,
-)
-from espnet_multiblank.decoding.label_looping import (
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
 )
 from espnet_multiblank.espnet.inference.search import build_transducer_search
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
@@ -101,15 +97,17 @@ def searches(model, max_sym=10, window=None, blank_decision="total", max_inner=N
         )
         lattice = TDTLattice.create(model.blank_id, durations)
         return (
-            TDTGreedySearch(stepper, lattice, max_sym_per_frame=max_sym),
-            TDTLabelLoopingSearch(stepper, lattice, max_sym_per_frame=max_sym, **loop),
+            GreedySearch(stepper, lattice, max_sym_per_frame=max_sym),
+            LabelLoopingGreedySearch(
+                stepper, lattice, max_sym_per_frame=max_sym, **loop
+            ),
         )
     stepper = JointStepper(model.decoder, model.joint_network)
     lattice = MultiblankLattice.create(model.blank_id, model.big_blank_durations)
     kwargs = dict(max_sym_per_frame=max_sym, blank_decision=blank_decision)
     return (
-        MultiblankGreedySearch(stepper, lattice, **kwargs),
-        MultiblankLabelLoopingSearch(stepper, lattice, **loop, **kwargs),
+        GreedySearch(stepper, lattice, **kwargs),
+        LabelLoopingGreedySearch(stepper, lattice, **loop, **kwargs),
     )
 
 
@@ -328,15 +326,13 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match=r"enc_out must be \(B, T_max, D_enc\)"):
         search.search_batch(enc[0], lens)
     with pytest.raises(ValueError, match="window"):
-        MultiblankLabelLoopingSearch(search.stepper, search.lattice, window=0)
+        LabelLoopingGreedySearch(search.stepper, search.lattice, window=0)
     with pytest.raises(ValueError, match="max_inner"):
-        MultiblankLabelLoopingSearch(search.stepper, search.lattice, max_inner=0)
+        LabelLoopingGreedySearch(search.stepper, search.lattice, max_inner=0)
     with pytest.raises(ValueError, match="blank_decision"):
-        MultiblankLabelLoopingSearch(
-            search.stepper, search.lattice, blank_decision="sum"
-        )
-    with pytest.raises(TypeError, match="TDTLattice"):
-        TDTLabelLoopingSearch(search.stepper, search.lattice)
+        LabelLoopingGreedySearch(search.stepper, search.lattice, blank_decision="sum")
+    with pytest.raises(TypeError, match="MultiblankLattice or .*TDTLattice"):
+        LabelLoopingGreedySearch(search.stepper, (search.lattice.blank, ()))
 
 
 def test_default_window_and_inner_limit():
@@ -382,19 +378,20 @@ def test_factory_loop_labels():
             max_sym_per_frame=4,
             blank_decision="symbol",
         )
-        assert isinstance(search, MultiblankLabelLoopingSearch)
+        assert isinstance(search, LabelLoopingGreedySearch)
         assert (search.max_sym_per_frame, search.blank_decision) == (4, "symbol")
     off = build_transducer_search(mb, search_type="mb_greedy", loop_labels=False)
-    assert type(off) is MultiblankGreedySearch
+    assert type(off) is GreedySearch
     std = mb_model(0, durations=())
     assert isinstance(
         build_transducer_search(std, search_type="mb_greedy", loop_labels=True),
-        MultiblankLabelLoopingSearch,
+        LabelLoopingGreedySearch,
     )
     tdt = tdt_model(0)
     for search_type in ("tdt_greedy", "mb_greedy", "greedy"):
         search = build_transducer_search(tdt, search_type=search_type, loop_labels=True)
-        assert isinstance(search, TDTLabelLoopingSearch)
+        assert isinstance(search, LabelLoopingGreedySearch)
+        assert search.lattice.kind == "tdt"
     with pytest.raises(TypeError, match="loop_labels must be true or false"):
         build_transducer_search(mb, search_type="mb_greedy", loop_labels="yes")
     with pytest.raises(ValueError, match="loop_labels.*mb_beam"):
@@ -424,7 +421,7 @@ def test_one_utterance_runs_the_one_utterance_loop(kind, blank_decision):
     got = ll.search(enc[0])
     assert len(got) == 1
     assert ll.one_utterance is ll.one_utterance  # built once
-    assert type(ll.one_utterance) is type(fl)
+    assert type(ll.one_utterance) is GreedySearch
     assert ll.one_utterance.max_sym_per_frame == 3
     assert ll.one_utterance.blank_decision == ll.blank_decision
     want = fl.search_one(enc[0])
@@ -477,13 +474,13 @@ def test_cli_loop_labels_batched_equals_batch_1_and_frame_looping(cli):
     conf = "mb_greedy_loop_labels.yaml"
     batched = run_inference(exp, scp, root / "ll_b8", conf)
     assert batched["batch_size"] == 32  # the YAML's: the 3 utterances in one batch
-    assert batched["search"] == "MultiblankLabelLoopingSearch"
+    assert batched["search"] == "LabelLoopingGreedySearch"
     single = run_inference(exp, scp, root / "ll_b1", conf, "--batch_size", "1")
     assert single["batch_size"] == 1
     frame = run_inference(
         exp, scp, root / "fl_b1", "mb_greedy.yaml", "--batch_size", "1"
     )
-    assert frame["search"] == "MultiblankGreedySearch"
+    assert frame["search"] == "GreedySearch"
     assert batched["big_blank_emissions"] == single["big_blank_emissions"] > 0
     for key in ("total_frames", "big_blank_emissions", "frames_skipped"):
         assert batched[key] == single[key] == frame[key]
@@ -493,7 +490,7 @@ def test_cli_loop_labels_batched_equals_batch_1_and_frame_looping(cli):
         for run in runs[:2]:
             assert float(run["score"][key]) == pytest.approx(float(score), rel=1e-6)
     stats = json.loads((root / "ll_b8" / "decoding_stats.json").read_text())
-    assert stats["search"] == "MultiblankLabelLoopingSearch"
+    assert stats["search"] == "LabelLoopingGreedySearch"
 
 
 def test_decode_batch_label_looping_equals_alone(cli):
@@ -513,7 +510,7 @@ def test_decode_batch_label_looping_equals_alone(cli):
         transducer_conf={"search_type": "mb_greedy", "loop_labels": True}, **kwargs
     )
     fl = MultiblankSpeech2Text(transducer_conf={"search_type": "mb_greedy"}, **kwargs)
-    assert isinstance(ll.beam_search_transducer, MultiblankLabelLoopingSearch)
+    assert isinstance(ll.beam_search_transducer, LabelLoopingGreedySearch)
     wavs = [
         torch.tensor(soundfile.read(line.split()[1])[0], dtype=torch.float32)
         for line in scp.read_text().splitlines()

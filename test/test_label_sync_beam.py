@@ -397,7 +397,7 @@ import sys
 sys.path.insert(0, {helpers!r})
 import torch
 from search_cases import enc_batch, make_mb_model
-from espnet_multiblank.decoding import JointStepper, MultiblankBeamSearch
+from espnet_multiblank.decoding import BeamSearch, JointStepper
 from espnet_multiblank.decoding import prefix_kernels as pk
 from espnet_multiblank.lattice import MultiblankLattice
 
@@ -405,9 +405,9 @@ kernels = (pk.level_forward, pk.child_entries, pk.best_alignments)
 model = make_mb_model(0)
 lattice = MultiblankLattice.create(model.blank_id, model.big_blank_durations)
 stepper = JointStepper(model.decoder, model.joint_network)
-MultiblankBeamSearch(stepper, lattice, beam_size=3, beam_sync="frame")
+BeamSearch(stepper, lattice, beam_size=3, beam_sync="frame")
 print([len(k.signatures) for k in kernels])
-search = MultiblankBeamSearch(stepper, lattice, beam_size=3, beam_sync="label")
+search = BeamSearch(stepper, lattice, beam_size=3, beam_sync="label")
 print([len(k.signatures) for k in kernels])
 enc, lens = enc_batch(3, [9, 4, 6])
 search.search_batch_nbest(enc, lens)

@@ -133,7 +133,7 @@ def test_encoder_chunks_equal_the_chunk_masked_forward_and_ignore_pieces(s2t, ch
 def offline(decoder, frames):
     """The offline search's hypotheses on a stream's projected frames."""
     if decoder.beam:
-        return decoder.search.search_projected(frames)
+        return decoder.search.nbest_projected(frames)
     lens = torch.tensor([frames.size(0)])
     return decoder.search.search_projected(frames[None], lens)
 

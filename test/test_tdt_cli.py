@@ -57,7 +57,7 @@ def test_stock_inference_equals_plugin_inference(setup):
         got = read_outputs(out)
         want, stats = plugin[conf]
         assert stats["search"] == (
-            "TDTGreedySearch" if conf == "tdt_greedy.yaml" else "TDTBeamSearch"
+            "GreedySearch" if conf == "tdt_greedy.yaml" else "BeamSearch"
         )
         assert set(got["token_int"]) == {"u0", "u1", "u2"}
         assert got["token_int"] == want["token_int"], conf

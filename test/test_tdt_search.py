@@ -21,11 +21,10 @@ import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet
 
 # isort: split
 from espnet_multiblank.decoding import (
+    BeamSearch,
+    GreedySearch,
     JointStepper,
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
-    TDTBeamSearch,
-    TDTGreedySearch,
+    LabelLoopingGreedySearch,
 )
 from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
@@ -89,8 +88,8 @@ def test_blank_durations_and_frames_skipped(T, decision):
             for t in range(0, T, 3)
         )
     for search in (
-        core(model, TDTGreedySearch, blank_decision=decision),
-        core(model, TDTBeamSearch, beam_size=1, blank_decision=decision),
+        core(model, GreedySearch, blank_decision=decision),
+        core(model, BeamSearch, beam_size=1, blank_decision=decision),
     ):
         h = search.search_batch(enc, lens)[0]
         assert h.yseq == [0] and h.frame == T
@@ -109,15 +108,15 @@ def test_labels_move_by_their_duration_and_a_blank_ends(T, labels, skipped):
     )
     enc, lens = enc_batch(1, [T])
     for search in (
-        core(model, TDTGreedySearch),
-        core(model, TDTGreedySearch, blank_decision="symbol"),
-        core(model, TDTBeamSearch, beam_size=1),
+        core(model, GreedySearch),
+        core(model, GreedySearch, blank_decision="symbol"),
+        core(model, BeamSearch, beam_size=1),
     ):
         h = search.search_batch(enc, lens)[0]
         assert h.yseq == [0] + [2] * labels and h.frame == T
         assert h.frames_skipped == skipped
         assert h.big_blank_emissions == int(T == 8)
-    h = core(model, TDTGreedySearch, end_rule="clip").search_batch(enc, lens)[0]
+    h = core(model, GreedySearch, end_rule="clip").search_batch(enc, lens)[0]
     assert h.yseq == [0] + [2] * (labels + 1) and h.frame == T
 
 
@@ -132,8 +131,8 @@ def test_guard_makes_labels_move():
     for max_sym in (1, 3):
         want = [0] + [3] * (3 * (max_sym + 1) + max_sym)
         for search in (
-            core(model, TDTGreedySearch, max_sym_per_frame=max_sym),
-            core(model, TDTBeamSearch, beam_size=1, max_sym_per_frame=max_sym),
+            core(model, GreedySearch, max_sym_per_frame=max_sym),
+            core(model, BeamSearch, beam_size=1, max_sym_per_frame=max_sym),
         ):
             h = search.search_batch(enc, lens)[0]
             assert h.yseq == want, (max_sym, type(search).__name__)
@@ -148,11 +147,11 @@ def test_durations_without_one_still_end(T):
         [3.0, 0.5, 0.4, 0.3, 0.2, 0.1], [0.0, 2.0, 1.0], durations=(0, 2, 3)
     )
     enc, lens = enc_batch(3, [T])
-    for search in (core(model, TDTGreedySearch), core(model, TDTBeamSearch)):
+    for search in (core(model, GreedySearch), core(model, BeamSearch)):
         h = search.search_batch(enc, lens)[0]
         assert h.frame == T
     y, *_ = reference_greedy(model, enc[0, :T], max_sym=10)
-    assert core(model, TDTGreedySearch).search_one(enc[0, :T]).labels == y
+    assert core(model, GreedySearch).search_one(enc[0, :T]).labels == y
 
 
 def test_tdt_search_types_refused_on_other_models():
@@ -169,20 +168,29 @@ def test_tdt_search_types_refused_on_other_models():
         build_transducer_search(mb, search_type="tdt_greedy")
 
 
-def test_searches_refuse_the_other_lattice():
+def test_searches_take_every_lattice_and_refuse_anything_else():
+    """One class per search: every search decodes both lattice kinds (the lattice
+    comes from the model); what is not a lattice is refused, naming both kinds."""
     model = make_model(0)
-    stepper = JointStepper(model.decoder, model.joint_network, 6 + len(DURS))
-    with pytest.raises(TypeError, match="TDTLattice for TDTGreedySearch"):
-        TDTGreedySearch(stepper, MultiblankLattice.create(0))
-    with pytest.raises(TypeError, match="TDTLattice for TDTBeamSearch"):
-        TDTBeamSearch(stepper, MultiblankLattice.create(0))
-    with pytest.raises(TypeError, match="MultiblankLattice for MultiblankGreedy"):
-        MultiblankGreedySearch(stepper, TDTLattice.create(0, DURS))
-    with pytest.raises(TypeError, match="MultiblankLattice for MultiblankBeam"):
-        MultiblankBeamSearch(stepper, TDTLattice.create(0, DURS))
+    tdt_stepper = JointStepper(model.decoder, model.joint_network, 6 + len(DURS))
+    mb_stepper = JointStepper(model.decoder, model.joint_network, 6)
+    for cls in (GreedySearch, BeamSearch, LabelLoopingGreedySearch):
+        assert cls(tdt_stepper, TDTLattice.create(0, DURS)).lattice.kind == "tdt"
+        mb = cls(mb_stepper, MultiblankLattice.create(0))
+        assert mb.lattice.kind == "multiblank"
+        refused = f"MultiblankLattice or .*TDTLattice for {cls.__name__}, got tuple"
+        with pytest.raises(TypeError, match=refused):
+            cls(mb_stepper, (0, ()))
+    # the former per-kind names are the same classes
+    import espnet_multiblank.decoding as dec
+
+    assert dec.MultiblankGreedySearch is dec.TDTGreedySearch is GreedySearch
+    assert dec.MultiblankBeamSearch is dec.TDTBeamSearch is BeamSearch
+    assert dec.MultiblankLabelLoopingSearch is LabelLoopingGreedySearch
+    assert dec.TDTLabelLoopingSearch is LabelLoopingGreedySearch
     # the joint's output size must be V + D with the blank among the V tokens
     with pytest.raises(ValueError, match=r"stepper\.vocab_size = 5 must be V \+ D"):
-        TDTGreedySearch(
+        GreedySearch(
             JointStepper(model.decoder, model.joint_network, 5),
             TDTLattice.create(0, DURS),
         )

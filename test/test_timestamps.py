@@ -16,15 +16,10 @@ import pytest
 import torch
 
 from espnet_multiblank.decoding import (
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
+    BeamSearch,
+    GreedySearch,
+    LabelLoopingGreedySearch,
     Stepper,
-    TDTBeamSearch,
-    TDTGreedySearch,
-)
-from espnet_multiblank.decoding.label_looping import (
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
 )
 from espnet_multiblank.espnet.inference.timestamps import (
     ctm_header,
@@ -137,27 +132,27 @@ def skipped(T: int, script, tdt: bool) -> int:
 
 def mb_searches(stepper):
     lattice = MultiblankLattice.create(BLANK, BIG)
-    greedy = MultiblankGreedySearch(stepper, lattice)
+    greedy = GreedySearch(stepper, lattice)
     yield "greedy one", lambda enc, T: greedy.search_one(enc[:T])
     yield "greedy batch", greedy.search_batch
     for w in (1, 4):
-        ll = MultiblankLabelLoopingSearch(stepper, lattice, window=w)
+        ll = LabelLoopingGreedySearch(stepper, lattice, window=w)
         yield f"label-looping w{w}", ll.search_batch
     for sync in ("frame", "step"):
-        beam = MultiblankBeamSearch(stepper, lattice, beam_size=3, beam_sync=sync)
+        beam = BeamSearch(stepper, lattice, beam_size=3, beam_sync=sync)
         yield f"beam {sync} one", lambda enc, T, beam=beam: beam.search(enc[:T])[0]
         yield f"beam {sync} batch", beam.search_batch
 
 
 def tdt_searches(stepper):
     lattice = TDTLattice.create(0, TDT_DURATIONS)
-    greedy = TDTGreedySearch(stepper, lattice)
+    greedy = GreedySearch(stepper, lattice)
     yield "greedy one", lambda enc, T: greedy.search_one(enc[:T])
     yield "greedy batch", greedy.search_batch
-    ll = TDTLabelLoopingSearch(stepper, lattice)
+    ll = LabelLoopingGreedySearch(stepper, lattice)
     yield "label-looping", ll.search_batch
     for sync in ("frame", "step"):
-        beam = TDTBeamSearch(stepper, lattice, beam_size=3, beam_sync=sync)
+        beam = BeamSearch(stepper, lattice, beam_size=3, beam_sync=sync)
         yield f"beam {sync} one", lambda enc, T, beam=beam: beam.search(enc[:T])[0]
         yield f"beam {sync} batch", beam.search_batch
 

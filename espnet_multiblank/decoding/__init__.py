@@ -8,43 +8,36 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
 * :class:`Hypothesis`, :class:`BatchedHyps`: search results and batched bookkeeping.
 * :class:`SymbolTable`: frames per symbol and the allowed-symbol masks of a lattice.
 * :class:`TransducerSearch`: the searches' base class; :class:`GreedySearch` (one
-  utterance and batched) and :class:`MultiblankBeamSearch` (every beam rule), one
-  search for every lattice, the lattice's symbol table (:class:`SymbolTable`, or a
+  utterance and batched), :class:`LabelLoopingGreedySearch` (batched) and
+  :class:`BeamSearch` (every beam rule): one class per search, each for every
+  lattice, the lattice's symbol table (:class:`SymbolTable`, or a
   token-and-duration transducer's :class:`TDTSymbolTable`) scoring its arcs.
-  :class:`MultiblankGreedySearch`, :class:`TDTGreedySearch` and
-  :class:`TDTBeamSearch` are the same searches restricted to one lattice kind (the
-  former classes).
-* :class:`LabelLoopingGreedySearch`: label-looping greedy search (batched), with
-  :class:`MultiblankLabelLoopingSearch` and :class:`TDTLabelLoopingSearch`.
 * :class:`ShallowFusion` of :class:`TokenLM` language models: every search above
   takes one (``fusion=``) and ranks its arcs by the fused score.
-* :class:`Arcs`: the arcs a step chooses from or takes (:mod:`.arcs`).
+* :class:`Arcs`: the arcs a step chooses from or takes (:mod:`.tables`).
 
 See ``docs/decoding.md``.
 """
 
-from espnet_multiblank.decoding.arcs import Arcs
-from espnet_multiblank.decoding.base import TransducerSearch
-from espnet_multiblank.decoding.beam import MultiblankBeamSearch, TDTBeamSearch
+from espnet_multiblank.decoding.base import TransducerSearch, single_thread_on_cpu
+from espnet_multiblank.decoding.beam import BeamSearch
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion, TokenLM
-from espnet_multiblank.decoding.greedy import (
-    GreedySearch,
-    MultiblankGreedySearch,
-    TDTGreedySearch,
-)
+from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.label_looping import (
-    LabelLoopingGreedySearch,
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
-)
+from espnet_multiblank.decoding.label_looping import LabelLoopingGreedySearch
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
-from espnet_multiblank.decoding.tables import SymbolTable, TDTSymbolTable
-from espnet_multiblank.decoding.threads import single_thread_on_cpu
+from espnet_multiblank.decoding.tables import Arcs, SymbolTable, TDTSymbolTable
+
+# The former names: once one class per lattice kind, now aliases of the one search
+# (every class decodes every lattice kind).
+MultiblankGreedySearch = TDTGreedySearch = GreedySearch
+MultiblankBeamSearch = TDTBeamSearch = BeamSearch
+MultiblankLabelLoopingSearch = TDTLabelLoopingSearch = LabelLoopingGreedySearch
 
 __all__ = [
     "Arcs",
     "BatchedHyps",
+    "BeamSearch",
     "FusionState",
     "GreedySearch",
     "Hypothesis",

@@ -5,33 +5,54 @@ prediction and joint networks) and a lattice from :mod:`espnet_multiblank.lattic
 (which symbols exist and how many frames each covers). Subclasses implement
 :meth:`TransducerSearch.search` (one utterance, n-best) and, when they have a batched
 algorithm, :meth:`TransducerSearch.search_batch` (B utterances, 1-best each) with
-``batched = True``. Frame-looping greedy and beam search are here; label-looping
-searches (one emitted label per outer iteration, the inner loop advancing only the
-joint network) and searches over other lattices (TDT: a stepper whose joint output
-carries duration logits, and a symbol table built from ``TDTLattice``) plug in through
-:meth:`TransducerSearch.make_table` and the same two methods.
+``batched = True``. The searches (:mod:`.greedy`, :mod:`.label_looping`,
+:mod:`.beam`) are written once for every lattice: what a lattice kind changes
+reaches them through its symbol table (:meth:`TransducerSearch.table`).
+:func:`single_thread_on_cpu` is the block the callers run a search in (one intra-op
+thread on a CPU).
 """
 
+import contextlib
 from abc import ABC, abstractmethod
 from numbers import Integral
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion
-from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.one_run import OneRun
+from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.stepper import Stepper
 from espnet_multiblank.decoding.tables import (
+    Arcs,
+    RowNodes,
     SymbolTable,
     TDTSymbolTable,
     check_blank_decision,
 )
-from espnet_multiblank.lattice import MultiblankLattice, TDTLattice, lattice_of
+from espnet_multiblank.lattice import MultiblankLattice, TDTLattice, is_lattice
 
 Lattice = Union[MultiblankLattice, TDTLattice]
 Table = Union[SymbolTable, TDTSymbolTable]
+
+
+@contextlib.contextmanager
+def single_thread_on_cpu(device: Any) -> Iterator[None]:
+    """Run the block with one intra-op thread when ``device`` is the CPU.
+
+    A search step works on a handful of rows ((A, J) matrices, one RNN step): extra
+    threads cannot split that work and only add synchronisation, which on a loaded
+    machine costs more than the step itself (``bench/decode_steps.py`` measures it).
+    The encoder, which does gain from threads, runs outside this block.
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -67,42 +88,47 @@ class TransducerSearch(ABC):
             prediction network's start symbol, as in training).
         max_sym_per_frame: Labels a hypothesis may emit at one frame; after that only
             blanks are allowed there.
-        nbest: Hypotheses :meth:`search` returns.
+        blank_decision: How a step chooses between blanks and labels: ``"total"``
+            or ``"symbol"`` (:mod:`~espnet_multiblank.decoding.tables`).
         fusion: Language models fused into the search
             (:class:`~espnet_multiblank.decoding.fusion.ShallowFusion` over the
             search's tokens), or None.
+        end_rule: How a path may end: one of the lattice's ``end_rules``
+            (:data:`espnet_multiblank.lattice.END_RULES`): ``"exact"``, or for a
+            TDT ``"clip"`` (every duration allowed, clipped at T,
+            :class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`).
 
     Attributes:
         batched: True when :meth:`search_batch` decodes the utterances together.
-        lattice_types: The lattice classes the search decodes (the constructor refuses
-            others).
+        nbest: Hypotheses :meth:`search` returns (1; a beam search's own).
+        beam_size: Hypotheses kept per step (1; a beam search's own).
+
+    Every search decodes every lattice kind (the lattice gives its rules and its
+    symbol table); the constructor refuses what is not a lattice.
     """
 
     batched = False
-    lattice_types: Tuple[type, ...] = (MultiblankLattice,)
-    #: how a path may end (:data:`espnet_multiblank.lattice.END_RULES`): the
-    #: lattice's own rule unless a search is built with another one it supports
-    end_rule = "exact"
+    nbest = 1
+    beam_size = 1
 
     def __init__(
         self,
         stepper: Stepper,
         lattice: Lattice,
         max_sym_per_frame: int = 10,
-        nbest: int = 1,
+        blank_decision: str = "total",
         fusion: Optional[ShallowFusion] = None,
+        end_rule: str = "exact",
     ):
         if not isinstance(stepper, Stepper):
             raise TypeError(
                 f"stepper must be an espnet_multiblank.decoding.Stepper, got "
                 f"{type(stepper).__name__}"
             )
-        if not lattice_of(lattice, self.lattice_types):
-            names = " or ".join(
-                f"espnet_multiblank.lattice.{c.__name__}" for c in self.lattice_types
-            )
+        if not is_lattice(lattice):
             raise TypeError(
-                f"lattice must be a {names} for {type(self).__name__}, got "
+                "lattice must be a espnet_multiblank.lattice.MultiblankLattice or "
+                f"espnet_multiblank.lattice.TDTLattice for {type(self).__name__}, got "
                 f"{type(lattice).__name__}"
             )
         lattice.check_vocab_size(stepper.vocab_size, "stepper.vocab_size")
@@ -111,9 +137,10 @@ class TransducerSearch(ABC):
         self.max_sym_per_frame = check_positive_int(
             "max_sym_per_frame", max_sym_per_frame
         )
-        self.nbest = check_positive_int("nbest", nbest)
         self._tables: Dict[torch.device, Table] = {}
         self.fusion = self._check_fusion(fusion)
+        self.blank_decision = check_blank_decision(blank_decision)
+        self.end_rule = lattice.check_end_rule(end_rule)
 
     @property
     def num_tokens(self) -> int:
@@ -153,34 +180,18 @@ class TransducerSearch(ABC):
         """The standard blank (the start symbol of every hypothesis)."""
         return self.lattice.blank
 
-    def _set_end_rule(self, end_rule: str) -> None:
-        """:attr:`end_rule`, one the lattice supports (its ``end_rules``)."""
-        self.end_rule = self.lattice.check_end_rule(end_rule)
-
-    def make_table(self, device: torch.device) -> Table:
-        """The symbol table of :attr:`lattice` on ``device``: the tensors its arcs
-        are scored and chosen with (a single softmax over the symbols, or a TDT's
-        token and duration softmaxes)."""
-        kind = TDTSymbolTable if self.lattice.factorised else SymbolTable
-        return kind(self.lattice, self.stepper.vocab_size, device, self.end_rule)
-
     def table(self, device: torch.device) -> Table:
-        """:meth:`make_table`, cached per device."""
+        """The symbol table of :attr:`lattice` on ``device`` (built once per
+        device): the tensors its arcs are scored and chosen with (a single softmax
+        over the symbols, or a TDT's token and duration softmaxes)."""
         table = self._tables.get(device)
         if table is None:
-            table = self._tables[device] = self.make_table(device)
+            kind = TDTSymbolTable if self.lattice.factorised else SymbolTable
+            table = kind(self.lattice, self.stepper.vocab_size, device, self.end_rule)
+            self._tables[device] = table
         return table
 
-    def row_arcs(
-        self,
-        table: Table,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Arcs:
+    def row_arcs(self, table: Table, nodes: RowNodes) -> Arcs:
         """The greedy arc of A rows (every greedy search's step, frame- and
         label-looping): the joint network at the rows' nodes, the arcs the lattice
         allows there (end rule, ``max_sym_per_frame``), the best one by
@@ -188,43 +199,29 @@ class TransducerSearch(ABC):
 
         Args:
             table: The search's symbol table on the rows' device.
-            enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
-            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
-                end: their arcs are to be ignored).
-            length: (A,) long, T of each row.
-            num_sym: (A,) long, labels already emitted at ``frame``.
-            lm_labels: (A, V) float32 weighted LM scores of every token as the next
-                label (0 at the blanks), or None without an LM.
+            nodes: The rows at their nodes
+                (:class:`~espnet_multiblank.decoding.tables.RowNodes`).
 
         Returns:
-            :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A,).
+            :class:`~espnet_multiblank.decoding.tables.Arcs` of shape (A,).
         """
-        scores = table.step_scores(self.stepper, enc_proj, dec_proj, lm_labels)
+        scores = table.step_scores(self.stepper, nodes)
         return table.best_arcs(
-            scores, frame, length, num_sym, self.max_sym_per_frame, self.blank_decision
+            scores, nodes, self.max_sym_per_frame, self.blank_decision
         )
 
-    def beam_candidates(
-        self,
-        table: Table,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Arcs:
+    def beam_candidates(self, table: Table, nodes: RowNodes) -> Arcs:
         """The N candidate arcs of each of A hypotheses (every beam search's
         expansion; the table's ``beam_candidates``). Arguments as for
         :meth:`row_arcs` (``frame`` < ``length``).
 
         Returns:
-            :class:`~espnet_multiblank.decoding.arcs.Arcs` of shape (A, N); ``score``
+            :class:`~espnet_multiblank.decoding.tables.Arcs` of shape (A, N); ``score``
             is -inf where the arc is not allowed.
         """
-        scores = table.step_scores(self.stepper, enc_proj, dec_proj, lm_labels)
+        scores = table.step_scores(self.stepper, nodes)
         return table.beam_candidates(
-            scores, frame, length, num_sym, self.max_sym_per_frame, self.blank_decision
+            scores, nodes, self.max_sym_per_frame, self.blank_decision
         )
 
     def start(self, batch: int, device: torch.device) -> Tuple[torch.Tensor, Any]:
@@ -286,209 +283,3 @@ class TransducerSearch(ABC):
             return [[hyp] for hyp in self.search_batch(enc_out, enc_lens)]
         lens = enc_lens.tolist()
         return [self.search(enc_out[b, : lens[b]]) for b in range(len(lens))]
-
-
-class FrameLoopingGreedySearch(TransducerSearch):
-    """What the frame-looping greedy searches share (multi-blank and TDT): one
-    utterance at a time with :meth:`search_one`, and B at once with
-    :meth:`search_batch`, which takes one step for every active utterance per
-    iteration: one joint call, :meth:`TransducerSearch.row_arcs` for every row,
-    one prediction-network call for the rows that emitted a label; each utterance
-    advances by its own number of frames and leaves when it reaches its T_b.
-
-    Args: those of :class:`TransducerSearch` (``nbest`` is 1), ``blank_decision``
-    (``"total"`` or ``"symbol"``, see
-    :mod:`~espnet_multiblank.decoding.tables`) and ``end_rule`` (one of the
-    lattice's ``end_rules``: ``"exact"``, or for a TDT ``"clip"``, see
-    :mod:`~espnet_multiblank.decoding.tables`).
-    """
-
-    batched = True
-
-    def __init__(
-        self,
-        stepper: Stepper,
-        lattice: Lattice,
-        max_sym_per_frame: int = 10,
-        blank_decision: str = "total",
-        fusion: Optional[ShallowFusion] = None,
-        end_rule: str = "exact",
-    ):
-        super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
-        )
-        self.beam_size = 1
-        self.blank_decision = check_blank_decision(blank_decision)
-        self._set_end_rule(end_rule)
-
-    def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
-        return [self.search_one(enc_out)]
-
-    def search_one(self, enc_out: torch.Tensor) -> Hypothesis:
-        """Greedy search for one utterance (a plain Python loop: no batch overhead).
-
-        Args:
-            enc_out: (T, D_enc) encoder output.
-        """
-        return self.search_one_projected(self.stepper.project_enc(enc_out))
-
-    @torch.no_grad()
-    def search_one_projected(self, enc_proj: torch.Tensor) -> Hypothesis:
-        """:meth:`search_one` on (T, J) projected encoder frames."""
-        run = self.start_one(enc_proj.device)
-        self.run_one(run, enc_proj, enc_proj.size(0))
-        return self.finish_one(run)
-
-    @torch.no_grad()
-    def search_projected(
-        self, enc_proj: torch.Tensor, enc_lens: torch.Tensor
-    ) -> List[Hypothesis]:
-        """:meth:`search_one_projected` for each of B utterances.
-
-        Args:
-            enc_proj: (B, T_max, J) projected encoder frames.
-            enc_lens: (B,) long, frames of each utterance.
-        """
-        return [
-            self.search_one_projected(enc_proj[b, :n])
-            for b, n in enumerate(enc_lens.tolist())
-        ]
-
-    def start_one(self, device: torch.device) -> OneRun:
-        """The state of a one-utterance search before the first frame."""
-        dec_proj, state = self.start(1, device)
-        hyp = Hypothesis(score=0.0, yseq=[self.blank_id])
-        return OneRun(hyp, dec_proj, state, self.start_lm(1, device))
-
-    @abstractmethod
-    def run_one(
-        self, run: OneRun, enc_proj: torch.Tensor, length: int, final: bool = True
-    ) -> None:
-        """Take the steps of one utterance (in place) up to frame ``length``.
-
-        Offline (``final``): ``length`` is T and the run ends at T. A stream
-        (``final`` false) has received ``length`` = N frames and its T >= N is not
-        known yet. A step at frame t depends on T only through ``min(T - t, R)`` (R
-        + 1 for a TDT): at t <= N - R that is R whatever T is, and the step is
-        taken; nearer to N, the step is taken if its arc is the one every T >= N
-        gives (its score, when T changes it, is held in ``run.terms``), else the run
-        stops there until more frames arrive. Each step taken is the one the whole
-        utterance takes, so the run ends as offline, bit for bit.
-
-        Args:
-            run: The search's state (modified).
-            enc_proj: (>= length, J) projected encoder frames.
-            length: T, or the frames received N.
-            final: Whether ``length`` is T.
-        """
-
-    def emit_one(
-        self, run: OneRun, label: int, dec_proj, state, lm, device, keep: bool
-    ) -> Tuple[torch.Tensor, Any, Any]:
-        """The prediction network's output and state and the LMs' state after
-        ``label`` (already appended to ``run.hyp.yseq``, emitted at frame t), from
-        the stream's cache when one of its runs has computed them; ``keep``: put
-        them there (t is near the last frame received)."""
-        cache = run.cache
-        t = run.hyp.timing[-1][0]
-        key = None
-        if cache is not None and t >= cache.low:
-            key = tuple(run.hyp.yseq)
-            got = cache.labels.get(key)
-            if got is not None:
-                return got[1:]
-        labels = torch.full((1,), label, dtype=torch.long, device=device)
-        dec_proj, state = self.stepper.step(labels, state)
-        if lm is not None:
-            lm = self.fusion.step(labels, lm)
-        if cache is not None and keep:
-            key = tuple(run.hyp.yseq) if key is None else key
-            cache.put_labels(key, t, (dec_proj, state, lm))
-        return dec_proj, state, lm
-
-    def finish_one(self, run: OneRun) -> Hypothesis:
-        """The end of a one-utterance search (every frame consumed): its hypothesis
-        with the prediction network's state and output after the last label, and
-        with an LM its state and the end-of-sentence score."""
-        if run.terms:
-            raise ValueError("the run has not ended (run_one with final=True)")
-        hyp = run.hyp
-        hyp.dec_state = run.state
-        hyp.dec_proj = run.dec_proj[0]
-        if run.lm is not None:
-            hyp.score += float(run.lm.end[0])
-            hyp.lm_state = run.lm
-        return hyp
-
-    @torch.no_grad()
-    def search_batch(
-        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
-    ) -> List[Hypothesis]:
-        """Greedy search for B utterances at once (the same symbols as
-        :meth:`search_one`, tested).
-
-        Args:
-            enc_out: (B, T_max, D_enc) padded encoder output.
-            enc_lens: (B,) encoder lengths T_b.
-
-        Returns:
-            B hypotheses, in input order.
-        """
-        device = enc_out.device
-        table = self.table(device)
-        stepper = self.stepper
-        B = enc_out.size(0)
-        lens = enc_lens.to(device=device, dtype=torch.long)
-        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
-        dec_proj, state = self.start(B, device)  # (B, J)
-        lm = self.start_lm(B, device)
-        fusion = self.fusion
-        hyps = BatchedHyps(B, device)
-
-        active = (hyps.frame < lens).nonzero().squeeze(1)
-        while active.numel() > 0:
-            t = hyps.frame[active]  # (A,)
-            arcs = self.row_arcs(
-                table,
-                enc_proj[active, t],
-                dec_proj[active],
-                t,
-                lens[active],
-                hyps.num_sym[active],
-                None if lm is None else lm.labels[active],
-            )
-            is_label = arcs.is_label
-            lm_part = None
-            if lm is not None:  # timing: the labels' acoustic part
-                lm_part = lm.labels[active].gather(1, arcs.symbol.unsqueeze(1))[:, 0]
-            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label, lm_part)
-            if bool(is_label.any()):
-                rows = active[is_label]
-                labels = arcs.symbol[is_label]
-                new_proj, new_state = stepper.step(
-                    labels, stepper.select_state(state, rows)
-                )
-                dec_proj[rows] = new_proj
-                stepper.scatter_state(state, rows, new_state)
-                if lm is not None:
-                    fusion.scatter(
-                        lm, rows, fusion.step(labels, fusion.select(lm, rows))
-                    )
-            active = (hyps.frame < lens).nonzero().squeeze(1)
-
-        if lm is not None:  # every hypothesis is complete: the end of the sentence
-            hyps.score += lm.end.double()
-        return [
-            hyps.hypothesis(
-                b,
-                self.blank_id,
-                stepper.select_state(state, torch.tensor([b], device=device)),
-                dec_proj[b],
-                (
-                    None
-                    if lm is None
-                    else fusion.select(lm, torch.tensor([b], device=device))
-                ),
-            )
-            for b in range(B)
-        ]

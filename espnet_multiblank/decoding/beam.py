@@ -1,4 +1,4 @@
-"""Multi-blank beam search: frame-synchronous; big blanks park hypotheses ahead.
+"""Beam search of every lattice: frame-synchronous; big blanks park hypotheses ahead.
 
 ESPnet and NeMo ship only greedy decoding for multi-blank transducers. This search
 generalises the frame-synchronous transducer beam search to symbols that advance a
@@ -46,6 +46,25 @@ Decoding uses the plain log-softmax (the training-time sigma is not applied). Be
 search is not guaranteed to find a
 better-scoring path than greedy search, but in practice (and in the tests) its 1-best
 scores at least as well.
+
+Batches. :meth:`BeamSearch.search_batch_nbest` decodes B utterances with one
+joint-network call per step for every live hypothesis of every utterance (each at
+its own frame), one prediction-network call (and one call of the fused LMs) for the
+labels kept, finished utterances out of the work, hypotheses with the same labels at
+the same frame merged (log-add), n-best lists; the lattice only gives the candidates
+(the symbol table's ``beam_candidates``). ``beam_sync`` chooses the rule:
+
+* ``"frame"`` (:mod:`.frame_sync_beam`): the frame-synchronous rule above (per-frame
+  queues); the same n-best lists as :meth:`BeamSearch.search`, utterance by
+  utterance;
+* ``"step"`` (:mod:`.step_sync_beam`): every hypothesis takes one arc per step and the
+  K best of each utterance are kept (pruning per step, as NeMo's batched beam
+  searches): far fewer steps where big blanks or durations skip frames, other
+  hypotheses than the frame-synchronous rule in places;
+* ``"label"`` (:mod:`.label_sync_beam`): every hypothesis is a label sequence scored
+  with the sum over all its alignments.
+
+See ``docs/decoding.md`` ("Batched beam search").
 """
 
 import math
@@ -55,31 +74,68 @@ import numpy as np
 import torch
 
 from espnet_multiblank.decoding import prefix_kernels
-from espnet_multiblank.decoding.base import Table
-from espnet_multiblank.decoding.batched_beam import (
-    BatchedBeamSearch,
-    check_beam_sync,
-    check_frame_prune,
+from espnet_multiblank.decoding.base import (
+    Table,
+    TransducerSearch,
+    check_batch,
+    check_positive_int,
 )
+from espnet_multiblank.decoding.frame_sync_beam import FrameSyncRun
 from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis
-from espnet_multiblank.decoding.tables import check_blank_decision
-from espnet_multiblank.lattice import TDTLattice
+from espnet_multiblank.decoding.label_sync_beam import LabelSyncRun
+from espnet_multiblank.decoding.step_sync_beam import StepSyncRun
+from espnet_multiblank.decoding.tables import RowNodes
 
 Queue = Dict[Tuple[int, ...], Hypothesis]
 
+#: ``beam_sync`` values and the run of each
+RUNS = {"frame": FrameSyncRun, "step": StepSyncRun, "label": LabelSyncRun}
+BEAM_SYNCS = tuple(RUNS)
 
-class MultiblankBeamSearch(BatchedBeamSearch):
-    """Frame-synchronous multi-blank beam search (see the module docstring).
+
+def check_beam_sync(value) -> str:
+    if value not in RUNS:
+        raise ValueError(f"beam_sync must be one of {list(BEAM_SYNCS)}, got {value!r}")
+    return value
+
+
+def check_frame_prune(value, beam_sync: str) -> Optional[float]:
+    """``frame_prune``: None (every frame of every prefix), or nats > 0, with
+    ``beam_sync: label`` only."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
+    if not value > 0 or math.isnan(value):
+        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
+    if beam_sync != "label":
+        raise ValueError(
+            f"frame_prune applies to beam_sync 'label' only, got beam_sync "
+            f"{beam_sync!r}"
+        )
+    return float(value)
+
+
+class BeamSearch(TransducerSearch):
+    """Beam search of every lattice, every rule (see the module docstring;
+    ``MultiblankBeamSearch`` and ``TDTBeamSearch`` are its former names).
+
+    A TDT (``stepper.vocab_size`` = V + D): a candidate is an arc (token k,
+    duration e_j), scored ``tok[k] + dur[j]`` (``"symbol"``) or with the token's
+    total over the durations it may take (``"total"``); a label with e_j >= 1
+    moves its child to frame t + e_j; with ``end_rule: "clip"`` every duration is
+    allowed, clipped at T
+    (:class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`).
 
     :meth:`search` decodes one utterance (the reference implementation, in Python
     over hypothesis objects); :meth:`search_batch_nbest` decodes B utterances at
-    once with the same rules and results
-    (:mod:`~espnet_multiblank.decoding.batched_beam`).
+    once with the same rules and results (the module docstring's "Batches").
 
     Args:
-        stepper, lattice, max_sym_per_frame, nbest: see
+        stepper, lattice, max_sym_per_frame, end_rule: see
             :class:`~espnet_multiblank.decoding.base.TransducerSearch`.
+        nbest: Hypotheses :meth:`search` returns.
         beam_size: B.
         score_norm: Rank the final hypotheses by ``score / len(yseq)`` instead of
             ``score``.
@@ -109,6 +165,12 @@ class MultiblankBeamSearch(BatchedBeamSearch):
             None (default): every frame.
     """
 
+    batched = True
+    #: first capacity of a frame's overflow, per utterance (doubled when full)
+    initial_overflow = 4
+    #: first capacity of the node pool (doubled when full)
+    initial_nodes = 1024
+
     def __init__(
         self,
         stepper,
@@ -124,12 +186,9 @@ class MultiblankBeamSearch(BatchedBeamSearch):
         end_rule: str = "exact",
     ):
         super().__init__(
-            stepper,
-            lattice,
-            max_sym_per_frame=max_sym_per_frame,
-            nbest=nbest,
-            fusion=fusion,
+            stepper, lattice, max_sym_per_frame, blank_decision, fusion, end_rule
         )
+        self.nbest = check_positive_int("nbest", nbest)
         self.beam_sync = check_beam_sync(beam_sync)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int):
             raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
@@ -139,9 +198,7 @@ class MultiblankBeamSearch(BatchedBeamSearch):
             raise TypeError(f"score_norm must be a bool, got {score_norm!r}")
         self.beam_size = beam_size
         self.score_norm = score_norm
-        self.blank_decision = check_blank_decision(blank_decision)
         self.frame_prune = check_frame_prune(frame_prune, self.beam_sync)
-        self._set_end_rule(end_rule)
         if self.end_rule != "exact" and beam_sync == "label":
             raise ValueError(
                 "beam_sync 'label' scores the loss's lattice, whose paths end "
@@ -168,7 +225,8 @@ class MultiblankBeamSearch(BatchedBeamSearch):
         return self._path_search
 
     def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:
-        """Final ranking, best first: by score, or by score / len(yseq)."""
+        """Final ranking, best first: by score, or by score / len(yseq) (every
+        rule's n-best lists)."""
         if self.score_norm:
             return sorted(hyps, key=lambda h: h.score / len(h.yseq), reverse=True)
         return sorted(hyps, key=lambda h: h.score, reverse=True)
@@ -208,13 +266,54 @@ class MultiblankBeamSearch(BatchedBeamSearch):
         if self.beam_sync != "frame":  # one utterance as a batch of one
             length = torch.tensor([enc_out.size(0)], device=enc_out.device)
             return self.search_batch_nbest(enc_out.unsqueeze(0), length)[0]
-        return self.search_projected(self.stepper.project_enc(enc_out))
+        return self.nbest_projected(self.stepper.project_enc(enc_out))
 
     @torch.no_grad()
-    def search_projected(self, enc_proj: torch.Tensor) -> List[Hypothesis]:
-        """:meth:`search` on encoder frames already projected by
-        ``stepper.project_enc`` ((T, J)): what the streaming search runs chunk by
-        chunk (:meth:`start_queues`, :meth:`run_frames`, :meth:`final_hypotheses`)."""
+    def search_batch_nbest(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[List[Hypothesis]]:
+        """Beam search for B utterances at once.
+
+        Args:
+            enc_out: (B, T_max, D_enc) padded encoder output.
+            enc_lens: (B,) encoder lengths T_b <= T_max.
+
+        Returns:
+            For each utterance, in input order, up to :attr:`nbest` complete
+            hypotheses, best first (``beam_sync: "frame"``: those of :meth:`search`
+            on the utterance alone); an empty list when no path survived (e.g.
+            non-finite network outputs).
+        """
+        lens = check_batch(enc_out, enc_lens)
+        if enc_out.size(0) == 0:
+            return []
+        run = RUNS[self.beam_sync](self, enc_out, lens)
+        while run.step():
+            pass
+        return run.results()
+
+    def search_batch(
+        self, enc_out: torch.Tensor, enc_lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """The best hypothesis of each utterance (:meth:`search_batch_nbest`).
+
+        Raises:
+            ValueError: an utterance kept no hypothesis.
+        """
+        out = []
+        for b, nbest in enumerate(self.search_batch_nbest(enc_out, enc_lens)):
+            if not nbest:
+                raise ValueError(f"utterance {b} of the batch kept no hypothesis")
+            out.append(nbest[0])
+        return out
+
+    @torch.no_grad()
+    def nbest_projected(self, enc_proj: torch.Tensor) -> List[Hypothesis]:
+        """:meth:`search` (one utterance, n-best) on encoder frames already
+        projected by ``stepper.project_enc`` ((T, J)): what the streaming search
+        runs chunk by chunk (:meth:`start_queues`, :meth:`run_frames`,
+        :meth:`final_hypotheses`). (``search_projected`` of the greedy searches is
+        a batch with lengths, 1-best each.)"""
         T = enc_proj.size(0)
         queues = self.start_queues(enc_proj.device, T)
         self.run_frames(queues, enc_proj, 0, T)
@@ -298,15 +397,15 @@ class MultiblankBeamSearch(BatchedBeamSearch):
         """
         A = len(current)
         device = enc_proj_t.device
-        cand = self.beam_candidates(
-            table,
+        nodes = RowNodes(
             enc_proj_t.expand(A, -1),
             torch.stack([h.dec_proj for h in current]),  # (A, J)
             torch.full((A,), t, dtype=torch.long, device=device),
             length.expand(A),
             torch.tensor([h.num_sym_frame for h in current], device=device),
             None if self.fusion is None else self._lm_labels(current),
-        )  # (A, N)
+        )
+        cand = self.beam_candidates(table, nodes)  # (A, N)
         base = torch.tensor([h.score for h in current], dtype=torch.float64)
         scores = base.to(device).unsqueeze(1) + cand.score.double()
         N = scores.size(1)
@@ -420,21 +519,3 @@ class MultiblankBeamSearch(BatchedBeamSearch):
                 )
             )
         return children
-
-
-class TDTBeamSearch(MultiblankBeamSearch):
-    """The beam search (:class:`MultiblankBeamSearch`, every rule) of a
-    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D):
-    a candidate is an arc (token k, duration e_j), scored ``tok[k] + dur[j]``
-    (``"symbol"``) or with the token's total over the durations it may take
-    (``"total"``); a label with e_j >= 1 moves its child to frame t + e_j; with
-    ``end_rule: "clip"`` every duration is allowed, clipped at T
-    (:class:`~espnet_multiblank.decoding.tables.TDTSymbolTable`). With B = 1 each
-    expansion keeps the greedy search's arc (same ``blank_decision``).
-    """
-
-    lattice_types = (TDTLattice,)
-
-
-#: the TDT beam search's default ``blank_decision`` (that of every beam search)
-TDT_BEAM_DECISION = "symbol"

@@ -13,6 +13,10 @@ candidates of its lattice (``beam_candidates``), the K best of each utterance;
 The subclasses (:mod:`.frame_sync_beam`, :mod:`.step_sync_beam`) decide which
 hypotheses expand and where the children go.
 
+Keys: a polynomial hash of the label sequence modulo 2^64 (int64 arithmetic wraps);
+two different label sequences share a key with probability about 2^-64 per pair.
+Statistics: big-blank emissions << 32 | frames skipped.
+
 Notation: B utterances, K beam, S store rows, A hypotheses expanded, N candidates per
 hypothesis, W = min(K, N), L labels kept.
 """
@@ -21,8 +25,63 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.beam_queues import NEG, unpack_stats
 from espnet_multiblank.decoding.hypothesis import Hypothesis
+from espnet_multiblank.decoding.tables import RowNodes
+
+NEG = float("-inf")
+#: multiplier of the label-sequence hash (odd: every key is reachable)
+KEY_MULT = 0x5851F42D4C957F2D
+#: ``meta`` columns
+NODE, STATS = 0, 1
+#: statistics: big-blank emissions in the high 32 bits, frames skipped in the low
+BIG_SHIFT = 32
+
+
+def extend_key(key: torch.Tensor, symbol: torch.Tensor) -> torch.Tensor:
+    """The key of a label sequence extended by ``symbol`` (same shapes, long)."""
+    return key * KEY_MULT + (symbol + 1)
+
+
+def stats_increment(frames: torch.Tensor, is_label: torch.Tensor) -> torch.Tensor:
+    """Packed statistics of arcs covering ``frames`` frames: frames skipped
+    (``frames - 1``) and, for a blank over more than one frame, a big-blank
+    emission."""
+    big = (~is_label & (frames > 1)).long() << BIG_SHIFT
+    return big + (frames - 1).clamp(min=0)
+
+
+def merge_equal(
+    mask: torch.Tensor, score: torch.Tensor, key: torch.Tensor, place: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge the hypotheses ``mask`` of each utterance that carry the same labels to
+    the same place into the first of them (the best: the candidates are sorted).
+
+    Args:
+        mask: (B, K) bool, the hypotheses that may merge.
+        score: (B, K) float64, sorted best first per utterance.
+        key: (B, K) long, label-sequence keys.
+        place: (B, K) long, where each goes (a frame, a queue).
+
+    Returns:
+        (B, K) bool, the hypotheses of ``mask`` that are first of their group, and
+        the scores with each first one's group log-added (the others unchanged).
+    """
+    same = (
+        mask.unsqueeze(2)
+        & mask.unsqueeze(1)
+        & (key.unsqueeze(2) == key.unsqueeze(1))
+        & (place.unsqueeze(2) == place.unsqueeze(1))
+    )  # (B, K, K)
+    first = mask & (
+        same.long().argmax(2) == torch.arange(mask.size(1), device=mask.device)
+    )
+    merged = torch.logsumexp(torch.where(same, score.unsqueeze(1), NEG), 2)
+    return first, torch.where(first, merged, score)
+
+
+def unpack_stats(stats: int) -> Tuple[int, int]:
+    """(big-blank emissions, frames skipped) of packed statistics."""
+    return stats >> BIG_SHIFT, stats & ((1 << BIG_SHIFT) - 1)
 
 
 class Expansion(NamedTuple):
@@ -53,7 +112,7 @@ class BeamRun:
 
     Args:
         search: The beam search (a
-            :class:`~espnet_multiblank.decoding.batched_beam.BatchedBeamSearch`).
+            :class:`~espnet_multiblank.decoding.beam.BeamSearch`).
         enc_out: (B, T_max, D_enc) encoder output.
         lens: (B,) long, T_b.
         rows: S, the store's rows.
@@ -119,8 +178,7 @@ class BeamRun:
         t_of = frame.reshape(-1)[flat]
         store = rows.view(-1)[flat]
         lm_labels = None if self.lm is None else self.lm.labels[store]
-        cand = self.search.beam_candidates(
-            self.table,
+        nodes = RowNodes(
             self.enc_proj[b_of, t_of],
             self.dec_proj[store],
             t_of,
@@ -128,6 +186,7 @@ class BeamRun:
             num_sym.view(-1)[flat],
             lm_labels,
         )
+        cand = self.search.beam_candidates(self.table, nodes)
         # the W best of each hypothesis, then the K best of each utterance
         row_top, row_col = cand.score.topk(min(K, cand.score.size(1)), dim=1)
         W = row_top.size(1)
@@ -159,9 +218,47 @@ class BeamRun:
             is_label = is_label & ~is_pinned
         return Expansion(top, parent, symbol, frames, is_label, is_pinned, lm_label)
 
+    def step_expanded(
+        self,
+        ex: Expansion,
+        kept: torch.Tensor,
+        p_row: torch.Tensor,
+        score: torch.Tensor,
+        node: torch.Tensor,
+        frame: torch.Tensor,
+    ):
+        """:meth:`step_labels` for the label arcs ``kept`` of an expansion (the
+        frame- and step-synchronous runs').
+
+        Args:
+            ex: The expansion.
+            kept: (B, K) bool, the label arcs kept.
+            p_row: (B, K) long, the store rows of ``ex``'s parents.
+            score: The hypotheses' scores, indexed by store row (flat).
+            node, frame: (B, K) long, each candidate's parent's last node and the
+                frame its arc leaves.
+
+        Returns:
+            (L,) the flat indices of ``kept``, and :meth:`step_labels` for them
+            (None, None when there is none).
+        """
+        lab = kept.view(-1).nonzero().squeeze(1)  # (L,)
+        if not lab.numel():
+            return lab, None, None
+        src = p_row.view(-1)[lab]
+        acoustic = ex.score.view(-1)[lab] - score.view(-1)[src]
+        new, ids = self.step_labels(
+            src,
+            ex.symbol.view(-1)[lab],
+            node.reshape(-1)[lab],
+            frame.reshape(-1)[lab],
+            ex.frames.view(-1)[lab],
+            acoustic - ex.lm_label.view(-1)[lab],
+        )
+        return lab, new, ids
+
     def step_labels(
         self,
-        lab: torch.Tensor,
         src: torch.Tensor,
         labels: torch.Tensor,
         node: torch.Tensor,
@@ -172,7 +269,6 @@ class BeamRun:
         """One prediction-network (and LM) step for the L kept labels.
 
         Args:
-            lab: (L,) long, which candidates (any indexing the caller keeps).
             src: (L,) long, their parents' store rows.
             labels: (L,) long.
             node: (L,) long, their parents' last node.
@@ -248,11 +344,7 @@ class BeamRun:
                 if lost
                 else [self._hypothesis(e, T, nodes, logps) for e in entries[b]]
             )
-            if search.score_norm:
-                hyps.sort(key=lambda h: h.score / len(h.yseq), reverse=True)
-            else:
-                hyps.sort(key=lambda h: h.score, reverse=True)
-            out.append(hyps[: search.nbest])
+            out.append(search.rank(hyps)[: search.nbest])
         return out
 
     def _hypothesis(self, entry, T: int, nodes, logps) -> Hypothesis:

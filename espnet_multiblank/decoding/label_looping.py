@@ -20,8 +20,7 @@ arcs, the same ``max_sym_per_frame`` guard, the same end rule, the same scores):
 the order in which the utterances' steps are computed changes. The arc of a joint row
 comes from the step the frame-looping searches take
 (:meth:`~espnet_multiblank.decoding.base.TransducerSearch.row_arcs`: the symbol
-table's ``best_arcs``); the two subclasses differ only in the lattices they accept and
-their one-utterance search.
+table's ``best_arcs``), for every lattice kind.
 
 **Window.** The prediction output of an utterance does not change until its next
 label, so the inner loop may evaluate the joint network at ``window`` = W frames
@@ -64,16 +63,15 @@ from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.decoding.base import (
     TransducerSearch,
     check_batch,
     check_positive_int,
 )
-from espnet_multiblank.decoding.greedy import MultiblankGreedySearch, TDTGreedySearch
+from espnet_multiblank.decoding.greedy import GreedySearch
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
-from espnet_multiblank.decoding.tables import check_blank_decision
-from espnet_multiblank.lattice import TDTLattice, lattice_of
+from espnet_multiblank.decoding.tables import Arcs, RowNodes
+from espnet_multiblank.lattice import is_lattice
 
 
 class Window(NamedTuple):
@@ -220,16 +218,20 @@ def _repeat_rows(x: torch.Tensor, W: int) -> torch.Tensor:
 
 
 class LabelLoopingGreedySearch(TransducerSearch):
-    """Base class of the label-looping greedy searches (module docstring).
+    """Label-looping greedy search of every lattice (module docstring): the
+    hypotheses of :class:`~espnet_multiblank.decoding.greedy.GreedySearch`
+    (``MultiblankLabelLoopingSearch`` and ``TDTLabelLoopingSearch`` are its former
+    names). A TDT label arc with a duration >= 1 moves its utterance on when it is
+    recorded (outer loop).
 
     The arc a joint row chooses is :meth:`TransducerSearch.row_arcs` (every
     lattice's); the loops, the bookkeeping and the results are here. :meth:`search`
     decodes one utterance with the frame-looping search's one-utterance loop
-    (``one_utterance_class``, the subclasses').
+    (:attr:`one_utterance`).
 
     Args:
         stepper, lattice, max_sym_per_frame, blank_decision, fusion, end_rule: As for
-            :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`.
+            :class:`~espnet_multiblank.decoding.greedy.GreedySearch`.
         window: Frames the inner loop evaluates per joint-network call and utterance
             (module docstring); None: 16 when every blank of the lattice covers one
             frame, else 1.
@@ -254,11 +256,8 @@ class LabelLoopingGreedySearch(TransducerSearch):
         end_rule: str = "exact",
     ):
         super().__init__(
-            stepper, lattice, max_sym_per_frame=max_sym_per_frame, fusion=fusion
+            stepper, lattice, max_sym_per_frame, blank_decision, fusion, end_rule
         )
-        self.beam_size = 1
-        self.blank_decision = check_blank_decision(blank_decision)
-        self._set_end_rule(end_rule)
         if window is None:
             window = 16 if lattice.max_frames == 1 else 1
         self.window = check_positive_int("window", window)
@@ -277,9 +276,6 @@ class LabelLoopingGreedySearch(TransducerSearch):
             return float("inf")
         return 1 if self.window > 1 else 3
 
-    #: the frame-looping search of the same lattice kind (its one-utterance loop)
-    one_utterance_class: type
-
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         """One utterance ((T, D_enc)): the frame-looping search's one-utterance loop,
         the same hypothesis (the class docstring's) without a batch's bookkeeping,
@@ -287,11 +283,11 @@ class LabelLoopingGreedySearch(TransducerSearch):
         return self.one_utterance.search(enc_out)
 
     @property
-    def one_utterance(self) -> TransducerSearch:
+    def one_utterance(self) -> GreedySearch:
         """The frame-looping search :meth:`search` runs (built once, on the same
         stepper, lattice, inner-loop limit, blank decision and fusion)."""
         if getattr(self, "_one", None) is None:
-            self._one = self.one_utterance_class(
+            self._one = GreedySearch(
                 self.stepper,
                 self.lattice,
                 max_sym_per_frame=self.max_sym_per_frame,
@@ -301,7 +297,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             )
         return self._one
 
-    def follow_blanks(
+    def _follow_blanks(
         self,
         ctx: LoopBatch,
         dec_proj: torch.Tensor,
@@ -347,11 +343,10 @@ class LabelLoopingGreedySearch(TransducerSearch):
         )
 
     def _follow_one_frame(self, ctx, dec_proj, frame, num_sym, rows, lm_labels):
-        """:meth:`follow_blanks` with W = 1: the arc at ``t``, taken if a blank."""
+        """:meth:`_follow_blanks` with W = 1: the arc at ``t``, taken if a blank."""
         enc_rows = ctx.enc_proj[ctx.rows, frame]
-        arcs = self.row_arcs(
-            ctx.table, enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels
-        )
+        nodes = RowNodes(enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels)
+        arcs = self.row_arcs(ctx.table, nodes)
         blank = rows & ~arcs.is_label
         moved = torch.where(blank, arcs.frames, 0)
         score = torch.where(blank, arcs.score, 0.0)
@@ -365,8 +360,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         frames_w = frame.unsqueeze(1) + ctx.offsets  # (B, W)
         enc_rows = ctx.enc_proj[ctx.rows_w, frames_w]
         num_sym_w = torch.where(ctx.first, num_sym.unsqueeze(1), 0)  # (B, W)
-        flat = self.row_arcs(
-            ctx.table,
+        nodes = RowNodes(
             enc_rows.reshape(B * W, J),
             _repeat_rows(dec_proj, W),
             frames_w.view(-1),
@@ -374,6 +368,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
             num_sym_w.view(-1),
             None if lm_labels is None else _repeat_rows(lm_labels, W),
         )
+        flat = self.row_arcs(ctx.table, nodes)
         return Arcs(*(a.view(B, W) for a in flat))
 
     def _one_frame_blanks(self, ctx, arcs: Arcs, blank: torch.Tensor):
@@ -498,7 +493,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         the last window evaluated, or they wait at ``limit``)."""
         max_inner = self.inner_limit(ctx.lens.device)
         lm_labels = None if loop.lm is None else loop.lm.labels
-        window = self.follow_blanks(
+        window = self._follow_blanks(
             ctx, loop.dec_proj, loop.frame, loop.num_sym, ready, lm_labels
         )
         arcs = window.arcs
@@ -506,7 +501,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         calls = 1
         go = searching & (loop.frame < limit)
         while calls < max_inner and bool(go.any()):
-            window = self.follow_blanks(
+            window = self._follow_blanks(
                 ctx, loop.dec_proj, loop.frame, loop.num_sym, go, lm_labels
             )
             arcs = window.arcs.where(go, arcs)
@@ -596,37 +591,9 @@ class LabelLoopingGreedySearch(TransducerSearch):
         return out
 
 
-class MultiblankLabelLoopingSearch(LabelLoopingGreedySearch):
-    """Label-looping multi-blank greedy search: the hypotheses of
-    :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (standard RNN-T
-    without big blanks).
-
-    Args: those of :class:`LabelLoopingGreedySearch`.
-    """
-
-    one_utterance_class = MultiblankGreedySearch
-
-
-class TDTLabelLoopingSearch(LabelLoopingGreedySearch):
-    """Label-looping TDT greedy search: the hypotheses of
-    :class:`~espnet_multiblank.decoding.TDTGreedySearch`. A label arc with a
-    duration >= 1 moves its utterance on when it is recorded (outer loop).
-
-    Args: those of :class:`LabelLoopingGreedySearch` with a
-    :class:`~espnet_multiblank.lattice.TDTLattice` (``stepper.vocab_size`` = V + D).
-    """
-
-    lattice_types = (TDTLattice,)
-    one_utterance_class = TDTGreedySearch
-
-
 def greedy_search_class(lattice, loop_labels: bool) -> type:
     """The greedy search of ``lattice`` (frame-looping, or label-looping with
-    ``loop_labels``), as the lattice answers which searches accept it."""
-    for one, looping in (
-        (MultiblankGreedySearch, MultiblankLabelLoopingSearch),
-        (TDTGreedySearch, TDTLabelLoopingSearch),
-    ):
-        if lattice_of(lattice, one.lattice_types):
-            return looping if loop_labels else one
-    raise TypeError(f"no greedy search for a {type(lattice).__name__}")
+    ``loop_labels``): every lattice has both; anything else is refused."""
+    if not is_lattice(lattice):
+        raise TypeError(f"no greedy search for a {type(lattice).__name__}")
+    return LabelLoopingGreedySearch if loop_labels else GreedySearch

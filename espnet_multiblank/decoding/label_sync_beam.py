@@ -43,8 +43,7 @@ from typing import List
 import numpy as np
 import torch
 
-from espnet_multiblank.decoding.beam_queues import NEG
-from espnet_multiblank.decoding.beam_run import BeamRun
+from espnet_multiblank.decoding.beam_run import NEG, BeamRun
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.prefix_kernels import (
     best_alignments,
@@ -405,7 +404,6 @@ class LabelSyncRun(BeamRun):
                     + self.lm.labels[parent[kept], sym].double()
                 )
             new, ids = self.step_labels(
-                kept,
                 parent[kept],
                 sym,
                 self.node[parent[kept]],
@@ -454,12 +452,7 @@ class LabelSyncRun(BeamRun):
                     timing=arcs,
                 )
             )
-        for hyps in out:
-            if self.search.score_norm:
-                hyps.sort(key=lambda h: h.score / len(h.yseq), reverse=True)
-            else:
-                hyps.sort(key=lambda h: h.score, reverse=True)
-        return out
+        return [self.search.rank(hyps) for hyps in out]
 
     def _align(self, found):
         """The most probable alignment of each found hypothesis, from the lattice

@@ -34,13 +34,13 @@ longest path kept: frames / (frames per blank) + labels.
 
 import torch
 
-from espnet_multiblank.decoding.beam_queues import (
+from espnet_multiblank.decoding.beam_run import (
     NEG,
+    BeamRun,
     extend_key,
     merge_equal,
     stats_increment,
 )
-from espnet_multiblank.decoding.beam_run import BeamRun
 
 #: columns of a hypothesis's (B, K, 5) long fields
 FRAME, NUM_SYM, KEY, NODE_COL, STATS_COL = range(5)
@@ -92,20 +92,10 @@ class StepSyncRun(BeamRun):
         )
         stats = fields[..., STATS_COL] + stats_increment(ex.frames, ex.is_label)
         node = fields[..., NODE_COL]
-        lab = is_label.view(-1).nonzero().squeeze(1)  # (L,)
-        new = None
-        if lab.numel():
-            src = p_row.view(-1)[lab]
-            acoustic = ex.score.view(-1)[lab] - self.score.view(-1)[src]
-            new, ids = self.step_labels(
-                lab,
-                src,
-                ex.symbol.view(-1)[lab],
-                node.view(-1)[lab],
-                fields[..., FRAME].view(-1)[lab],
-                ex.frames.view(-1)[lab],
-                acoustic - ex.lm_label.view(-1)[lab],
-            )
+        lab, new, ids = self.step_expanded(
+            ex, is_label, p_row, self.score, node, fields[..., FRAME]
+        )
+        if new is not None:
             node = node.clone()
             node.view(-1)[lab] = ids
         score = torch.where(ok, ex.score, NEG)

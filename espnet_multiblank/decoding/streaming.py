@@ -12,7 +12,7 @@ frame N - L: it waits there), and when the stream ends finish with the true T (a
 the language models' end of sentence). The final hypothesis of a stream is then the
 offline search's on the same encoder frames: the same arcs, taken in the same order,
 the same scores (tested bit for bit against :meth:`LabelLoopingGreedySearch.
-search_projected` and :meth:`MultiblankBeamSearch.search_projected`).
+search_projected` and :meth:`BeamSearch.nbest_projected`).
 
 * :class:`StreamingGreedySearch`: label-looping greedy search (every lattice) over a
   fixed number of rows, one stream per row; streams start and end independently
@@ -20,7 +20,7 @@ search_projected` and :meth:`MultiblankBeamSearch.search_projected`).
   evaluated only when all its frames are decided (L + W - 1 frames of look-ahead
   for the next step), so it groups the arcs as the offline search does.
 * :class:`StreamingRowGreedySearch`: the same for a frame-looping greedy search:
-  each row runs the one-utterance loop (:meth:`FrameLoopingGreedySearch.run_one`)
+  each row runs the one-utterance loop (:meth:`GreedySearch.run_one`)
   on its own, taking also the steps inside the look-ahead that no T >= N can change
   (the faster loop on a CPU).
 * :class:`StreamingBeamSearch`: the frame-synchronous beam search of one stream
@@ -46,14 +46,13 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch
-from espnet_multiblank.decoding.beam import MultiblankBeamSearch, Queue
+from espnet_multiblank.decoding.beam import BeamSearch, Queue
+from espnet_multiblank.decoding.greedy import GreedySearch, StepCache
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
     LoopBatch,
 )
-from espnet_multiblank.decoding.one_run import StepCache
 
 
 def decision_lookahead(search) -> int:
@@ -63,7 +62,7 @@ def decision_lookahead(search) -> int:
     beam searches (which must also not complete a hypothesis at the last frame
     received)."""
     lattice = search.lattice
-    if isinstance(search, MultiblankBeamSearch):
+    if isinstance(search, BeamSearch):
         return max(lattice.room_cap, lattice.max_frames + 1)
     return lattice.room_cap
 
@@ -258,22 +257,22 @@ class StreamingGreedySearch:
 
 
 class StreamingRowGreedySearch:
-    """The one-utterance greedy loop (:meth:`FrameLoopingGreedySearch.run_one`) over
+    """The one-utterance greedy loop (:meth:`GreedySearch.run_one`) over
     ``batch`` streams, each row stepped on its own.
 
     The same interface as :class:`StreamingGreedySearch`, for a frame-looping greedy
     search (multi-blank, standard or TDT; LM fusion included). A row's steps are
-    those of :meth:`FrameLoopingGreedySearch.search_one` on its frames, each taken
+    those of :meth:`GreedySearch.search_one` on its frames, each taken
     as soon as no utterance length T >= N can change it (every step at t <= N - L,
     and those inside the look-ahead that T cannot change:
-    :meth:`FrameLoopingGreedySearch.run_one`), so its final hypothesis is that
+    :meth:`GreedySearch.run_one`), so its final hypothesis is that
     search's, bit for bit. Each row keeps a :class:`StepCache` that its provisional
     runs share. On a CPU it costs a quarter to a third of the label-looping loop per
     stream, also at 16 streams (bench/RESULTS.md); rows are not batched, so on a GPU
     many streams are better served by :class:`StreamingGreedySearch`.
 
     Args:
-        search: A :class:`~espnet_multiblank.decoding.base.FrameLoopingGreedySearch`.
+        search: A :class:`~espnet_multiblank.decoding.greedy.GreedySearch`.
         batch: Rows: streams decoded side by side.
         device: Where the search runs.
 
@@ -285,8 +284,8 @@ class StreamingRowGreedySearch:
     #: first frame capacity per row (doubled when full)
     initial_frames = 64
 
-    def __init__(self, search: FrameLoopingGreedySearch, batch: int, device):
-        _init_rows(self, search, FrameLoopingGreedySearch, batch, device)
+    def __init__(self, search: GreedySearch, batch: int, device):
+        _init_rows(self, search, GreedySearch, batch, device)
         # the state before the first frame, computed once (the same every time)
         self._fresh = search.start_one(self.device)
         self.runs = [self._fresh.copy() for _ in range(batch)]
@@ -387,9 +386,8 @@ class StreamingBeamSearch:
     """The beam search of one stream (module docstring).
 
     Args:
-        search: A :class:`~espnet_multiblank.decoding.MultiblankBeamSearch` or
-            :class:`~espnet_multiblank.decoding.TDTBeamSearch` (LM fusion
-            included).
+        search: A :class:`~espnet_multiblank.decoding.BeamSearch` (any lattice,
+            LM fusion included).
         device: Where it runs.
 
     Attributes:
@@ -399,11 +397,9 @@ class StreamingBeamSearch:
         final: Whether the stream has ended.
     """
 
-    def __init__(self, search: MultiblankBeamSearch, device: torch.device):
-        if not isinstance(search, MultiblankBeamSearch):
-            raise TypeError(
-                f"search must be a MultiblankBeamSearch, got {type(search).__name__}"
-            )
+    def __init__(self, search: BeamSearch, device: torch.device):
+        if not isinstance(search, BeamSearch):
+            raise TypeError(f"search must be a BeamSearch, got {type(search).__name__}")
         if search.beam_sync != "frame":
             # the step-pruned rule has no per-frame state to resume (yet)
             raise ValueError(

@@ -2,17 +2,20 @@
 allows, how their scores are read from the joint network and how a step chooses.
 
 Every search asks its table
-(:meth:`~espnet_multiblank.decoding.base.TransducerSearch.make_table`) through one
+(:meth:`~espnet_multiblank.decoding.base.TransducerSearch.table`) through one
 interface:
 
-* ``step_scores(stepper, enc_proj, dec_proj, lm_labels)``: the joint network's scores
-  of A rows;
-* ``best_arcs(scores, frame, length, num_sym, max_sym, decision)``: the greedy arc of
-  each row; ``beam_candidates(...)``: every candidate arc of each row (both
-  :class:`~espnet_multiblank.decoding.arcs.Arcs`);
+* ``step_scores(stepper, nodes)``: the joint network's scores of A rows at their
+  nodes (:class:`RowNodes`);
+* ``best_arcs(scores, nodes, max_sym, decision)``: the greedy arc of each row;
+  ``beam_candidates(scores, nodes, max_sym, decision)``: every candidate arc of each
+  row (both :class:`Arcs`);
 * ``one_outputs`` / ``one_choice``: the same step for one row in Python floats (the
   one-utterance greedy loop);
 * ``max_frames``: the longest arc.
+
+The rows a step reads (:class:`RowNodes`) and the arcs it returns (:class:`Arcs`) are
+one type each for every lattice and search.
 
 :class:`SymbolTable` serves the lattices scored by one softmax over the symbols
 (standard and multi-blank), :class:`TDTSymbolTable` the token-and-duration
@@ -62,12 +65,64 @@ the frame). The searches add (``docs/decoding.md``, "TDT searches"):
 """
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.decoding.arcs import Arcs
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
+
+
+class RowNodes(NamedTuple):
+    """A rows at their lattice nodes: what a step (greedy or beam) reads there.
+
+    A node (t, y) fixes the joint network's inputs (encoder frame t, prediction
+    output after y) and, with T and the labels emitted at t, the arcs allowed.
+
+    Attributes:
+        enc_proj, dec_proj: (A, J) projected encoder frame and prediction output.
+        frame: (A,) long, t of each row (rows with ``t >= length`` are past their
+            end: their arcs are to be ignored).
+        length: (A,) long, T of each row.
+        num_sym: (A,) long, labels already emitted at ``frame``.
+        lm_labels: (A, V) float32 weighted LM scores of every token as the next
+            label (0 at the blanks), or None without an LM.
+    """
+
+    enc_proj: torch.Tensor
+    dec_proj: torch.Tensor
+    frame: torch.Tensor
+    length: torch.Tensor
+    num_sym: torch.Tensor
+    lm_labels: Optional[torch.Tensor] = None
+
+
+class Arcs(NamedTuple):
+    """Arcs leaving the rows' nodes: what each emits and how far it moves.
+
+    A greedy step has one arc per row (shapes (A,), the tables' ``best_arcs``); a
+    beam expansion N candidates per row (shapes (A, N), ``beam_candidates``).
+
+    Attributes:
+        symbol: long, the emitted symbol (a label or a blank).
+        frames: long, frames the arc moves on (0: a label that stays), never past
+            the utterance's last frame (for rows inside their utterance).
+        score: float32, the arc's score (``blank_decision``; with an LM, the fused
+            score); a candidate that is not allowed scores -inf.
+        is_label: bool.
+    """
+
+    symbol: torch.Tensor
+    frames: torch.Tensor
+    score: torch.Tensor
+    is_label: torch.Tensor
+
+    def where(self, mask: torch.Tensor, other: "Arcs") -> "Arcs":
+        """``self`` in the rows of ``mask`` ((A,) bool), ``other`` elsewhere."""
+        return Arcs(*(torch.where(mask, a, b) for a, b in zip(self, other)))
+
+
+#: a TDT's step scores: (A, V) token and (A, D) duration log-probabilities
+TDTScores = Tuple[torch.Tensor, torch.Tensor]
 
 #: ``blank_decision`` values (module docstring)
 BLANK_DECISIONS = ("total", "symbol")
@@ -238,37 +293,25 @@ class SymbolTable:
             self._mask_rows[max_sym] = rows
         return rows
 
-    def step_scores(
-        self,
-        stepper,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """What :meth:`best_arcs` and :meth:`beam_candidates` choose from.
-
-        Args:
-            stepper: The search's networks.
-            enc_proj, dec_proj: (A, J) projected encoder frames and prediction outputs.
-            lm_labels: (A, V) float32 weighted LM scores of the next label (0 at the
-                blanks), or None.
-
-        Returns:
-            (A, V) float32 log-softmax of the joint network (plus ``lm_labels``).
-        """
-        logp = stepper.log_probs(enc_proj, dec_proj)  # (A, V) float32
-        if lm_labels is not None:
-            logp = logp + lm_labels
+    def step_scores(self, stepper, nodes: RowNodes) -> torch.Tensor:
+        """What :meth:`best_arcs` and :meth:`beam_candidates` choose from: (A, V)
+        float32 log-softmax of the joint network (``stepper``) at the rows' nodes,
+        plus their ``lm_labels``."""
+        logp = stepper.log_probs(nodes.enc_proj, nodes.dec_proj)  # (A, V) float32
+        if nodes.lm_labels is not None:
+            logp = logp + nodes.lm_labels
         return logp
 
+    def _masked(self, logp: torch.Tensor, nodes: RowNodes, max_sym: int):
+        """``logp`` with the symbols not allowed at the rows' nodes at -inf
+        (:meth:`mask_rows`)."""
+        R = self.max_frames
+        guard = nodes.num_sym >= max_sym
+        which = (nodes.length - nodes.frame).clamp(0, R) + (R + 1) * guard.long()
+        return logp + self.mask_rows(max_sym)[which]
+
     def beam_candidates(
-        self,
-        logp: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        max_sym: int,
-        blank_decision: str,
+        self, logp: torch.Tensor, nodes: RowNodes, max_sym: int, blank_decision: str
     ) -> Arcs:
         """Every candidate arc of each row (beam search), N = V, one per symbol: the
         masked scores (:meth:`mask_rows`); with ``"total"`` the blanks are replaced by
@@ -278,10 +321,7 @@ class SymbolTable:
         Returns:
             (A, V) :class:`Arcs`, ``score`` -inf where not allowed.
         """
-        R = self.max_frames
-        guard = num_sym >= max_sym
-        which = (length - frame).clamp(0, R) + (R + 1) * guard.long()
-        scores = logp + self.mask_rows(max_sym)[which]
+        scores = self._masked(logp, nodes, max_sym)
         if blank_decision == "total":  # one blank candidate per hypothesis
             total, best_blank = self.blank_total(scores)
             scores = scores.index_fill(1, self.blank_index, float("-inf"))
@@ -347,29 +387,19 @@ class SymbolTable:
         return frames == 0, k, None, frames, score
 
     def best_arcs(
-        self,
-        logp: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        max_sym: int,
-        blank_decision: str,
+        self, logp: torch.Tensor, nodes: RowNodes, max_sym: int, blank_decision: str
     ) -> Arcs:
         """The greedy step of each row: the allowed symbol it emits (:meth:`decide`).
 
         Args:
             logp: (A, V) float32 log-probabilities of the row's node (with an LM, the
-                fused scores: the labels' log-probabilities plus the LM's).
-            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
-                end: their arcs are to be ignored).
-            length: (A,) long, T of each row.
-            num_sym: (A,) long, labels already emitted at ``frame``.
+                fused scores: the labels' log-probabilities plus the LM's),
+                :meth:`step_scores`.
+            nodes: The rows' nodes (``frame``, ``length``, ``num_sym`` are read).
             max_sym: Labels allowed per frame.
             blank_decision: ``"total"`` or ``"symbol"``.
         """
-        R = self.max_frames
-        which = (length - frame).clamp(0, R) + (R + 1) * (num_sym >= max_sym)
-        masked = logp + self.mask_rows(max_sym)[which]
+        masked = self._masked(logp, nodes, max_sym)
         symbol, score = self.decide(logp, masked, blank_decision)
         frames = self.frames[symbol]
         return Arcs(symbol, frames, score, frames == 0)
@@ -559,28 +589,14 @@ class TDTSymbolTable:
             return True, label_k, l_j, min(durations[l_j], room), label_score
         return False, blank, b_j, min(durations[b_j], room), blank_tok + b_val
 
-    def step_scores(
-        self,
-        stepper,
-        enc_proj: torch.Tensor,
-        dec_proj: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """What :meth:`best_arcs` and :meth:`beam_candidates` choose from.
-
-        Args:
-            stepper: The search's networks.
-            enc_proj, dec_proj: (A, J) projected encoder frames and prediction outputs.
-            lm_labels: (A, V) float32 weighted LM scores of the next label (0 at the
-                blank), or None.
-
-        Returns:
-            (A, V) token (plus ``lm_labels``) and (A, D) duration log-probabilities,
-            float32 (:meth:`log_probs`).
-        """
-        tok, dur = self.log_probs(stepper.joint(enc_proj, dec_proj))
-        if lm_labels is not None:
-            tok = tok + lm_labels
+    def step_scores(self, stepper, nodes: RowNodes) -> TDTScores:
+        """What :meth:`best_arcs` and :meth:`beam_candidates` choose from: the
+        joint network's (``stepper``) (A, V) token log-probabilities at the rows'
+        nodes, plus their ``lm_labels``, and (A, D) duration log-probabilities,
+        float32 (:meth:`log_probs`)."""
+        tok, dur = self.log_probs(stepper.joint(nodes.enc_proj, nodes.dec_proj))
+        if nodes.lm_labels is not None:
+            tok = tok + nodes.lm_labels
         return tok, dur
 
     def allowed(
@@ -619,13 +635,7 @@ class TDTSymbolTable:
         return blank_dur.max(-1)[0], blank_j, label_dur.max(-1)[0], label_j
 
     def best_arcs(
-        self,
-        scores: Tuple[torch.Tensor, torch.Tensor],
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        max_sym: int,
-        decision: str,
+        self, scores: TDTScores, nodes: RowNodes, max_sym: int, decision: str
     ) -> Arcs:
         """The arc each row emits (greedy search; module docstring). A tie between
         tokens goes to the lower index.
@@ -634,17 +644,14 @@ class TDTSymbolTable:
             scores: (A, V) float32 token log-probabilities (with an LM, the fused
                 scores: the labels' log-probabilities plus the LM's) and (A, D)
                 duration log-probabilities (:meth:`step_scores`).
-            frame: (A,) long, t of each row (rows with ``t >= length`` are past their
-                end: their arcs are to be ignored).
-            length: (A,) long, T of each row.
-            num_sym: (A,) long, labels already emitted at ``frame``.
+            nodes: The rows' nodes (``frame``, ``length``, ``num_sym`` are read).
             max_sym: Labels that may stay at one frame (the guard: after them a
                 label must move).
             decision: ``"total"`` or ``"symbol"``.
         """
         tok, dur = scores
-        room = length - frame
-        guard = num_sym >= max_sym
+        room = nodes.length - nodes.frame
+        guard = nodes.num_sym >= max_sym
         R1 = self.max_frames + 1
         which = room.clamp(1, R1) - 1 + R1 * guard.long()
         masked = dur.unsqueeze(1) + self._mask_rows[which]  # (A, 2, D): blank, label
@@ -661,15 +668,9 @@ class TDTSymbolTable:
         return Arcs(symbol, frames, score, is_label)
 
     def beam_candidates(
-        self,
-        scores: Tuple[torch.Tensor, torch.Tensor],
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        max_sym: int,
-        decision: str,
+        self, scores: TDTScores, nodes: RowNodes, max_sym: int, decision: str
     ) -> Arcs:
-        """Every candidate arc of each row (beam search; :meth:`candidates`), each
+        """Every candidate arc of each row (beam search; :meth:`_candidates`), each
         moving by its duration (clipped at T). Arguments as for :meth:`best_arcs`
         (``frame < length``).
 
@@ -678,13 +679,13 @@ class TDTSymbolTable:
             ``score`` -inf where not allowed.
         """
         tok, dur = scores
-        room = length - frame
-        guard = num_sym >= max_sym
-        score, tokens, slots = self.candidates(tok, dur, room, guard, decision)
+        room = nodes.length - nodes.frame
+        guard = nodes.num_sym >= max_sym
+        score, tokens, slots = self._candidates(tok, dur, room, guard, decision)
         frames = torch.minimum(self.durations[slots], room.unsqueeze(1))
         return Arcs(tokens, frames, score, tokens != self.blank)
 
-    def candidates(
+    def _candidates(
         self,
         tok: torch.Tensor,
         dur: torch.Tensor,

@@ -26,13 +26,7 @@ import espnet_multiblank.espnet.registration.quiet  # noqa: F401  (before espnet
 from espnet2.asr.decoder.transducer_decoder import TransducerDecoder
 from espnet2.asr_transducer.joint_network import JointNetwork
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
-    TDTBeamSearch,
-    TDTGreedySearch,
-)
+from espnet_multiblank.decoding import BeamSearch, GreedySearch, JointStepper
 from espnet_multiblank.espnet.inference.search import build_transducer_search
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
@@ -149,11 +143,11 @@ class SearchLattice:
 
     @property
     def greedy_class(self) -> type:
-        return TDTGreedySearch if self.is_tdt else MultiblankGreedySearch
+        return GreedySearch
 
     @property
     def beam_class(self) -> type:
-        return TDTBeamSearch if self.is_tdt else MultiblankBeamSearch
+        return BeamSearch
 
     def model(self, seed=0, **kw) -> SimpleNamespace:
         """The tiny random model (``kw`` overrides ``model_kw``)."""

@@ -3,9 +3,9 @@
 ``search_type`` values (the ``transducer_conf.search_type`` key of a decode config):
 
 =============  =========================================================================
-``mb_greedy``  :class:`~espnet_multiblank.decoding.MultiblankGreedySearch` (batched
-               over utterances by the plug-in's inference).
-``mb_beam``    :class:`~espnet_multiblank.decoding.MultiblankBeamSearch`, ``beam_size``
+``mb_greedy``  :class:`~espnet_multiblank.decoding.GreedySearch` (batched over
+               utterances by the plug-in's inference).
+``mb_beam``    :class:`~espnet_multiblank.decoding.BeamSearch`, ``beam_size``
                (batched over utterances; ``beam_sync``: ``frame``, ``step`` or
                ``label``).
 ``greedy``     ESPnet's greedy search (``BeamSearchTransducer`` with beam 1).
@@ -13,10 +13,10 @@
 ``tsd`` ...    ESPnet's other searches (``tsd``, ``alsd``, ``nsc``, ``maes``).
 ``mbg``        ESPnet's multi-blank greedy: served by ``mb_greedy`` (the same
                algorithm on the lattice's blank indices).
-``tdt_greedy`` :class:`~espnet_multiblank.decoding.TDTGreedySearch` (TDT models,
-               batched like ``mb_greedy``).
-``tdt_beam``   :class:`~espnet_multiblank.decoding.TDTBeamSearch`, ``beam_size``
-               (batched like ``mb_beam``).
+``tdt_greedy`` :class:`~espnet_multiblank.decoding.GreedySearch` of a TDT model
+               (batched like ``mb_greedy``).
+``tdt_beam``   :class:`~espnet_multiblank.decoding.BeamSearch` of a TDT model,
+               ``beam_size`` (batched like ``mb_beam``).
 =============  =========================================================================
 
 On a multi-blank model ESPnet's searches would emit the big blanks as labels, so
@@ -27,10 +27,11 @@ every greedy type (``greedy``, ``mbg``, ``mb_greedy``, ``default`` with beam 1) 
 ``tdt_greedy`` and every beam type (``default`` with a beam, ``mb_beam``) as
 ``tdt_beam``; ``tdt_greedy`` / ``tdt_beam`` on a model that is not a TDT are refused.
 ``loop_labels: true`` (NeMo's name) makes the greedy search label-looping
-(:class:`~espnet_multiblank.decoding.label_looping.MultiblankLabelLoopingSearch`,
-:class:`~espnet_multiblank.decoding.label_looping.TDTLabelLoopingSearch`: the same
-hypotheses, batched differently); it is refused with any search that does not run as
-``mb_greedy`` or ``tdt_greedy``.
+(:class:`~espnet_multiblank.decoding.LabelLoopingGreedySearch`: the same hypotheses,
+batched differently); it is refused with any search that does not run as
+``mb_greedy`` or ``tdt_greedy``. The ``mb_*`` / ``tdt_*`` types choose the rules a
+model kind accepts; the search classes are the same for every lattice (the lattice
+comes from the model).
 Before any search is built ``decoder.blank_id`` is set to the model's standard blank
 (ESPnet leaves it at 0, which is ``<blank8>`` in a multi-blank vocabulary). ESPnet's
 beam searches other than greedy hard-code index 0 as the blank,
@@ -49,16 +50,11 @@ from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 from typeguard import typechecked
 
 from espnet_multiblank.decoding import (
+    BeamSearch,
+    GreedySearch,
     JointStepper,
-    MultiblankBeamSearch,
-    MultiblankGreedySearch,
+    LabelLoopingGreedySearch,
     ShallowFusion,
-    TDTBeamSearch,
-    TDTGreedySearch,
-)
-from espnet_multiblank.decoding.label_looping import (
-    MultiblankLabelLoopingSearch,
-    TDTLabelLoopingSearch,
 )
 from espnet_multiblank.espnet.inference.lm_fusion import build_fusion
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
@@ -371,15 +367,11 @@ def _plugin_search(
                 f"transducer_conf.beam_sync chooses how a beam search prunes; "
                 f"{resolved} is a greedy search (use mb_beam or tdt_beam)"
             )
-        if loop_labels:
-            greedy = TDTLabelLoopingSearch if tdt else MultiblankLabelLoopingSearch
-        else:
-            greedy = TDTGreedySearch if tdt else MultiblankGreedySearch
+        greedy = LabelLoopingGreedySearch if loop_labels else GreedySearch
         return greedy(
             stepper, lattice, max_sym_per_frame=max_sym, fusion=fusion, **extra
         )
-    beam = TDTBeamSearch if tdt else MultiblankBeamSearch
-    return beam(
+    return BeamSearch(
         stepper,
         lattice,
         beam_size=beam_size,

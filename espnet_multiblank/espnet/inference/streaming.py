@@ -37,12 +37,12 @@ import torch
 from espnet2.asr.transducer.beam_search_transducer import BeamSearchTransducer
 
 from espnet_multiblank.decoding import (
+    BeamSearch,
     Hypothesis,
     JointStepper,
-    MultiblankBeamSearch,
     single_thread_on_cpu,
 )
-from espnet_multiblank.decoding.base import FrameLoopingGreedySearch as FrameLooping
+from espnet_multiblank.decoding.greedy import GreedySearch as FrameLooping
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
     greedy_search_class,
@@ -81,7 +81,7 @@ def streaming_search(search: Any, model: Any, one_loop: bool = False):
     Raises:
         ValueError: ESPnet's own beam searches (use ``mb_beam``).
     """
-    if isinstance(search, MultiblankBeamSearch):
+    if isinstance(search, BeamSearch):
         return search
     greedy = (FrameLooping, LabelLoopingGreedySearch)
     espnet_greedy = isinstance(search, BeamSearchTransducer) and search.beam_size == 1
@@ -248,7 +248,7 @@ class StreamingDecoder:
             speech2text.beam_search_transducer, model, one_loop=bool(one_loop)
         )
         self.lookahead = decision_lookahead(self.search)
-        self.beam = isinstance(self.search, MultiblankBeamSearch)
+        self.beam = isinstance(self.search, BeamSearch)
         self.provisional = provisional
         checks = getattr(speech2text, "input_checks", None)
         self.checks = checks() if callable(checks) else input_checks(speech2text)

@@ -9,11 +9,7 @@ import torch
 from espnet2.asr.decoder.abs_decoder import AbsDecoder
 from espnet2.asr.transducer.error_calculator import ErrorCalculatorTransducer
 
-from espnet_multiblank.decoding import (
-    JointStepper,
-    MultiblankGreedySearch,
-    TDTGreedySearch,
-)
+from espnet_multiblank.decoding import GreedySearch, JointStepper
 from espnet_multiblank.espnet.compat import ErrorCalculator
 from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
 
@@ -54,20 +50,15 @@ class MultiblankErrorCalculatorTransducer(ErrorCalculatorTransducer):
         )
         if tdt_durations:
             lattice = TDTLattice.create(blank_id, tdt_durations)
-            self.beam_search = TDTGreedySearch(
-                JointStepper(
-                    decoder, joint_network, len(token_list) + lattice.num_durations
-                ),
-                lattice,
-                max_sym_per_frame=5,
-            )
         else:
             lattice = MultiblankLattice.create(blank_id, big_blank_durations)
-            self.beam_search = MultiblankGreedySearch(
-                JointStepper(decoder, joint_network, len(token_list)),
-                lattice,
-                max_sym_per_frame=5,
-            )
+        # the joint network's outputs: V tokens, and a TDT's D durations after them
+        joint_size = len(token_list) + lattice.num_duration_outputs
+        self.beam_search = GreedySearch(
+            JointStepper(decoder, joint_network, joint_size),
+            lattice,
+            max_sym_per_frame=5,
+        )
         self.blank_ids = frozenset(lattice.blank_ids)
 
     def convert_to_char(self, pred, target) -> Tuple[List[str], List[str]]:

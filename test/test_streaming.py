@@ -16,6 +16,7 @@ import torch
 from streaming_cases import FS, KINDS, make_experiment, pieces, speech2text, waveform
 
 from espnet_multiblank.decoding.streaming import (
+    StreamingBeamSearch,
     StreamingGreedySearch,
     StreamingRowGreedySearch,
 )
@@ -132,7 +133,7 @@ def test_encoder_chunks_equal_the_chunk_masked_forward_and_ignore_pieces(s2t, ch
 
 def offline(decoder, frames):
     """The offline search's hypotheses on a stream's projected frames."""
-    if decoder.beam:
+    if isinstance(decoder.rows, StreamingBeamSearch):
         return decoder.search.nbest_projected(frames)
     lens = torch.tensor([frames.size(0)])
     return decoder.search.search_projected(frames[None], lens)
@@ -189,7 +190,7 @@ def test_streams_batched_equal_each_alone_and_report_emission_times(s2t):
         alone[key] = run_stream(decoder, key, speech, 400)[0]
     # the label-looping batch (on a CPU the default runs each stream on its own)
     decoder = StreamingDecoder(speech2text, 4, max_streams=3, one_loop=False)
-    assert type(decoder.greedy) is StreamingGreedySearch
+    assert type(decoder.rows) is StreamingGreedySearch
     results, sent = {}, {key: 0 for key in speeches}
     waiting = list(speeches)
     while waiting or decoder.streams:
@@ -227,7 +228,7 @@ def test_one_stream_loops_give_the_same_partials_and_hypotheses(s2t, kind):
     for one_loop in (None, False):
         decoder = StreamingDecoder(speech2text, 3, one_loop=one_loop)
         want = StreamingRowGreedySearch if one_loop is None else StreamingGreedySearch
-        assert type(decoder.greedy) is want
+        assert type(decoder.rows) is want
         result, partial = run_stream(decoder, "u", speech, 700)
         got[one_loop] = (result.results[0][2], partial)
     assert got[None] == got[False]

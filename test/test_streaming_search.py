@@ -23,6 +23,8 @@ from espnet_multiblank.decoding.streaming import (
     StreamingGreedySearch,
     StreamingRowGreedySearch,
     decision_lookahead,
+    streamable,
+    streaming_rows,
 )
 from espnet_multiblank.espnet.inference.search import (
     build_transducer_search,
@@ -70,15 +72,17 @@ def same(got, want):
 def stream_rows(search, proj, lens, seed, check_provisional=False, device="cpu"):
     """Feed each row its frames in random chunks (0-5 frames, the end at a random
     later call), one ``advance`` per round; returns the final hypotheses. A
-    frame-looping ``search`` streams through :class:`StreamingRowGreedySearch`;
-    ``device`` is where the streams keep their state (``proj``'s device)."""
+    frame-looping ``search`` streams through :class:`StreamingRowGreedySearch`
+    (:func:`streaming_rows` gives it); ``device`` is where the streams keep their
+    state (``proj``'s device)."""
     B = len(lens)
     kind = (
         StreamingGreedySearch
         if isinstance(search, LabelLoopingGreedySearch)
         else StreamingRowGreedySearch
     )
-    st = kind(search, B, device)
+    st = streaming_rows(search, B, device)
+    assert type(st) is kind
     rng = random.Random(seed)
     pos, done = [0] * B, [False] * B
     while not all(done):
@@ -308,23 +312,38 @@ def test_language_model_fusion_streams_exactly(kind):
         same(got, w)
 
 
-def stream_beam(search, proj, seed, check_provisional=False):
-    sb = StreamingBeamSearch(search, "cpu")
+def stream_beam(sb, projs, seed, check=()):
+    """Reset every row of ``sb`` (a :class:`StreamingBeamSearch`) and feed row b
+    the (T_b, J) frames ``projs[b]`` in random chunks (0-4 frames, the end at a
+    random later call), one ``advance`` per round; the provisional labels of the
+    rows in ``check`` are checked after every round (the offline search on the
+    frames so far). Returns each row's n-best list."""
+    search, B = sb.search, len(projs)
+    sb.reset(range(B))
     rng = random.Random(seed)
-    T, pos = proj.size(0), 0
-    while True:
-        n = min(rng.randint(0, 4), T - pos)
-        sb.append(proj[pos : pos + n])
-        pos += n
-        end = pos == T and rng.random() < 0.5
-        if end:
-            sb.end()
+    pos, done = [0] * B, [False] * B
+    while not all(done):
+        for b, proj in enumerate(projs):
+            if done[b]:
+                continue
+            n = min(rng.randint(0, 4), proj.size(0) - pos[b])
+            sb.append(b, proj[pos[b] : pos[b] + n])
+            pos[b] += n
+            if pos[b] == proj.size(0) and rng.random() < 0.5:
+                sb.end(b)
+                done[b] = True
         sb.advance()
-        if check_provisional and not end:
-            want = search.nbest_projected(proj[:pos])[0].labels
-            assert sb.provisional() == want
-        if end:
-            return sb.hypotheses()
+        assert [sb.done(b) for b in range(B)] == done
+        if check:
+            got = sb.provisional(check)
+            for b in check:
+                want = search.nbest_projected(projs[b][: pos[b]])[0].labels
+                assert got[b] == want
+            assert all(got[b] == [] for b in range(B) if b not in check)
+    assert sb.tokens == [[]] * B  # a beam decides nothing before its stream ends
+    for b in range(B):
+        assert sb.hypothesis(b) is sb.hypotheses(b)[0]
+    return [sb.hypotheses(b) for b in range(B)]
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -341,13 +360,23 @@ def test_beam_search_streams_exactly(kind, fused):
     assert isinstance(search, BeamSearch)
     assert search.lattice.kind == ("tdt" if tdt else "multiblank")
     g = torch.Generator().manual_seed(4)
-    for T in (0, 1, 7, 26):
-        proj = search.stepper.project_enc(torch.randn(T, D_ENC, generator=g))
-        want = search.nbest_projected(proj)
-        got = stream_beam(search, proj, T, check_provisional=T == 26)
-        assert [(h.yseq, h.score, h.frame, h.timing) for h in got] == [
-            (h.yseq, h.score, h.frame, h.timing) for h in want
-        ]
+    projs = [
+        search.stepper.project_enc(torch.randn(T, D_ENC, generator=g))
+        for T in (0, 1, 7, 26)
+    ]
+    want = [
+        [(h.yseq, h.score, h.frame, h.timing) for h in search.nbest_projected(p)]
+        for p in projs
+    ]
+    sb = streaming_rows(search, len(projs), "cpu")
+    assert type(sb) is StreamingBeamSearch
+    # the rows side by side, then restarted with each other's utterances
+    for order, seed, check in ((projs, 4, [3]), (projs[::-1], 5, [0])):
+        got = stream_beam(sb, order, seed, check)
+        wanted = want if order is projs else want[::-1]
+        assert [
+            [(h.yseq, h.score, h.frame, h.timing) for h in nbest] for nbest in got
+        ] == wanted
 
 
 def test_step_pruned_beam_does_not_stream():
@@ -360,7 +389,7 @@ def test_step_pruned_beam_does_not_stream():
         model, search_type="mb_beam", beam_size=2, beam_sync="step"
     )
     with pytest.raises(ValueError, match="beam_sync must be 'frame'"):
-        StreamingBeamSearch(search, "cpu")
+        StreamingBeamSearch(search, 1, "cpu")
 
 
 def test_lookahead_values():
@@ -417,9 +446,43 @@ def test_bad_use():
     beam = build_transducer_search(
         MODELS["multiblank"](0), search_type="mb_beam", beam_size=2
     )
-    sb = StreamingBeamSearch(beam, "cpu")
+    sb = StreamingBeamSearch(beam, 2, "cpu")
+    with pytest.raises(ValueError, match="row 1 is not complete: its stream has not"):
+        sb.hypotheses(1)
     with pytest.raises(ValueError, match="not ended"):
-        sb.hypotheses()
+        sb.hypothesis(0)
+    sb.append(0, torch.zeros(2, 12))
+    with pytest.raises(ValueError, match=r"enc_proj must be \(n, 12\)"):
+        sb.append(0, torch.zeros(2, 5))
+    sb.end(0)
+    with pytest.raises(ValueError, match="row 0: its stream has ended"):
+        sb.append(0, torch.zeros(1, 12))
+    with pytest.raises(TypeError, match="search must be a"):
+        StreamingBeamSearch(search, 1, "cpu")
+    with pytest.raises(ValueError, match="batch"):
+        StreamingBeamSearch(beam, "cpu", "cpu")
+    with pytest.raises(TypeError, match="no streaming search"):
+        streaming_rows(object(), 1, "cpu")
+
+
+def test_streamable_searches():
+    """A frame-looping search streams as label-looping with a one-frame window (or
+    as it is, one_loop), a label-looping one as it is (or its one-utterance
+    search); others as they are."""
+    frame, label = searches(MODELS["tdt_0_4"](0), max_sym=3, window=3)
+    beam = build_transducer_search(
+        MODELS["multiblank"](0), search_type="mb_beam", beam_size=2
+    )
+    assert streamable(frame, one_loop=True) is frame
+    assert streamable(label, one_loop=False) is label
+    assert streamable(label, one_loop=True) is label.one_utterance
+    assert all(streamable(beam, one_loop=o) is beam for o in (False, True))
+    looping = streamable(frame, one_loop=False)
+    assert type(looping) is type(label) and looping.window == 1
+    for name in ("stepper", "lattice", "fusion"):
+        assert getattr(looping, name) is getattr(frame, name)
+    for name in ("max_sym_per_frame", "blank_decision", "end_rule"):
+        assert getattr(looping, name) == getattr(frame, name)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

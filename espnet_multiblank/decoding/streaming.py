@@ -23,10 +23,14 @@ search_projected` and :meth:`BeamSearch.nbest_projected`).
   each row runs the one-utterance loop (:meth:`GreedySearch.run_one`)
   on its own, taking also the steps inside the look-ahead that no T >= N can change
   (the faster loop on a CPU).
-* :class:`StreamingBeamSearch`: the frame-synchronous beam search of one stream
-  (multi-blank and TDT, with LM fusion): the frame queues are carried across chunks;
-  frames t <= N - R - 1 are expanded (no arc lands on frame N before the stream ends,
-  so no hypothesis is completed too early).
+* :class:`StreamingBeamSearch`: the frame-synchronous beam search (multi-blank and
+  TDT, with LM fusion), each row its own stream: the frame queues are carried across
+  chunks; frames t <= N - R - 1 are expanded (no arc lands on frame N before the
+  stream ends, so no hypothesis is completed too early).
+
+All three have the row interface of :class:`StreamingSearch`;
+:func:`streaming_rows` gives the one a search streams with, and
+:func:`streamable` the search that streams in place of an offline one.
 
 All give a *provisional* hypothesis at any time: a copy of the undecided state run
 to the last frame received as if the stream ended there (the offline result for the
@@ -42,6 +46,7 @@ Notation: B = rows (streams), N = frames received, J = joint space size.
 """
 
 import dataclasses
+from abc import ABC, abstractmethod
 from typing import List, Optional, Sequence
 
 import torch
@@ -52,6 +57,7 @@ from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
     LoopBatch,
+    greedy_search_class,
 )
 
 
@@ -76,43 +82,121 @@ def _check_frames(name: str, frames: torch.Tensor, J: Optional[int]) -> None:
         )
 
 
-def _init_rows(owner, search, kind: type, batch: int, device) -> None:
-    """What both greedy streaming searches check and keep: ``search`` (a ``kind``),
-    ``batch`` rows, ``device`` and the look-ahead L."""
-    if not isinstance(search, kind):
-        raise TypeError(
-            f"search must be a {kind.__name__}, got {type(search).__name__}"
-        )
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-    owner.search = search
-    owner.batch = batch
-    owner.device = torch.device(device)
-    owner.lookahead = decision_lookahead(search)
+class StreamingSearch(ABC):
+    """The row interface of the streaming searches: ``batch`` rows, each row one
+    stream at a time; streams start and end independently.
+
+    A row's stream: :meth:`reset` starts it, :meth:`append` gives it its next
+    frames, :meth:`end` (or ``append(..., final=True)``) ends it; :meth:`advance`
+    takes the steps the frames received decide, in every row, and completes the
+    ended streams; then :meth:`done`, :meth:`hypotheses` (the n-best list) and
+    :meth:`hypothesis` (its best). :meth:`provisional` gives each row's labels as if
+    its stream ended at the last frame received, :attr:`tokens` the labels decided
+    for good. Rows are ready for a stream when built.
+
+    Args:
+        search: The search the rows run (a :attr:`search_class`; others raise
+            ``TypeError``).
+        batch: B, the rows.
+        device: Where the search runs.
+
+    Attributes:
+        search, batch, device: The arguments.
+        lookahead: L (:func:`decision_lookahead`).
+        received: (B,) ints, frames appended to each row since its reset.
+        tokens: (B,) lists of int, each row's decided labels (a prefix of its final
+            labels).
+    """
+
+    #: the class of the searches the rows run
+    search_class: type
+
+    def __init__(self, search, batch: int, device):
+        kind = self.search_class
+        if not isinstance(search, kind):
+            raise TypeError(
+                f"search must be a {kind.__name__}, got {type(search).__name__}"
+            )
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        self.search = search
+        self.batch = batch
+        self.device = torch.device(device)
+        self.lookahead = decision_lookahead(search)
+
+    @abstractmethod
+    def reset(self, rows: Sequence[int]) -> None:
+        """Start new streams in ``rows``: their state as before the first frame."""
+
+    @abstractmethod
+    def append(self, row: int, enc_proj: torch.Tensor, final: bool = False) -> None:
+        """Frames for one row's stream.
+
+        Args:
+            row: The row.
+            enc_proj: (n, J) float, its next projected encoder frames (n >= 0; J
+                the same in every call).
+            final: The stream ends after them.
+
+        Raises:
+            ValueError: frames of another shape, or the row's stream has ended.
+        """
+
+    @abstractmethod
+    def end(self, row: int) -> None:
+        """The row's stream has ended (after its last :meth:`append`)."""
+
+    @abstractmethod
+    def advance(self) -> None:
+        """Take every step the frames received decide, in every row; complete the
+        rows whose stream has ended."""
+
+    @abstractmethod
+    def done(self, row: int) -> bool:
+        """Whether the row's stream has ended and been completed."""
+
+    @abstractmethod
+    def hypothesis(self, row: int) -> Hypothesis:
+        """The best final hypothesis of a completed row (the offline search's on
+        its frames).
+
+        Raises:
+            ValueError: the row is not complete (:meth:`done`).
+        """
+
+    def hypotheses(self, row: int) -> List[Hypothesis]:
+        """The n-best list of a completed row, best first (a greedy search's: its
+        one hypothesis)."""
+        return [self.hypothesis(row)]
+
+    @abstractmethod
+    def provisional(self, rows: Optional[Sequence[int]] = None) -> List[List[int]]:
+        """(B,) lists of int: each row's labels if its stream ended at the last
+        frame received. The search may run only ``rows`` (default: all); another
+        row may give its decided labels (:attr:`tokens`)."""
 
 
-class StreamingGreedySearch:
-    """Label-looping greedy search over ``batch`` streams (module docstring).
+class StreamingGreedySearch(StreamingSearch):
+    """Label-looping greedy search over ``batch`` streams (module docstring), the
+    rows of one label-looping batch.
 
     Args:
         search: A label-looping search (any lattice, LM fusion included).
         batch: Rows: streams decoded together.
         device: Where the search runs.
 
-    Attributes:
-        lookahead: L (:func:`decision_lookahead`).
-        received: (B,) long, frames appended to each row since its reset.
-        final: (B,) bool, rows whose stream has ended.
-        tokens: The decided labels of each row.
+    Attributes: those of :class:`StreamingSearch` (``received``: a (B,) long
+    tensor), and ``final``: (B,) bool, the rows whose stream has ended.
     """
 
+    search_class = LabelLoopingGreedySearch
     #: first frame capacity per row (doubled when full)
     initial_frames = 64
 
     def __init__(
         self, search: LabelLoopingGreedySearch, batch: int, device: torch.device
     ):
-        _init_rows(self, search, LabelLoopingGreedySearch, batch, device)
+        super().__init__(search, batch, device)
         self.loop = search.init_loop(batch, self.device)
         # the state before the first frame, computed for the whole batch as the
         # offline search computes it (a batch of one could round differently)
@@ -150,13 +234,6 @@ class StreamingGreedySearch:
             self.timings[r] = []
 
     def append(self, row: int, enc_proj: torch.Tensor, final: bool = False) -> None:
-        """Frames for one row's stream.
-
-        Args:
-            row: The row.
-            enc_proj: (n, J) the next projected encoder frames (n >= 0).
-            final: The stream ends after them.
-        """
         if self.final[row]:
             raise ValueError(f"row {row}: its stream has ended (reset it first)")
         J = None if self.enc_proj is None else self.enc_proj.size(2)
@@ -171,7 +248,6 @@ class StreamingGreedySearch:
             self.final[row] = True
 
     def end(self, row: int) -> None:
-        """The row's stream has ended (after its last :meth:`append`)."""
         self.final[row] = True
 
     def _reserve(self, frames: int, like: torch.Tensor) -> None:
@@ -225,12 +301,9 @@ class StreamingGreedySearch:
             self.timings[b].extend(timing)
 
     def done(self, row: int) -> bool:
-        """Whether the row's stream has ended and been completed."""
         return self._ended[row]
 
     def hypothesis(self, row: int) -> Hypothesis:
-        """The final hypothesis of a completed row (what the offline search gives
-        for its frames)."""
         if not self._ended[row]:
             raise ValueError(f"row {row} is not complete (append final, advance)")
         (hyp,) = self.search.hypotheses(
@@ -243,8 +316,7 @@ class StreamingGreedySearch:
     def provisional(self, rows: Optional[Sequence[int]] = None) -> List[List[int]]:
         """Each row's labels if its stream ended at the last frame received: the
         decided labels and those of a copy of the state run to the end (every row
-        at once; ``rows`` is accepted for :class:`StreamingRowGreedySearch`'s
-        interface)."""
+        at once, whatever ``rows`` says: one batched run)."""
         loop = self.loop
         copy = loop.empty_copy(
             **{
@@ -256,11 +328,11 @@ class StreamingGreedySearch:
         return [a + b for a, b in zip(self.tokens, copy.drain()[0])]
 
 
-class StreamingRowGreedySearch:
+class StreamingRowGreedySearch(StreamingSearch):
     """The one-utterance greedy loop (:meth:`GreedySearch.run_one`) over
     ``batch`` streams, each row stepped on its own.
 
-    The same interface as :class:`StreamingGreedySearch`, for a frame-looping greedy
+    The row interface (:class:`StreamingSearch`) of a frame-looping greedy
     search (multi-blank, standard or TDT; LM fusion included). A row's steps are
     those of :meth:`GreedySearch.search_one` on its frames, each taken
     as soon as no utterance length T >= N can change it (every step at t <= N - L,
@@ -276,16 +348,15 @@ class StreamingRowGreedySearch:
         batch: Rows: streams decoded side by side.
         device: Where the search runs.
 
-    Attributes:
-        lookahead: L (:func:`decision_lookahead`).
-        received: Frames appended to each row since its reset.
+    Attributes: those of :class:`StreamingSearch` (``received``: a list).
     """
 
+    search_class = GreedySearch
     #: first frame capacity per row (doubled when full)
     initial_frames = 64
 
     def __init__(self, search: GreedySearch, batch: int, device):
-        _init_rows(self, search, GreedySearch, batch, device)
+        super().__init__(search, batch, device)
         # the state before the first frame, computed once (the same every time)
         self._fresh = search.start_one(self.device)
         self.runs = [self._fresh.copy() for _ in range(batch)]
@@ -303,7 +374,6 @@ class StreamingRowGreedySearch:
         return [run.hyp.labels for run in self.runs]
 
     def reset(self, rows: Sequence[int]) -> None:
-        """Start new streams in ``rows``."""
         for r in rows:
             self.runs[r] = self._fresh.copy()
             self.runs[r].cache = StepCache()
@@ -313,8 +383,6 @@ class StreamingRowGreedySearch:
             self._hyps[r] = None
 
     def append(self, row: int, enc_proj: torch.Tensor, final: bool = False) -> None:
-        """Frames for one row's stream: (n, J) projected encoder frames (n >= 0);
-        ``final``: the stream ends after them."""
         if self._final[row]:
             raise ValueError(f"row {row}: its stream has ended (reset it first)")
         buf = self._frames[row]
@@ -334,13 +402,10 @@ class StreamingRowGreedySearch:
             self._final[row] = True
 
     def end(self, row: int) -> None:
-        """The row's stream has ended (after its last :meth:`append`)."""
         self._final[row] = True
 
     @torch.no_grad()
     def advance(self) -> None:
-        """Take every step the frames received decide; complete the rows whose
-        stream has ended."""
         search = self.search
         for r, run in enumerate(self.runs):
             if self._hyps[r] is not None:
@@ -356,11 +421,9 @@ class StreamingRowGreedySearch:
             self._advanced[r] = N
 
     def done(self, row: int) -> bool:
-        """Whether the row's stream has ended and been completed."""
         return self._hyps[row] is not None
 
     def hypothesis(self, row: int) -> Hypothesis:
-        """The final hypothesis of a completed row."""
         if self._hyps[row] is None:
             raise ValueError(f"row {row} is not complete (append final, advance)")
         return self._hyps[row]
@@ -382,46 +445,31 @@ class StreamingRowGreedySearch:
         return out
 
 
-class StreamingBeamSearch:
-    """The beam search of one stream (module docstring).
-
-    Args:
-        search: A :class:`~espnet_multiblank.decoding.BeamSearch` (any lattice,
-            LM fusion included).
-        device: Where it runs.
+class _BeamStream:
+    """One stream of :class:`StreamingBeamSearch`: its frame queues, frames and
+    n-best list.
 
     Attributes:
-        lookahead: R + 1.
-        received: Frames appended.
+        queues: Q[0 .. N] (:meth:`BeamSearch.start_queues`), None for the
+            frames expanded.
+        enc_proj: (N, J) the frames appended (None before the first).
+        received: N.
         decided: Frames whose hypotheses have been expanded.
         final: Whether the stream has ended.
     """
 
-    def __init__(self, search: BeamSearch, device: torch.device):
-        if not isinstance(search, BeamSearch):
-            raise TypeError(f"search must be a BeamSearch, got {type(search).__name__}")
-        if search.beam_sync != "frame":
-            # the step-pruned rule has no per-frame state to resume (yet)
-            raise ValueError(
-                "streaming beam search runs the frame-synchronous rule: "
-                f"transducer_conf.beam_sync must be 'frame', got {search.beam_sync!r}"
-            )
+    def __init__(self, search: BeamSearch, lookahead: int, device):
         self.search = search
-        self.device = torch.device(device)
-        self.lookahead = decision_lookahead(search)
-        self.queues: List[Optional[Queue]] = search.start_queues(self.device, 0)
+        self.lookahead = lookahead
+        self.queues: List[Optional[Queue]] = search.start_queues(device, 0)
         self.enc_proj: Optional[torch.Tensor] = None
         self.received = 0
         self.decided = 0
         self.final = False
         self._final_hyps: Optional[List[Hypothesis]] = None
 
-    def append(self, enc_proj: torch.Tensor, final: bool = False) -> None:
-        """The next (n, J) projected encoder frames; ``final``: the stream ends."""
-        if self.final:
-            raise ValueError("the stream has ended")
-        J = None if self.enc_proj is None else self.enc_proj.size(1)
-        _check_frames("enc_proj", enc_proj, J)
+    def append(self, enc_proj: torch.Tensor, final: bool) -> None:
+        """(n, J) frames, checked (:meth:`StreamingBeamSearch.append`)."""
         if enc_proj.size(0):
             self.enc_proj = (
                 enc_proj.clone()
@@ -431,11 +479,6 @@ class StreamingBeamSearch:
             self.received += enc_proj.size(0)
         self.final = self.final or final
 
-    def end(self) -> None:
-        """The stream has ended (after its last :meth:`append`)."""
-        self.final = True
-
-    @torch.no_grad()
     def advance(self) -> None:
         """Expand every frame the frames received decide (all once final)."""
         N = self.received
@@ -446,15 +489,15 @@ class StreamingBeamSearch:
             self.search.run_frames(self.queues, self.enc_proj, self.decided, stop)
             self.decided = stop
 
+    def done(self) -> bool:
+        return self.final and self.decided >= self.received
+
     def hypotheses(self) -> List[Hypothesis]:
-        """The n-best of the ended stream (after :meth:`advance`)."""
-        if not self.final or self.decided < self.received:
-            raise ValueError("the stream has not ended (append final, advance)")
+        """The n-best list (once :meth:`done`)."""
         if self._final_hyps is None:
             self._final_hyps = self.search.final_hypotheses(self.queues)
         return self._final_hyps
 
-    @torch.no_grad()
     def provisional(self) -> List[int]:
         """The best labels if the stream ended at the last frame received."""
         if self.final:
@@ -468,3 +511,138 @@ class StreamingBeamSearch:
         if N > self.decided:
             self.search.run_frames(queues, self.enc_proj, self.decided, N)
         return self.search.final_hypotheses(queues)[0].labels
+
+
+class StreamingBeamSearch(StreamingSearch):
+    """The beam search over ``batch`` streams, each row its own stream (the search
+    runs one utterance at a time; module docstring).
+
+    Args:
+        search: A :class:`~espnet_multiblank.decoding.BeamSearch` (any lattice,
+            LM fusion included) with ``beam_sync="frame"``.
+        batch: Rows: streams decoded side by side.
+        device: Where it runs.
+
+    Attributes: those of :class:`StreamingSearch` (``lookahead``: R + 1;
+    ``received``: a list; ``tokens``: empty, a beam decides its labels when the
+    stream ends).
+    """
+
+    search_class = BeamSearch
+
+    def __init__(self, search: BeamSearch, batch: int, device):
+        super().__init__(search, batch, device)
+        if search.beam_sync != "frame":
+            # the step-pruned rule has no per-frame state to resume (yet)
+            raise ValueError(
+                "streaming beam search runs the frame-synchronous rule: "
+                f"transducer_conf.beam_sync must be 'frame', got {search.beam_sync!r}"
+            )
+        self._streams = [self._start() for _ in range(batch)]
+
+    def _start(self) -> _BeamStream:
+        return _BeamStream(self.search, self.lookahead, self.device)
+
+    @property
+    def received(self) -> List[int]:
+        return [stream.received for stream in self._streams]
+
+    @property
+    def tokens(self) -> List[List[int]]:
+        return [[] for _ in range(self.batch)]
+
+    def reset(self, rows: Sequence[int]) -> None:
+        for r in rows:
+            self._streams[r] = self._start()
+
+    def append(self, row: int, enc_proj: torch.Tensor, final: bool = False) -> None:
+        stream = self._streams[row]
+        if stream.final:
+            raise ValueError(f"row {row}: its stream has ended (reset it first)")
+        J = None if stream.enc_proj is None else stream.enc_proj.size(1)
+        _check_frames("enc_proj", enc_proj, J)
+        stream.append(enc_proj, final)
+
+    def end(self, row: int) -> None:
+        self._streams[row].final = True
+
+    @torch.no_grad()
+    def advance(self) -> None:
+        for stream in self._streams:
+            stream.advance()
+
+    def done(self, row: int) -> bool:
+        return self._streams[row].done()
+
+    def hypotheses(self, row: int) -> List[Hypothesis]:
+        if not self.done(row):
+            raise ValueError(
+                f"row {row} is not complete: its stream has not ended (append "
+                "final, advance)"
+            )
+        return self._streams[row].hypotheses()
+
+    def hypothesis(self, row: int) -> Hypothesis:
+        return self.hypotheses(row)[0]
+
+    @torch.no_grad()
+    def provisional(self, rows: Optional[Sequence[int]] = None) -> List[List[int]]:
+        """Each row's best labels if its stream ended at the last frame received
+        (a copy of its queues run to the end). Only ``rows`` (default: all) are
+        run; the others give no labels (none is decided)."""
+        wanted = range(self.batch) if rows is None else set(rows)
+        return [
+            stream.provisional() if r in wanted else []
+            for r, stream in enumerate(self._streams)
+        ]
+
+
+def streaming_class(search) -> Optional[type]:
+    """The :class:`StreamingSearch` that streams ``search``: a beam search's
+    :class:`StreamingBeamSearch`, a label-looping search's
+    :class:`StreamingGreedySearch`, a frame-looping search's
+    :class:`StreamingRowGreedySearch`; None for another search
+    (:func:`streamable` gives one that streams)."""
+    for kind in (StreamingBeamSearch, StreamingGreedySearch, StreamingRowGreedySearch):
+        if isinstance(search, kind.search_class):
+            return kind
+    return None
+
+
+def streaming_rows(search, batch: int, device) -> StreamingSearch:
+    """``search``'s streaming search (:func:`streaming_class`) over ``batch`` rows
+    on ``device``.
+
+    Raises:
+        TypeError: a search that does not stream.
+    """
+    kind = streaming_class(search)
+    if kind is None:
+        raise TypeError(f"{type(search).__name__} has no streaming search")
+    return kind(search, batch, device)
+
+
+def streamable(search, one_loop: bool):
+    """The search that streams in place of the offline ``search`` (the same
+    hypotheses): a greedy search as the label-looping search, or with ``one_loop``
+    as the frame-looping one, whose one-utterance loop is the faster for a single
+    stream; any other search as it is.
+
+    A frame-looping search becomes label-looping with a window of one frame (which
+    decides each frame as soon as it may: a window of W frames waits for W - 1
+    more); a label-looping search keeps its window.
+    """
+    if isinstance(search, LabelLoopingGreedySearch):
+        return search.one_utterance if one_loop else search
+    if isinstance(search, GreedySearch) and not one_loop:
+        looping = greedy_search_class(search.lattice, loop_labels=True)
+        return looping(
+            search.stepper,
+            search.lattice,
+            max_sym_per_frame=search.max_sym_per_frame,
+            blank_decision=search.blank_decision,
+            fusion=search.fusion,
+            end_rule=search.end_rule,
+            window=1,
+        )
+    return search

@@ -2,9 +2,9 @@
 
 For a transducer model with ``encoder: chunk_conformer``,
 :func:`~espnet_multiblank.espnet.inference.loop.inference` decodes the data set
-through the streaming decoder
-(:class:`~espnet_multiblank.espnet.inference.streaming.StreamingDecoder`) instead of
-warning that ``--streaming`` does not apply: every utterance is fed in pieces of
+through the streaming decoder (:class:`~espnet_multiblank.espnet.inference.
+stream_decoder.StreamingDecoder`) instead of warning that ``--streaming`` does not
+apply: every utterance is fed in pieces of
 ``--sim_chunk_length`` samples (0: one piece), as ESPnet's
 ``asr_inference_streaming`` simulates a stream, with the encoder's chunk
 ``--streaming_chunk_size``. ``--batch_size N`` decodes N streams at once: each round
@@ -24,8 +24,8 @@ import torch
 from espnet_multiblank.espnet.inference.decoding_stats import RunTally
 from espnet_multiblank.espnet.inference.inputs import Utterance
 from espnet_multiblank.espnet.inference.outputs import result_problem, write_results
+from espnet_multiblank.espnet.inference.stream_decoder import StreamingDecoder
 from espnet_multiblank.espnet.inference.stream_encoder import frontend_framing
-from espnet_multiblank.espnet.inference.streaming import StreamingDecoder
 
 #: the chunk size when neither the command line nor the model gives one (640 ms at
 #: 40 ms per encoder frame)

@@ -82,17 +82,17 @@ def cpu_threads(num_elements: int):
     ``num_elements`` values runs in parallel, by the dense CPU kernels' rule (one
     torch thread, small work, or a process forked after a parallel region: serial;
     else as many Numba threads as torch's, which the caller restores afterwards)."""
-    from espnet_multiblank.loss.cpu import driver
+    from espnet_multiblank.loss import cpu
 
-    return driver._pick(num_elements)
+    return cpu.pick_parallel(num_elements)
 
 
 def cpu_serial_twin(kernel):
     """A single-threaded copy of a ``parallel=True`` Numba kernel (prange as range),
     cached on disk beside it (the dense CPU driver's)."""
-    from espnet_multiblank.loss.cpu import driver
+    from espnet_multiblank.loss import cpu
 
-    return driver._serial_twin(kernel)
+    return cpu.serial_twin(kernel)
 
 
 def gradient_flush_below() -> float:

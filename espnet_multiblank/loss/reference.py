@@ -11,36 +11,15 @@ Diagonals are stored as (B, T) tensors indexed by t (u = n - t), cells outside t
 grid, and "log 0", holding a large negative finite number (not -inf, so that autograd
 through logsumexp never produces NaN).
 
-Multi-blank RNN-T (:func:`reference_costs`), with ``lp(t,u,k) =
-log_softmax(acts[b,t,u])[k] - sigma`` (LSE = log-sum-exp)::
+Each computes log P by the forward recursion of its lattice in ``docs/lattice.md``
+(multi-blank RNN-T: section 2, :func:`reference_costs`; TDT: section 3.2,
+:func:`tdt_reference_costs`) and the cost ``-(1 + fastemit_lambda) log P``.
 
-    alpha(0,0) = 0
-    alpha(t,u) = LSE( alpha(t-1,u)   + lp(t-1,u,blank),
-                      alpha(t,u-1)   + lp(t,u-1,y_{u-1})          [u >= 1],
-                      alpha(t-d_i,u) + lp(t-d_i,u,blank-1-i)      [t >= d_i] )
-    log P = LSE( alpha(T-1,U-1) + lp(T-1,U-1,blank),
-                 alpha(T-d_i,U-1) + lp(T-d_i,U-1,blank-1-i)   [T >= d_i] )
-    cost = -(1 + fastemit_lambda) * log P
-
-Every cell on diagonal n depends only on diagonals n-1 and n-d_i, so a diagonal is one
-vectorised step.
-
-TDT (:func:`tdt_reference_costs`, ``docs/lattice.md`` section 3), with
-``tok(t,u,k) = log_softmax(z[:V])[k] - sigma`` and ``dur(t,u,j) =
-log_softmax(z[V:])[j]``::
-
-    alpha(0,0) = 0
-    alpha(t,u) = LSE( alpha(t-e_j,u)   + tok(t-e_j,u,blank)     + dur(t-e_j,u,j)
-                                                         [e_j >= 1, t >= e_j],
-                      alpha(t-e_j,u-1) + tok(t-e_j,u-1,y_{u-1}) + dur(t-e_j,u-1,j)
-                                                         [u >= 1, t >= e_j] )
-    log P = LSE over j with e_j >= 1, T_b >= e_j of
-            alpha(T_b-e_j,L_b) + tok(T_b-e_j,L_b,blank) + dur(T_b-e_j,L_b,j)
-    cost  = -(1 + fastemit_lambda) * log P
-
-Every TDT step moves the path from diagonal ``n`` to a later one (a label with
-duration ``e`` to ``n + e + 1``, a blank with duration ``e >= 1`` to ``n + e``), even a
-label with duration 0, so a diagonal depends only on earlier diagonals.
+In the multi-blank lattice every cell on diagonal n depends only on diagonals n-1 and
+n-d_i, so a diagonal is one vectorised step. Every TDT step moves the path from
+diagonal ``n`` to a later one (a label with duration ``e`` to ``n + e + 1``, a blank
+with duration ``e >= 1`` to ``n + e``), even a label with duration 0, so a diagonal
+depends only on earlier diagonals.
 
 In both, rows of padding (t >= T_b or u > L_b) are replaced by zeros before the
 log-softmax, so that whatever they hold (NaN included) never reaches the result or
@@ -103,6 +82,47 @@ def _fastemit_costs(log_p, lp_label, lam: float) -> torch.Tensor:
     return torch.where(impossible, torch.full_like(cost, float("inf")), cost)
 
 
+def _no_frames(steps: torch.Tensor, label_lens: torch.Tensor) -> torch.Tensor:
+    """log P (B,) of a batch with no frames at all (T = 0), from its step log-probs
+    ``steps`` (B, 0, U, ...): only the empty path of a label-less utterance (log P 0;
+    "log 0" otherwise), still part of ``steps``' autograd graph."""
+    B = steps.shape[0]
+    zero = torch.zeros((B,), dtype=steps.dtype, device=steps.device)
+    zero = zero + 0.0 * steps.sum()  # (empty) still part of the graph
+    return torch.where(label_lens == 0, zero, torch.full_like(zero, _NEG))
+
+
+def _first_diagonal(B: int, T: int, like: torch.Tensor) -> torch.Tensor:
+    """alpha on diagonal 0 (B, T) indexed by t: 0 at (0, 0), "log 0" elsewhere."""
+    t_idx = torch.arange(T, device=like.device)
+    first = torch.full((B, T), _NEG, dtype=like.dtype, device=like.device)
+    return torch.where(t_idx[None, :] == 0, torch.zeros_like(first), first)
+
+
+def _complete_paths(alphas, act_lens, label_lens, ends) -> torch.Tensor:
+    """log P (B,) from the alpha diagonals (each (B, T), indexed by t) and the final
+    steps ``ends``: pairs ``(d, lp)`` of a step of d frames from (T_b - d, L_b) that
+    lands exactly on T_b, with log-prob ``lp(b, t, u)`` (index tensors); T_b = 0: 0
+    without labels, else "log 0"."""
+    alpha_all = torch.stack(alphas, dim=1)  # (B, n_diag, T) indexed [b, t + u, t]
+    n_diag = alpha_all.shape[1]
+    b_idx = torch.arange(alpha_all.shape[0], device=alpha_all.device)
+    terms = []
+    for d, lp in ends:
+        t_from = act_lens - d
+        ok = t_from >= 0
+        tf = t_from.clamp(min=0)
+        a = alpha_all[b_idx, (tf + label_lens).clamp(max=n_diag - 1), tf]
+        x = a + lp(b_idx, tf, label_lens)
+        terms.append(torch.where(ok, x, torch.full_like(x, _NEG)))
+    log_p = torch.logsumexp(torch.stack(terms), dim=0)
+    # T_b = 0: the empty path is complete iff there are no labels.
+    empty = act_lens == 0
+    log_p = torch.where(empty & (label_lens == 0), torch.zeros_like(log_p), log_p)
+    log_p = torch.where(empty & (label_lens > 0), torch.full_like(log_p, _NEG), log_p)
+    return log_p
+
+
 # ------------------------------------------------------------ multi-blank RNN-T
 def log_likelihood(
     lp_blank: torch.Tensor,
@@ -124,19 +144,15 @@ def log_likelihood(
         (B,) log P (-inf-like large negative for impossible utterances).
     """
     B, T, U = lp_blank.shape
-    if T == 0:  # no frames at all: only the empty path of a label-less utterance
-        zero = torch.zeros((B,), dtype=lp_blank.dtype, device=lp_blank.device)
-        zero = zero + 0.0 * lp_blank.sum()  # (empty) still part of the graph
-        return torch.where(label_lens == 0, zero, torch.full_like(zero, _NEG))
+    if T == 0:
+        return _no_frames(lp_blank, label_lens)
     n_diag = T + U - 1
     diag_blank = [_diagonal(lp_blank, n) for n in range(n_diag)]
     diag_label = [_diagonal(lp_label, n) for n in range(n_diag)]
     diag_big = [[_diagonal(x, n) for n in range(n_diag)] for x in lp_big]
     t_idx = torch.arange(T, device=lp_blank.device)
 
-    first = torch.full((B, T), _NEG, dtype=lp_blank.dtype, device=lp_blank.device)
-    first = torch.where(t_idx[None, :] == 0, torch.zeros_like(first), first)
-    alphas = [first]
+    alphas = [_first_diagonal(B, T, lp_blank)]
     for n in range(1, n_diag):
         prev = alphas[n - 1]
         terms = [
@@ -152,24 +168,10 @@ def log_likelihood(
         inside = (u >= 0) & (u < U)
         alphas.append(torch.where(inside[None, :], alpha, torch.full_like(alpha, _NEG)))
 
-    # Final readout: transitions that land exactly on t = T_b from row u = U_b - 1.
-    alpha_all = torch.stack(alphas, dim=1)  # (B, n_diag, T) indexed [b, t + u, t]
-    b_idx = torch.arange(B, device=lp_blank.device)
-    u_last = label_lens
-    ends = []
-    for lp, d in [(lp_blank, 1)] + list(zip(lp_big, durations)):
-        t_from = act_lens - d
-        ok = t_from >= 0
-        tf = t_from.clamp(min=0)
-        a = alpha_all[b_idx, (tf + u_last).clamp(max=n_diag - 1), tf]
-        e = a + lp[b_idx, tf, u_last]
-        ends.append(torch.where(ok, e, torch.full_like(e, _NEG)))
-    log_p = torch.logsumexp(torch.stack(ends), dim=0)
-    # T_b = 0: the empty path is complete iff there are no labels.
-    empty = act_lens == 0
-    log_p = torch.where(empty & (label_lens == 0), torch.zeros_like(log_p), log_p)
-    log_p = torch.where(empty & (label_lens > 0), torch.full_like(log_p, _NEG), log_p)
-    return log_p
+    # final readout: the blanks from row u = L_b that land exactly on t = T_b
+    steps = zip([lp_blank] + list(lp_big), [1] + list(durations))
+    ends = [(d, lambda b, t, u, lp=lp: lp[b, t, u]) for lp, d in steps]
+    return _complete_paths(alphas, act_lens, label_lens, ends)
 
 
 def _without_padding(acts, act_lens, label_lens):
@@ -185,7 +187,9 @@ def _without_padding(acts, act_lens, label_lens):
     return torch.where(valid[..., None], acts, acts.new_zeros(()))
 
 
-def _emission_log_probs(acts, labels, act_lens, label_lens, opts, clamp: float):
+def _multiblank_log_p(acts, labels, act_lens, label_lens, opts, clamp: float):
+    """(log P (B,), label log-probs lp(t, u, y_u) (B, T, U)) of the multi-blank
+    lattice."""
     acts = _without_padding(acts, act_lens, label_lens)
     if clamp > 0:
         acts = LogSoftmaxGradModification.apply(acts, clamp)
@@ -197,7 +201,21 @@ def _emission_log_probs(acts, labels, act_lens, label_lens, opts, clamp: float):
     lp_label = torch.gather(lp, 3, lab[:, None, :, None].expand(B, T, U, 1))[..., 0]
     lp_blank = lp[..., opts.blank]
     lp_big = [lp[..., k] for k in opts.big_blank_ids]
-    return lp_blank, lp_label, lp_big
+    log_p = log_likelihood(
+        lp_blank, lp_label, lp_big, opts.big_blank_durations, act_lens, label_lens
+    )
+    return log_p, lp_label
+
+
+def _costs(log_p_of, acts, labels, act_lens, label_lens, opts, clamp: float):
+    """The costs of either lattice from its ``log_p_of(acts, labels, act_lens,
+    label_lens, opts, clamp) -> (log P, label log-probs)`` (half logits computed in
+    float32)."""
+    if acts.dtype in (torch.float16, torch.bfloat16):
+        acts = acts.float()
+    log_p, lp_label = log_p_of(acts, labels, act_lens, label_lens, opts, clamp)
+    cost = _fastemit_costs(log_p, lp_label, opts.fastemit_lambda)
+    return cost + 0.0  # no -0.0 for the empty path
 
 
 def reference_costs(
@@ -217,20 +235,12 @@ def reference_costs(
         opts: the loss options (``opts.clamp`` is ignored here: pass ``clamp`` to put a
             LogSoftmaxGradModification before the log-softmax).
     Returns:
-        (B,) costs; +inf for an impossible utterance (T_b = 0 < L_b), whose gradient
-        is 0. With FastEmit the autograd gradient is NeMo's FastEmit gradient (the label
-        transitions weighted by 1 + lambda plus lambda * w_label(t,u) * p(t,u,.)), while
-        the value is ``-(1 + lambda) log P``.
+        (B,) costs (float, +0.0 for T_b = 0 = L_b); +inf for an impossible utterance
+        (T_b = 0 < L_b), whose gradient is 0. With FastEmit the autograd gradient is
+        NeMo's FastEmit gradient (the label transitions weighted by 1 + lambda plus
+        lambda * w_label(t,u) * p(t,u,.)), while the value is ``-(1 + lambda) log P``.
     """
-    if acts.dtype in (torch.float16, torch.bfloat16):
-        acts = acts.float()
-    lp_blank, lp_label, lp_big = _emission_log_probs(
-        acts, labels, act_lens, label_lens, opts, clamp
-    )
-    log_p = log_likelihood(
-        lp_blank, lp_label, lp_big, opts.big_blank_durations, act_lens, label_lens
-    )
-    return _fastemit_costs(log_p, lp_label, opts.fastemit_lambda)
+    return _costs(_multiblank_log_p, acts, labels, act_lens, label_lens, opts, clamp)
 
 
 # -------------------------------------------------------------------------- TDT
@@ -253,17 +263,14 @@ def tdt_log_likelihood(
     """
     B, T, U, D = blank_arcs.shape
     dev = blank_arcs.device
-    if T == 0:  # no frames at all: only the empty path of a label-less utterance
-        zero = torch.zeros((B,), dtype=blank_arcs.dtype, device=dev)
-        zero = zero + 0.0 * blank_arcs.sum()  # (empty) still part of the graph
-        return torch.where(label_lens == 0, zero, torch.full_like(zero, _NEG))
+    if T == 0:
+        return _no_frames(blank_arcs, label_lens)
     n_diag = T + U - 1
     diag_blank = [_diagonal(blank_arcs, n) for n in range(n_diag)]  # (B, T, D) each
     diag_label = [_diagonal(label_arcs, n) for n in range(n_diag)]
     t_idx = torch.arange(T, device=dev)
 
-    first = torch.full((B, T), _NEG, dtype=blank_arcs.dtype, device=dev)
-    first = torch.where(t_idx[None, :] == 0, torch.zeros_like(first), first)
+    first = _first_diagonal(B, T, blank_arcs)
     alphas = [first]
     for n in range(1, n_diag):
         terms = []
@@ -283,29 +290,18 @@ def tdt_log_likelihood(
             alpha = torch.full_like(first, _NEG)
         alphas.append(alpha.clamp(min=_NEG))
 
-    # Final readout: blanks from row L_b that land exactly on t = T_b.
-    alpha_all = torch.stack(alphas, dim=1)  # (B, n_diag, T) indexed [b, t + u, t]
-    b_idx = torch.arange(B, device=dev)
-    ends = []
-    for j, e in enumerate(durations):
-        if e < 1:
-            continue
-        t_from = act_lens - e
-        ok = t_from >= 0
-        tf = t_from.clamp(min=0)
-        a = alpha_all[b_idx, (tf + label_lens).clamp(max=n_diag - 1), tf]
-        x = a + blank_arcs[b_idx, tf, label_lens, j]
-        ends.append(torch.where(ok, x, torch.full_like(x, _NEG)))
-    log_p = torch.logsumexp(torch.stack(ends), dim=0)
-    # T_b = 0: the empty path is complete iff there are no labels.
-    empty = act_lens == 0
-    log_p = torch.where(empty & (label_lens == 0), torch.zeros_like(log_p), log_p)
-    log_p = torch.where(empty & (label_lens > 0), torch.full_like(log_p, _NEG), log_p)
-    return log_p
+    # final readout: the blanks from row L_b that land exactly on t = T_b
+    ends = [
+        (e, lambda b, t, u, j=j: blank_arcs[b, t, u, j])
+        for j, e in enumerate(durations)
+        if e >= 1
+    ]
+    return _complete_paths(alphas, act_lens, label_lens, ends)
 
 
-def _step_log_probs(acts, labels, act_lens, label_lens, opts: TDTOptions, clamp):
-    """(token label log-probs (B,T,U), blank arcs (B,T,U,D), label arcs (B,T,U,D))."""
+def _tdt_log_p(acts, labels, act_lens, label_lens, opts: TDTOptions, clamp):
+    """(log P (B,), token label log-probs tok(t, u, y_u) (B, T, U)) of the TDT
+    lattice."""
     B, T, U, VD = acts.shape
     D = opts.num_durations
     V = VD - D
@@ -319,7 +315,14 @@ def _step_log_probs(acts, labels, act_lens, label_lens, opts: TDTOptions, clamp)
         lab[:, : labels.shape[1]] = labels
     tok_label = torch.gather(tok, 3, lab[:, None, :, None].expand(B, T, U, 1))[..., 0]
     tok_blank = tok[..., opts.blank]
-    return tok_label, tok_blank[..., None] + dur, tok_label[..., None] + dur
+    log_p = tdt_log_likelihood(
+        tok_blank[..., None] + dur,
+        tok_label[..., None] + dur,
+        opts.durations,
+        act_lens,
+        label_lens,
+    )
+    return log_p, tok_label
 
 
 def tdt_reference_costs(
@@ -330,32 +333,13 @@ def tdt_reference_costs(
     opts: TDTOptions,
     clamp: float = 0.0,
 ) -> torch.Tensor:
-    """Per-utterance TDT costs ``-(1 + lambda) log P``, differentiable by autograd.
-
-    Args:
-        acts: (B, T, U, V + D) raw logits (computed in acts.dtype; half -> float32).
-        labels: (B, L) int64, L <= U - 1, padding already replaced by valid ids.
-        act_lens, label_lens: (B,) int64.
-        opts: the loss options (``opts.clamp`` and ``opts.omega`` are ignored here:
-            pass ``clamp`` to clip d cost_b / d acts_b elementwise through a
-            LogSoftmaxGradModification before the log-softmaxes).
-    Returns:
-        (B,) costs; +inf (with zero gradient) for an impossible utterance. With
-        FastEmit the autograd gradient is NeMo's TDT FastEmit gradient (the token
-        gradient of the label steps weighted by 1 + lambda plus
-        ``lambda * W_label(t,u) * p(t,u,:)``; the duration gradient unchanged), while
-        the value is ``-(1 + lambda) log P``.
-    """
-    if acts.dtype in (torch.float16, torch.bfloat16):
-        acts = acts.float()
-    tok_label, blank_arcs, label_arcs = _step_log_probs(
-        acts, labels, act_lens, label_lens, opts, clamp
-    )
-    log_p = tdt_log_likelihood(
-        blank_arcs, label_arcs, opts.durations, act_lens, label_lens
-    )
-    cost = _fastemit_costs(log_p, tok_label, opts.fastemit_lambda)
-    return cost + 0.0  # no -0.0 for the empty path
+    """:func:`reference_costs` of the TDT lattice: ``acts`` (B, T, U, V + D), one
+    log-softmax over the V token logits and one over the D duration logits; +inf
+    (with zero gradient) for every utterance without a complete path; ``opts.omega``
+    is ignored as ``opts.clamp`` is. With FastEmit the autograd gradient is NeMo's TDT
+    FastEmit gradient (the token gradient of the label steps weighted by 1 + lambda
+    plus ``lambda * W_label(t,u) * p(t,u,:)``; the duration gradient unchanged)."""
+    return _costs(_tdt_log_p, acts, labels, act_lens, label_lens, opts, clamp)
 
 
 # ---------------------------------------------------------- the lattice on rows

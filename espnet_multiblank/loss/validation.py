@@ -168,16 +168,7 @@ def check_lengths_and_labels(
     )
     for failed, code in zip(bad, length_codes):
         if failed:
-            raise input_error(
-                code,
-                T,
-                U,
-                labels.shape[1],
-                act_lens.tolist(),
-                label_lens.tolist(),
-                rule,
-                names,
-            )
+            raise _value_error(code, T, U, labels, act_lens, label_lens, rule, names)
 
     labels = labels[:, :max_label]
     valid = torch.arange(max_label, device=labels.device)[None, :] < label_lens[:, None]
@@ -196,11 +187,32 @@ def check_lengths_and_labels(
             if failed:
                 b, j = where.nonzero()[0].tolist()
                 v = labels[b, j].item()
-                raise input_error(code, T, U, 0, None, None, rule, names, (b, j, v))
+                raise _value_error(
+                    code, T, U, labels, act_lens, label_lens, rule, names, (b, j, v)
+                )
     labels = torch.where(
         valid, labels, torch.zeros((), dtype=labels.dtype, device=labels.device)
     )
     return labels.contiguous(), act_lens.contiguous(), label_lens.contiguous()
+
+
+def _value_error(
+    code, T, U, labels, act_lens, label_lens, rule, names, where=(0, 0, 0)
+) -> ValueError:
+    """``label_rules.input_error`` of a failed check of :func:`check_lengths_and_labels`
+    (``act_lens``, ``label_lens``: tensors or numpy arrays; the lengths are read only
+    for the messages of the length checks)."""
+    return input_error(
+        code,
+        T,
+        U,
+        labels.shape[1],
+        act_lens.tolist(),
+        label_lens.tolist(),
+        rule,
+        names,
+        where,
+    )
 
 
 def _check_on_host(
@@ -225,16 +237,9 @@ def _check_on_host(
         host_checks.blank_id_array(rule.blank_ids),
     )
     if code != OK:
-        raise input_error(
-            code,
-            T,
-            U,
-            labels.shape[1],
-            act_lens.tolist(),
-            label_lens.tolist(),
-            rule,
-            names,
-            (b, j, int(lab[b, j]) if lab.size else 0),
+        v = int(lab[b, j]) if lab.size else 0
+        raise _value_error(
+            code, T, U, labels, act_lens, label_lens, rule, names, (b, j, v)
         )
     return (
         torch.from_numpy(lab),

@@ -67,7 +67,7 @@ def signatures(storage):
         "row_stats": (A4, I2, I1, I1, i64, f64, W3, W4),
         "alpha_beta": (W4, I1, I1, f64, i64, W3, W3, L1, CO[::1]),
         "weights": (W4, I1, I1, W3, W3, L1),
-        "grad": (A4, I2, I1, I1, i64, f64, f64, L1, W3, W4, L1, A4),
+        "grad": (A4, I2, I1, I1, i64, i64, f64, f64, L1, W3, W4, L1, A4),
     }
 
 

@@ -33,8 +33,9 @@ from espnet_multiblank.loss.options import LossOptions, TDTOptions
 from espnet_multiblank.loss.rows import check_rows, multiblank_rows, tdt_rows
 
 
-def _serial_twin(dispatcher):
-    """A single-threaded copy of a ``parallel=True`` kernel (prange runs as range).
+def serial_twin(dispatcher):
+    """A single-threaded copy of a ``parallel=True`` kernel (prange runs as range);
+    the fused joint + loss's CPU tile kernels use it too.
 
     It gets its own qualified name so that Numba's on-disk cache keeps both versions.
     """
@@ -71,11 +72,12 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 LOGITS_PER_NODE = 64
 
 
-def _pick(num_elements: int):
+def pick_parallel(num_elements: int):
     """(parallel, previous Numba thread count or None): the serial kernels for one
     torch thread, small problems and forked children; otherwise the parallel ones
     with as many Numba threads as torch may use (restore the returned count
-    afterwards)."""
+    afterwards). The thread rule of every CPU kernel of the package (the fused
+    joint + loss's tile kernels too)."""
     n = min(torch.get_num_threads(), _MAX_THREADS)
     if n <= 1 or _state["forked"] or num_elements < PARALLEL_MIN_ELEMENTS:
         return False, None
@@ -121,7 +123,7 @@ class KernelDriver:
 
     def __init__(self, parallel, layout, symbols, durations, lattice_extra=None):
         self.parallel = tuple(parallel)
-        self.serial = tuple(_serial_twin(k) for k in self.parallel)
+        self.serial = tuple(serial_twin(k) for k in self.parallel)
         self.layout = layout
         self.symbols = symbols
         self.durations = durations
@@ -132,8 +134,9 @@ class KernelDriver:
         return self.layout(opts).width
 
     def pick(self, num_elements: int):
-        """(kernels, Numba thread count to restore or None), as :func:`_pick`."""
-        parallel, prev = _pick(num_elements)
+        """(kernels, Numba thread count to restore or None), by
+        :func:`pick_parallel`."""
+        parallel, prev = pick_parallel(num_elements)
         return (self.parallel if parallel else self.serial), prev
 
     def run_stage(self, num_elements: int, stage, *args) -> None:

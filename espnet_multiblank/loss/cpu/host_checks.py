@@ -21,6 +21,20 @@ from espnet_multiblank.loss.label_rules import (
 
 
 @njit(cache=True)
+def _check_lengths(lens, top, negative, too_large):
+    """(code, b) of the first failed check of the lengths ``lens`` (B,): ``negative``
+    for any length < 0 first, then ``too_large`` for one > ``top``; (OK, 0) when
+    all pass."""
+    for b in range(lens.shape[0]):
+        if lens[b] < 0:
+            return negative, b
+    for b in range(lens.shape[0]):
+        if lens[b] > top:
+            return too_large, b
+    return OK, 0
+
+
+@njit(cache=True)
 def scan_lengths_and_labels(T, max_label, act_lens, label_lens, labels, V, blank_ids):
     """Check, in this order, act_lens >= 0, act_lens <= T, label_lens >= 0, label_lens
     <= max_label, then the valid labels (j < label_lens[b]) in row-major order: in
@@ -37,18 +51,13 @@ def scan_lengths_and_labels(T, max_label, act_lens, label_lens, labels, V, blank
         checks, the offending position.
     """
     B = act_lens.shape[0]
-    for b in range(B):
-        if act_lens[b] < 0:
-            return ACT_LEN_NEGATIVE, b, 0
-    for b in range(B):
-        if act_lens[b] > T:
-            return ACT_LEN_ABOVE_T, b, 0
-    for b in range(B):
-        if label_lens[b] < 0:
-            return LABEL_LEN_NEGATIVE, b, 0
-    for b in range(B):
-        if label_lens[b] > max_label:
-            return LABEL_LEN_TOO_LARGE, b, 0
+    code, b = _check_lengths(act_lens, T, ACT_LEN_NEGATIVE, ACT_LEN_ABOVE_T)
+    if code == OK:
+        code, b = _check_lengths(
+            label_lens, max_label, LABEL_LEN_NEGATIVE, LABEL_LEN_TOO_LARGE
+        )
+    if code != OK:
+        return code, b, 0
     for b in range(B):
         for j in range(label_lens[b]):
             if labels[b, j] < 0 or labels[b, j] >= V:

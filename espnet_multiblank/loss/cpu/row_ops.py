@@ -184,48 +184,46 @@ def max_and_check(x, lo, hi):  # pragma: no cover - replaced by overload
     raise NotImplementedError
 
 
+# per element width: (integer type, float -> bits, bits -> float, sign-bit shift,
+# bits of +inf)
+_INT_VIEWS = {
+    32: (np.int32, f32_bits, bits_f32, 31, 0x7F80_0000),
+    64: (np.int64, f64_bits, bits_f64, 63, 0x7FF0_0000_0000_0000),
+}
+
+
 @overload(max_and_check, jit_options={"error_model": "numpy"})
 def _max_and_check_overload(x, lo, hi):
-    if x.dtype == types.float32:
-        i32 = np.int32
-        sign_off = i32(0x7FFFFFFF)
-        pinf = i32(0x7F800000)
+    I, bits, value, top, inf_bits = _INT_VIEWS[x.dtype.bitwidth]
+    shift = I(top)
+    sign_off = I(np.iinfo(I).max)  # all bits but the sign
+    pinf = I(inf_bits)
+    lowest = I(np.iinfo(I).min)
 
-        def impl32(x, lo, hi):
-            # key(b) orders like the float b; every op cast back to int32 (Numba
-            # widens int32 arithmetic to int64, which halves the lanes)
-            mkey = i32(-0x7FFFFFFF - 1)
-            amax = i32(0)
-            for k in range(lo, hi):
-                b = f32_bits(x[k])
-                key = i32(b ^ i32(i32(b >> i32(31)) & sign_off))
-                mkey = key if key > mkey else mkey
-                a = i32(b & sign_off)
-                amax = a if a > amax else amax
-            bad = amax > pinf or mkey == pinf  # NaN of either sign, or +inf
-            mb = i32(mkey ^ i32(i32(mkey >> i32(31)) & sign_off))
-            return bits_f32(mb), bad
-
-        return impl32
-
-    i64 = np.int64
-    sign_off64 = i64(0x7FFF_FFFF_FFFF_FFFF)
-    pinf64 = i64(0x7FF0_0000_0000_0000)
-
-    def impl64(x, lo, hi):
-        mkey = i64(-0x7FFF_FFFF_FFFF_FFFF - 1)
-        amax = i64(0)
+    def impl(x, lo, hi):
+        # key(b) orders like the float b; every op cast back to I (Numba widens int32
+        # arithmetic to int64, which halves the lanes; a no-op for int64)
+        mkey = lowest
+        amax = I(0)
         for k in range(lo, hi):
-            b = f64_bits(x[k])
-            key = b ^ ((b >> i64(63)) & sign_off64)
+            b = bits(x[k])
+            key = I(b ^ I(I(b >> shift) & sign_off))
             mkey = key if key > mkey else mkey
-            a = b & sign_off64
+            a = I(b & sign_off)
             amax = a if a > amax else amax
-        bad = amax > pinf64 or mkey == pinf64
-        mb = mkey ^ ((mkey >> i64(63)) & sign_off64)
-        return bits_f64(mb), bad
+        bad = amax > pinf or mkey == pinf  # NaN of either sign, or +inf
+        mb = I(mkey ^ I(I(mkey >> shift) & sign_off))
+        return value(mb), bad
 
-    return impl64
+    return impl
+
+
+def _exp_of(dtype):
+    """(cast of the shift, exp, zero) of the exp loops for arrays of ``dtype``: the
+    vectorised :func:`exp32` for float32, the exact ``math.exp`` for float64."""
+    if dtype == types.float32:
+        return np.float32, exp32, np.float32(0.0)
+    return np.float64, _exp_exact, 0.0
 
 
 def exp_sum(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overload
@@ -239,28 +237,18 @@ def exp_sum(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overl
 # own with its own flags, which LLVM keeps when it inlines it
 @overload(exp_sum, jit_options={"fastmath": True, "error_model": "numpy"})
 def _exp_sum_overload(x, lo, hi, shift, out, olo):
-    if x.dtype == types.float32:
+    cast, exp, zero = _exp_of(x.dtype)
 
-        def impl32(x, lo, hi, shift, out, olo):
-            sh = np.float32(shift)
-            s = np.float32(0.0)
-            for k in range(hi - lo):
-                e = exp32(x[lo + k] - sh)
-                out[olo + k] = e
-                s += e
-            return s
-
-        return impl32
-
-    def impl64(x, lo, hi, shift, out, olo):
-        s = 0.0
+    def impl(x, lo, hi, shift, out, olo):
+        sh = cast(shift)
+        s = zero
         for k in range(hi - lo):
-            e = _exp_exact(x[lo + k] - shift)
+            e = exp(x[lo + k] - sh)
             out[olo + k] = e
             s += e
         return s
 
-    return impl64
+    return impl
 
 
 def exp_range(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by overload
@@ -271,20 +259,14 @@ def exp_range(x, lo, hi, shift, out, olo):  # pragma: no cover - replaced by ove
 
 @overload(exp_range, jit_options={"fastmath": True, "error_model": "numpy"})
 def _exp_range_overload(x, lo, hi, shift, out, olo):
-    if x.dtype == types.float32:
+    cast, exp, _ = _exp_of(x.dtype)
 
-        def impl32(x, lo, hi, shift, out, olo):
-            sh = np.float32(shift)
-            for k in range(hi - lo):
-                out[olo + k] = exp32(x[lo + k] - sh)
-
-        return impl32
-
-    def impl64(x, lo, hi, shift, out, olo):
+    def impl(x, lo, hi, shift, out, olo):
+        sh = cast(shift)
         for k in range(hi - lo):
-            out[olo + k] = _exp_exact(x[lo + k] - shift)
+            out[olo + k] = exp(x[lo + k] - sh)
 
-    return impl64
+    return impl
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)

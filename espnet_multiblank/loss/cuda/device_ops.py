@@ -1,12 +1,14 @@
 """What the multi-blank and the TDT CUDA kernels share: element I/O, the row kernels'
-start and gradient loop, row reductions, the lattice kernels' cells and their
-anti-diagonal sweep, LSE, and the caches of compiled kernels.
+start, row reductions and step log-probs, the whole gradient and weights kernels, the
+alpha / beta kernels' body (anti-diagonal sweeps, log P and the costs), LSE, and the
+caches of compiled kernels.
 
 The shared pieces are device functions (``inline=True``: inlined into each kernel by
 Numba, so the kernels compile as if they were written out in them) and factories of
-device functions for what depends on compile-time constants (storage, row layout)
-or on a family's own device functions (``make_grad_row``'s ``grad_of``,
-``make_diagonal_sweeps``' ``alpha_of`` / ``beta_of``).
+device functions or kernels for what depends on compile-time constants (storage, row
+layout) or on a family's own device functions (``make_grad_kernel``'s
+``row_constants`` and ``grad_of``, ``make_weights_kernel``'s ``cell_weights``,
+``make_alpha_beta``'s ``alpha_of`` / ``beta_of`` / ``log_p_of``).
 
 Imports ``numba.cuda``: import it lazily (the kernels' modules do).
 
@@ -115,33 +117,42 @@ def make_io(storage: str):
     return load, store
 
 
-def family_kernels(cache, key, make_row_kernels, get_dp_kernels, lattice):
-    """The four kernels of a family, built on first use and cached in ``cache``.
+def kernel_getters(make_row_kernels, make_dp_kernels, constants, durations):
+    """``(get_kernels, get_dp_kernels)`` of a kernel family, each building its
+    kernels on first use and caching them (one cache per family).
 
-    Args:
-        key: ``(storage, *lattice constants, team, block, unroll)``, the arguments
-            of ``make_row_kernels(*key) -> (row_stats, grad)``.
-        get_dp_kernels: ``get_dp_kernels(lattice) -> (alpha_beta, weights)``.
-
-    Returns:
-        (row_stats, alpha_beta, weights, grad).
+    * ``get_kernels(storage, lattice, row_cfg) -> (row_stats, alpha_beta, weights,
+      grad)``: storage "float64", "float32", "float16" or "bfloat16" (the logits;
+      bfloat16 arrays handed over as their int16 bits); the lattice's
+      ``constants(lattice)`` (a tuple: its symbols and durations) become
+      compile-time constants, the blank stays a launch argument; ``row_cfg =
+      (team, block, unroll)`` of the row kernels (1 and 4): threads per row (a power
+      of two), threads per block (a multiple of team), loads per chunk. The row
+      kernels come from ``make_row_kernels(storage, *constants, team, block,
+      unroll) -> (row_stats, grad)``;
+    * ``get_dp_kernels(lattice) -> (alpha_beta, weights)``: the lattice kernels,
+      ``make_dp_kernels(durations(lattice))``: they depend only on the durations
+      (numba specialises them on the costs' dtype by itself), so they are compiled
+      once per duration set and shared by every storage kind and row layout.
     """
-    if key not in cache:
-        row_stats, grad = make_row_kernels(*key)
-        alpha_beta, weights = get_dp_kernels(lattice)
-        cache[key] = (row_stats, alpha_beta, weights, grad)
-    return cache[key]
+    cache = {}
 
+    def get_dp_kernels(lattice):
+        key = ("dp", durations(lattice))
+        if key not in cache:
+            cache[key] = make_dp_kernels(key[1])
+        return cache[key]
 
-def dp_kernels(cache, durations, make_dp_kernels):
-    """``make_dp_kernels(durations) -> (alpha_beta, weights)``, cached in ``cache``:
-    the lattice kernels depend only on the durations (numba specialises them on the
-    costs' dtype by itself), so they are compiled once and shared by every storage
-    kind and row layout."""
-    key = ("dp", durations)
-    if key not in cache:
-        cache[key] = make_dp_kernels(durations)
-    return cache[key]
+    def get_kernels(storage: str, lattice, row_cfg):
+        team, block, unroll = (int(x) for x in row_cfg)
+        key = (storage, *constants(lattice), team, block, unroll)
+        if key not in cache:
+            row_stats, grad = make_row_kernels(*key)
+            alpha_beta, weights = get_dp_kernels(lattice)
+            cache[key] = (row_stats, alpha_beta, weights, grad)
+        return cache[key]
+
+    return get_kernels, get_dp_kernels
 
 
 class RowParts(NamedTuple):
@@ -152,8 +163,8 @@ class RowParts(NamedTuple):
     load: object  # device fn: element -> CT
     store: object  # device fn: CT -> element
     row_lse: object  # :func:`make_row_lse`
-    step_loads: object  # :func:`make_step_loads`
     row_start: object  # :func:`make_row_start`
+    row_begin: object  # :func:`make_row_begin`
     grad_start: object  # :func:`make_grad_start`
     token_coefs: object  # :func:`make_token_coefs`
     denom_split: object  # :func:`make_denom_split`
@@ -172,9 +183,9 @@ def row_parts(storage: str, team: int, block: int, unroll: int) -> RowParts:
         CT,
         load,
         store,
-        make_row_lse(load, CT, team, unroll),
-        make_step_loads(load, CT),
+        make_row_lse(load, CT, team, unroll, block),
         row_start,
+        make_row_begin(row_start, make_lead_loads(load, CT)),
         make_grad_start(row_start, store, CT, team),
         make_token_coefs(CT),
         make_denom_split(CT),
@@ -222,6 +233,23 @@ def make_row_start(team: int, rows_per_block: int):
         return tid, lane, inside, b, t, u, Ub, valid
 
     return row_start
+
+
+def make_row_begin(row_start, lead_loads):
+    """Device function ``row_begin(acts, labels, act_lens, label_lens, blank) ->
+    (tid, lane, b, t, u, U_b, active, lead, x_blank, x_label)`` of a row-stats
+    kernel's thread: :func:`make_row_start`'s values (``active``: its row is valid),
+    ``lead``: the thread finishes the row (an active row's lane 0), and the logits of
+    the row's blank and label that it loads (:func:`make_lead_loads`)."""
+
+    @cuda.jit(device=True, inline=True)
+    def row_begin(acts, labels, act_lens, label_lens, blank):
+        tid, lane, _, b, t, u, Ub, active = row_start(acts, act_lens, label_lens)
+        lead = active and lane == 0
+        x_blank, x_label = lead_loads(acts, labels, b, t, u, Ub, blank, lead)
+        return tid, lane, b, t, u, Ub, active, lead, x_blank, x_label
+
+    return row_begin
 
 
 def make_grad_row(load, store, CT, team: int, unroll: int, grad_of):
@@ -344,6 +372,147 @@ def lattice_block(act_lens, label_lens):
     )
 
 
+@cuda.jit(device=True, inline=True)
+def write_cost(b, lp, fastemit_lambda, logp, costs):
+    """``logp[b] = lp`` and ``costs[b] = -(1 + lambda) lp``, +0.0 (not -0.0) when
+    log P is 0, as on the CPU."""
+    logp[b] = lp
+    costs[b] = -(1.0 + fastemit_lambda) * lp + 0.0
+
+
+def make_alpha_beta(alpha_of, beta_of, log_p_of, num_terms: int):
+    """Device function ``alpha_beta(lpw, act_lens, label_lens, fastemit_lambda,
+    alphas, betas, logp, costs, flags)``: the body of a family's alpha / beta kernel
+    (grid (B, 1 + do_beta), :func:`lattice_block`).
+
+    Block (b, 0) sweeps alpha (:func:`make_diagonal_sweeps`) and its thread 0 writes
+    log P and the cost (:func:`write_cost`), block (b, 1) sweeps beta; an utterance
+    with no frames has log P 0 without labels and -inf (impossible) with some. The
+    family's device functions: ``alpha_of``, ``beta_of`` (as
+    :func:`make_diagonal_sweeps` takes them) and ``log_p_of(lpw, alphas, terms, b,
+    Tb, Ub, flags) -> log P`` (the end of the alpha sweep; ``flags``: what the
+    family's kernel passes, e.g. its bad rows); ``terms``: a local float64 array of
+    ``num_terms`` for their log-sum-exps."""
+    alpha_sweep, beta_sweep = make_diagonal_sweeps(alpha_of, beta_of)
+    NT = num_terms
+
+    @cuda.jit(device=True, inline=True)
+    def alpha_beta(
+        lpw, act_lens, label_lens, fastemit_lambda, alphas, betas, logp, costs, flags
+    ):
+        b, which, tid, nthr, Tb, Ub = lattice_block(act_lens, label_lens)
+        if Tb == 0:
+            if which == 0 and tid == 0:
+                lp0 = 0.0 if Ub == 1 else NEG_INF
+                write_cost(b, lp0, fastemit_lambda, logp, costs)
+            return
+        terms = cuda.local.array(NT, numba.float64)
+        if which == 0:
+            alpha_sweep(lpw, alphas, terms, b, tid, nthr, Tb, Ub)
+            if tid == 0:
+                lp = log_p_of(lpw, alphas, terms, b, Tb, Ub, flags)
+                write_cost(b, lp, fastemit_lambda, logp, costs)
+        else:
+            beta_sweep(lpw, betas, terms, b, tid, nthr, Tb, Ub)
+
+    return alpha_beta
+
+
+def make_weights_kernel(cell_weights):
+    """A family's weights kernel ``weights(lpw, act_lens, label_lens, alphas, betas,
+    logp)``: one thread per cell (b, t, u) of the (B, T, U) grid (ceil(B T U /
+    blockDim) blocks); each valid cell of an utterance with a finite log P
+    (:func:`lattice_cell`) gets ``cell_weights(lpw, alphas, betas, b, t, u, Tb, Ub,
+    log_p)``, which overwrites the cell's own ``lpw`` entries (float64 (B, T, U,
+    steps): in, the step log-probs; out, the steps' occupancies) with its steps'
+    occupancies (read and written by the cell's thread only, so in place is safe).
+    alphas, betas: (B, T, U) float64; logp: (B,) float64."""
+
+    @cuda.jit
+    def weights_kernel(lpw, act_lens, label_lens, alphas, betas, logp):
+        go, b, t, u, Tb, Ub, lp_tot = lattice_cell(lpw, act_lens, label_lens, logp)
+        if go:
+            cell_weights(lpw, alphas, betas, b, t, u, Tb, Ub, lp_tot)
+
+    return weights_kernel
+
+
+def make_grad_kernel(
+    parts: RowParts, team: int, unroll: int, num_local: int, row_constants, grad_of
+):
+    """A family's gradient kernel (kernel 4), one team of threads per row:
+
+        grad_kernel(acts, labels, act_lens, label_lens, blank, V, fastemit_lambda,
+                    clamp, factors, denom, wts, logp, grads)
+
+    acts: (B, T, U, V') logits (storage dtype); labels: (B, L) int64; act_lens,
+    label_lens: (B,) int64; blank, V: ints (V the token logits of the V' of a row);
+    fastemit_lambda, clamp: floats (clamp 0 = off); factors: (B,) float64 (reduction
+    weight times the incoming gradient); denom: the rows' log-sum-exps (float64); wts:
+    (B, T, U, steps) float64 occupancies from the weights kernel; logp: (B,) float64;
+    grads: (B, T, U, V') out (storage dtype), every element written (0 at padding rows
+    and for utterances whose log P is not finite). Grid: ceil(B T U / rows per block)
+    blocks of ``block`` threads (a pure streaming pass: no shared memory).
+
+    A valid row's elements are ``store(clip(grad_of(k, x_k, p), -clamp, clamp) *
+    factors[b])`` (:func:`make_grad_row`) with the row's constants ``p =
+    row_constants(wts, denom, b, t, u, V, blank, lab, gamma0, w_label, c_blank,
+    c_label, fastemit_lambda, weights)`` (:func:`make_token_coefs` gives gamma0 ...
+    lab; ``weights``: a local CT array of ``num_local`` (>= 1) for the family's
+    per-step weights)."""
+    CT = parts.CT
+    grad_start = parts.grad_start
+    token_coefs = parts.token_coefs
+    grad_row = make_grad_row(parts.load, parts.store, CT, team, unroll, grad_of)
+    NL = num_local
+
+    @cuda.jit
+    def grad_kernel(
+        acts,
+        labels,
+        act_lens,
+        label_lens,
+        blank,
+        V,
+        fastemit_lambda,
+        clamp,
+        factors,
+        denom,
+        wts,
+        logp,
+        grads,
+    ):
+        n = acts.shape[3]
+        go, lane, b, t, u, Ub = grad_start(acts, act_lens, label_lens, logp, grads, n)
+        if not go:
+            return
+        gamma, w_label, c_blank, c_label, lab = token_coefs(
+            wts, labels, b, t, u, Ub, fastemit_lambda
+        )
+        weights = cuda.local.array(NL, CT)  # registers: indexed by constants
+        p = row_constants(
+            wts,
+            denom,
+            b,
+            t,
+            u,
+            V,
+            blank,
+            lab,
+            gamma,
+            w_label,
+            c_blank,
+            c_label,
+            fastemit_lambda,
+            weights,
+        )
+        gw = CT(factors[b])
+        cl = CT(clamp)
+        grad_row(acts, grads, b, t, u, n, lane, cl, gw, p)
+
+    return grad_kernel
+
+
 def make_diagonal_sweeps(alpha_of, beta_of):
     """Device functions ``(alpha_sweep, beta_sweep)`` of an alpha / beta kernel, both
     ``(lpw, arr, terms, b, tid, nthr, Tb, Ub)``: block (b, 0) fills ``arr = alphas``
@@ -401,21 +570,36 @@ def fill_row(out, b, t, u, n, lane, team, value):
         k += team
 
 
-def make_step_loads(load, CT):
-    """Device function ``step_loads(acts, labels, b, t, u, Ub, blank) -> (x_blank,
-    x_label)``: the logits of the blank and of the label y_u of a row (-inf on the
-    last row, u = U_b - 1: no label left), in CT. Row kernels issue these loads
+def make_lead_loads(load, CT):
+    """Device function ``lead_loads(acts, labels, b, t, u, Ub, blank, lead) ->
+    (x_blank, x_label)``: on the thread that finishes a row (``lead``), the logits of
+    the blank and of the label y_u of the row (-inf on the last row, u = U_b - 1: no
+    label left), in CT; (0, -inf) on the others. Row kernels issue these loads
     before their row loop, so that their latency overlaps it."""
 
     @cuda.jit(device=True, inline=True)
-    def step_loads(acts, labels, b, t, u, Ub, blank):
-        x_blank = load(acts[b, t, u, blank])
+    def lead_loads(acts, labels, b, t, u, Ub, blank, lead):
+        x_blank = CT(0.0)
         x_label = CT(NEG_INF)
-        if u < Ub - 1:
-            x_label = load(acts[b, t, u, labels[b, u]])
+        if lead:
+            x_blank = load(acts[b, t, u, blank])
+            if u < Ub - 1:
+                x_label = load(acts[b, t, u, labels[b, u]])
         return x_blank, x_label
 
-    return step_loads
+    return lead_loads
+
+
+@cuda.jit(device=True, inline=True)
+def store_step_lps(lpw, b, t, u, x_blank, x_label, tok_off, xs, n, off):
+    """A row's step log-probs ``lpw[b, t, u, :2 + n]`` (float64) from their logits
+    (CT): the blank's and the label's ``x_blank``, ``x_label`` minus ``tok_off`` (the
+    row's log-sum-exp plus sigma), then ``xs[:n]`` minus ``off`` (the big blanks'
+    with the same offset; the TDT durations' with their own log-sum-exp)."""
+    lpw[b, t, u, 0] = numba.float64(x_blank) - tok_off
+    lpw[b, t, u, 1] = numba.float64(x_label) - tok_off
+    for i in range(n):
+        lpw[b, t, u, 2 + i] = numba.float64(xs[i]) - off
 
 
 @cuda.jit(device=True, inline=True)
@@ -464,14 +648,15 @@ def log_sum_exp(terms, n):
     return mx + math.log(s)
 
 
-def make_row_lse(load, CT, team: int, unroll: int):
-    """Device function ``row_lse(acts, b, t, u, n, lane, active, sm_m, sm_s, tid)``.
+def make_row_lse(load, CT, team: int, unroll: int, block: int):
+    """Device function ``row_lse(acts, b, t, u, n, lane, active, tid)``.
 
     The log-sum-exp statistics of ``acts[b, t, u, :n]`` computed by a *team* of
     ``team`` consecutive threads (``lane`` = 0..team-1, ``tid`` the thread's index in
-    the block, its team's slots ``sm_m[tid - lane : tid - lane + team]`` in shared
-    memory). Returns ``(m, s)`` in CT on lane 0 (the row maximum and
-    ``sum_k exp(x_k - m)``), garbage on the other lanes.
+    the block of ``block`` threads, its team's slots ``tid - lane : tid - lane +
+    team`` of two shared memory arrays of ``block`` CT that it declares). Returns
+    ``(m, s)`` in CT on lane 0 (the row maximum and ``sum_k exp(x_k - m)``), garbage
+    on the other lanes.
 
     Each thread walks chunks of ``unroll`` elements ``k = k0 + j * team``: the chunk's
     loads are issued together (independent, into registers) before any of them is
@@ -486,9 +671,12 @@ def make_row_lse(load, CT, team: int, unroll: int):
     UN = unroll
     TS = team
     STEP = team * unroll
+    NB = block
 
     @cuda.jit(device=True, inline=True)
-    def row_lse(acts, b, t, u, n, lane, active, sm_m, sm_s, tid):
+    def row_lse(acts, b, t, u, n, lane, active, tid):
+        sm_m = cuda.shared.array(NB, CT)
+        sm_s = cuda.shared.array(NB, CT)
         m = CT(NEG_INF)
         s = CT(0.0)
         if active:

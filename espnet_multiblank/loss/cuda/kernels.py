@@ -56,12 +56,12 @@ Four launches, all on the same stream:
                         lp(t,u,blank-1-i) + beta(t+d_i,u) )
    with beta(T_b, U_b - 1) = 0 (the end) and every other destination with t >= T_b
    impossible. The alpha block also writes ``logp[b]`` and
-   ``costs[b] = -(1 + lambda) log P`` (+inf for an impossible utterance, 0 for
+   ``costs[b] = -(1 + lambda) log P`` (+inf for an impossible utterance, +0.0 for
    T_b = 0 = L_b).
 
-3. :func:`weights_kernel` (one thread per cell, float64): the transition weights out
-   of each valid cell (t, u), written over its ``lpw`` entries (log P from the alpha
-   readout)::
+3. the weights kernel (``device_ops.make_weights_kernel``; one thread per cell,
+   float64): the transition weights out of each valid cell (t, u), written over its
+   ``lpw`` entries (log P from the alpha readout)::
 
        w_blank   = exp(alpha(t,u) + lp(t,u,blank) + beta(t+1,u) - log P)
        w_label   = exp(alpha(t,u) + lp(t,u,y_u) + beta(t,u+1) - log P)   [u < U_b-1]
@@ -70,10 +70,11 @@ Four launches, all on the same stream:
    with beta(T_b, U_b - 1) = 0 and weight 0 for a transition that overshoots T_b or
    reaches it with labels left.
 
-4. :func:`grad_kernel` (every row, padding included; may run long after 1-3, in the
-   autograd backward, with the incoming gradient in ``factors``): with the occupancy
-   gamma = w_blank + w_label + sum_i w_big_i (= exp(alpha + beta - log P)), the
-   gradient of cost_b with respect to acts[b,t,u,k] is::
+4. the gradient kernel (``device_ops.make_grad_kernel``; every row, padding
+   included; may run long after 1-3, in the autograd backward, with the incoming
+   gradient in ``factors``): with the occupancy gamma = w_blank + w_label + sum_i
+   w_big_i (= exp(alpha + beta - log P)), the gradient of cost_b with respect to
+   acts[b,t,u,k] is::
 
        g_k = (gamma + lambda * w_label) * exp(acts[b,t,u,k] - denom)
              - w_blank [k = blank] - (1 + lambda) w_label [k = y_u]
@@ -90,66 +91,43 @@ Four launches, all on the same stream:
 
 import math
 
-import numba
 from numba import cuda
 
-from espnet_multiblank.lattice import MultiblankLattice
 from espnet_multiblank.loss.cuda.device_ops import (
     NEG_INF,
-    dp_kernels,
-    family_kernels,
-    lattice_block,
-    lattice_cell,
+    kernel_getters,
     log_add,
     log_sum_exp,
-    make_diagonal_sweeps,
-    make_grad_row,
+    make_alpha_beta,
+    make_grad_kernel,
+    make_weights_kernel,
     row_denominator,
     row_parts,
+    store_step_lps,
 )
-
-_KERNEL_CACHE = {}
-
-
-def get_kernels(storage: str, lattice: MultiblankLattice, row_cfg):
-    """The four kernels specialised (and cached) for one storage kind and lattice.
-
-    Args:
-        storage: "float64", "float32", "float16" or "bfloat16" (the logits; bfloat16
-            arrays are handed over as their int16 bits).
-        lattice: the big blanks' indices and durations (``big_blank_ids``,
-            ``big_blank_durations``) become compile-time constants; the standard
-            blank stays a launch argument.
-        row_cfg: ``(team, block, unroll)`` of the row kernels (1 and 4): threads per
-            row (a power of two), threads per block (a multiple of team), loads per
-            chunk.
-
-    Returns:
-        (row_stats_kernel, alpha_beta_kernel, weights_kernel, grad_kernel), see the
-        module docstring.
-    """
-    team, block, unroll = (int(x) for x in row_cfg)
-    key = (storage, lattice.big_blank_ids, lattice.big_blank_durations)
-    key += (team, block, unroll)
-    return family_kernels(
-        _KERNEL_CACHE, key, _make_row_kernels, get_dp_kernels, lattice
-    )
-
-
-def get_dp_kernels(lattice):
-    """The two lattice kernels (alpha_beta, weights) of ``lattice``, compiled once
-    per duration set (``device_ops.dp_kernels``)."""
-    return dp_kernels(_KERNEL_CACHE, lattice.big_blank_durations, _make_dp_kernels)
 
 
 def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
     parts = row_parts(storage, team, block, unroll)
-    CT, load, store, row_lse, step_loads = parts[:5]
-    row_start, grad_start, token_coefs, denom_split = parts[5:]
+    CT, load, row_lse, row_begin = parts.CT, parts.load, parts.row_lse, parts.row_begin
+    denom_split = parts.denom_split
     N = len(durations)
     NB1 = max(N, 1)  # local array sizes must be >= 1
     BIG = tuple(int(k) for k in big_ids) + (0,)  # (0,): never empty (typing BIG[i])
-    NB = block
+
+    @cuda.jit(device=True, inline=True)
+    def row_constants(
+        wts, denom, b, t, u, V, blank, lab, gamma, w_label, c_blank, c_label, lam, wbig
+    ):
+        """The constants of row (b, t, u) that :func:`grad_of` reads (``wbig``: the
+        big blanks' weights)."""
+        for i in range(N):
+            w = wts[b, t, u, 2 + i]
+            gamma += w
+            wbig[i] = CT(w)
+        c_p = CT(gamma + lam * w_label)
+        d_hi, d_lo = denom_split(denom[b, t, u])
+        return (c_p, d_hi, d_lo, blank, lab, c_blank, c_label, wbig)
 
     @cuda.jit(device=True, inline=True)
     def grad_of(k, x, p):
@@ -165,8 +143,6 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
                 if k == BIG[i]:
                     g -= wbig[i]
         return g
-
-    grad_row = make_grad_row(load, store, CT, team, unroll, grad_of)
 
     @cuda.jit
     def row_stats_kernel(acts, labels, act_lens, label_lens, blank, sigma, denom, lpw):
@@ -184,78 +160,25 @@ def _make_row_kernels(storage, big_ids, durations, team, block, unroll):
         (T_b, U_b) do nothing (their threads still take part in the block's
         ``syncthreads``).
         """
-        sm_m = cuda.shared.array(NB, CT)
-        sm_s = cuda.shared.array(NB, CT)
         V = acts.shape[3]
-        tid, lane, _, b, t, u, Ub, active = row_start(acts, act_lens, label_lens)
         # lane 0 fetches the N + 2 logits the lattice needs now: in flight during
         # the row loop instead of after it
-        lead = active and lane == 0
-        x_blank = CT(0.0)
-        x_label = CT(NEG_INF)
+        tid, lane, b, t, u, Ub, active, lead, x_blank, x_label = row_begin(
+            acts, labels, act_lens, label_lens, blank
+        )
         xbig = cuda.local.array(NB1, CT)
         if lead:
-            x_blank, x_label = step_loads(acts, labels, b, t, u, Ub, blank)
             for i in range(N):
                 xbig[i] = load(acts[b, t, u, BIG[i]])
-        m, s = row_lse(acts, b, t, u, V, lane, active, sm_m, sm_s, tid)
+        m, s = row_lse(acts, b, t, u, V, lane, active, tid)
         if lead:
             d = row_denominator(m, s)
             denom[b, t, u] = d
             off = d + sigma
-            lpw[b, t, u, 0] = numba.float64(x_blank) - off
-            lpw[b, t, u, 1] = numba.float64(x_label) - off
-            for i in range(N):
-                lpw[b, t, u, 2 + i] = numba.float64(xbig[i]) - off
+            store_step_lps(lpw, b, t, u, x_blank, x_label, off, xbig, N, off)
 
-    @cuda.jit
-    def grad_kernel(
-        acts,
-        labels,
-        act_lens,
-        label_lens,
-        blank,
-        fastemit_lambda,
-        clamp,
-        factors,
-        denom,
-        wts,
-        logp,
-        grads,
-    ):
-        """d cost_b / d acts (clamped, times factors[b]), one team per row.
-
-        Args:
-            acts: (B, T, U, V) logits (storage dtype).
-            labels: (B, L) int64.  act_lens, label_lens: (B,) int64.
-            blank: int.  fastemit_lambda, clamp: float (clamp 0 = off).
-            factors: (B,) float64 per-utterance factor (reduction weight times the
-                incoming gradient).
-            denom: (B, T, U) float64 row log-sum-exp.
-            wts: (B, T, U, N + 2) float64 transition weights from weights_kernel.
-            logp: (B,) float64.
-            grads: (B, T, U, V) out, storage dtype, every element written.
-        Grid: as row_stats_kernel (a pure streaming pass: no shared memory).
-        """
-        V = acts.shape[3]
-        go, lane, b, t, u, Ub = grad_start(acts, act_lens, label_lens, logp, grads, V)
-        if not go:
-            return
-        gamma, w_label, c_blank, c_label, lab = token_coefs(
-            wts, labels, b, t, u, Ub, fastemit_lambda
-        )
-        wbig = cuda.local.array(NB1, CT)
-        for i in range(N):
-            w = wts[b, t, u, 2 + i]
-            gamma += w
-            wbig[i] = CT(w)
-        c_p = CT(gamma + fastemit_lambda * w_label)
-        d_hi, d_lo = denom_split(denom[b, t, u])
-        gw = CT(factors[b])
-        cl = CT(clamp)
-        p = (c_p, d_hi, d_lo, blank, lab, c_blank, c_label, wbig)
-        grad_row(acts, grads, b, t, u, V, lane, cl, gw, p)
-
+    # grads: (B, T, U, V); denom: (B, T, U) float64; wts: (B, T, U, N + 2)
+    grad_kernel = make_grad_kernel(parts, team, unroll, NB1, row_constants, grad_of)
     return row_stats_kernel, grad_kernel
 
 
@@ -266,7 +189,8 @@ def _make_dp_kernels(durations):
 
     @cuda.jit(device=True, inline=True)
     def alpha_of(lpw, alphas, b, t, u, terms):
-        """alpha(t, u) of a cell with t + u >= 1 (module docstring)."""
+        """alpha(t, u) of a cell with t + u >= 1: the LSE of its N + 2 incoming
+        transitions (module docstring)."""
         # fixed slots (registers once unrolled); -inf = no edge
         terms[0] = NEG_INF
         terms[1] = NEG_INF
@@ -307,7 +231,18 @@ def _make_dp_kernels(durations):
                 terms[2 + i] = lpw[b, t, u, 2 + i]
         return log_sum_exp(terms, NW)
 
-    alpha_sweep, beta_sweep = make_diagonal_sweeps(alpha_of, beta_of)
+    @cuda.jit(device=True, inline=True)
+    def log_p_of(lpw, alphas, terms, b, Tb, Ub, flags):
+        """log P from alpha (module docstring; ``flags`` unused)."""
+        u = Ub - 1
+        lp = alphas[b, Tb - 1, u] + lpw[b, Tb - 1, u, 0]
+        for i in range(N):
+            d = DUR[i]
+            if Tb >= d:
+                lp = log_add(lp, alphas[b, Tb - d, u] + lpw[b, Tb - d, u, 2 + i])
+        return lp
+
+    alpha_beta = make_alpha_beta(alpha_of, beta_of, log_p_of, NW)
 
     @cuda.jit
     def alpha_beta_kernel(
@@ -325,46 +260,14 @@ def _make_dp_kernels(durations):
             costs: (B,) float32 or float64 out: -(1 + lambda) * log P.
         Grid: (B, 1 + do_beta) blocks of any number of threads (they stride).
         """
-        b, which, tid, nthr, Tb, Ub = lattice_block(act_lens, label_lens)
-        if Tb == 0:
-            if which == 0 and tid == 0:
-                lp0 = 0.0 if Ub == 1 else NEG_INF
-                logp[b] = lp0
-                costs[b] = -(1.0 + fastemit_lambda) * lp0
-            return
-        terms = cuda.local.array(NW, numba.float64)
-        if which == 0:
-            alpha_sweep(lpw, alphas, terms, b, tid, nthr, Tb, Ub)
-            if tid == 0:
-                u = Ub - 1
-                lp = alphas[b, Tb - 1, u] + lpw[b, Tb - 1, u, 0]
-                for i in range(N):
-                    d = DUR[i]
-                    if Tb >= d:
-                        lp = log_add(
-                            lp, alphas[b, Tb - d, u] + lpw[b, Tb - d, u, 2 + i]
-                        )
-                logp[b] = lp
-                costs[b] = -(1.0 + fastemit_lambda) * lp
-        else:
-            beta_sweep(lpw, betas, terms, b, tid, nthr, Tb, Ub)
+        alpha_beta(
+            lpw, act_lens, label_lens, fastemit_lambda, alphas, betas, logp, costs, 0
+        )
 
-    @cuda.jit
-    def weights_kernel(lpw, act_lens, label_lens, alphas, betas, logp):
-        """Transition weights out of every valid cell, written over ``lpw`` in place.
-
-        Args:
-            lpw: (B, T, U, N + 2) float64: in, the emission log-probs; out, for cells
-                with t < T_b, u < U_b of utterances with a finite log P, the weights
-                [w_blank, w_label, w_big_0, ..., w_big_{N-1}] (module docstring).
-                Each cell reads only its own lpw entries, so in place is safe.
-            act_lens, label_lens: (B,) int64.
-            alphas, betas: (B, T, U) float64.  logp: (B,) float64.
-        Grid: ceil(B*T*U / blockDim) blocks, one thread per cell.
-        """
-        go, b, t, u, Tb, Ub, lp_tot = lattice_cell(lpw, act_lens, label_lens, logp)
-        if not go:
-            return
+    @cuda.jit(device=True, inline=True)
+    def cell_weights(lpw, alphas, betas, b, t, u, Tb, Ub, lp_tot):
+        """The weights [w_blank, w_label, w_big_0, ..., w_big_{N-1}] of a valid
+        cell (module docstring) over its ``lpw`` entries."""
         base = alphas[b, t, u] - lp_tot
         last_row = u == Ub - 1
         x = base + lpw[b, t, u, 0]
@@ -390,4 +293,17 @@ def _make_dp_kernels(durations):
                 w = 0.0
             lpw[b, t, u, 2 + i] = w
 
-    return alpha_beta_kernel, weights_kernel
+    # lpw: (B, T, U, N + 2), the weights of [blank, label, big blanks] out
+    return alpha_beta_kernel, make_weights_kernel(cell_weights)
+
+
+#: ``get_kernels(storage, lattice, row_cfg) -> (row_stats_kernel, alpha_beta_kernel,
+#: weights kernel, gradient kernel)`` (module docstring; the big blanks' indices and
+#: durations are compile-time constants) and ``get_dp_kernels(lattice) ->
+#: (alpha_beta_kernel, weights kernel)``, as ``device_ops.kernel_getters`` says
+get_kernels, get_dp_kernels = kernel_getters(
+    _make_row_kernels,
+    _make_dp_kernels,
+    lambda lattice: (lattice.big_blank_ids, lattice.big_blank_durations),
+    lambda lattice: lattice.big_blank_durations,
+)

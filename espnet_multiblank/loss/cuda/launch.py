@@ -246,8 +246,9 @@ class CudaKernelDriver:
       per node (``lpw``'s width), the logits a row kernel reduces (V of V + D) and
       the softmax parts of a row (``denom`` holds one log-sum-exp per part, (B, T, U)
       for one part, (B, T, U, 2) for a TDT's token and duration parts);
-    * ``tdt``: the TDT kernels also take V after ``blank`` and a (B,) int32 flag of
-      bad rows (row_stats sets it, alpha_beta reads it).
+    * ``tdt``: the TDT row_stats kernel also takes V after ``blank`` (the gradient
+      kernels of both families take it) and the TDT kernels a (B,) int32 flag of bad
+      rows (row_stats sets it, alpha_beta reads it).
     """
 
     #: the kernels run on a GPU (on the host in the simulator)
@@ -418,7 +419,6 @@ class CudaKernelDriver:
         lattice = opts.lattice
         *_, grad_k = self.get_kernels(storage_of(acts.dtype), lattice, cfg_row)
         k = kernel_array
-        tokens = (V,) if self.tdt else ()
 
         def body(cfg):
             cfg(grad_k, row_grid(rows, cfg_row), cfg_row[1])(
@@ -427,7 +427,7 @@ class CudaKernelDriver:
                 k(act_lens),
                 k(label_lens),
                 int(lattice.blank),
-                *tokens,
+                V,
                 float(opts.fastemit_lambda),
                 float(opts.clamp),
                 k(factors),

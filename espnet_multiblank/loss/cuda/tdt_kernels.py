@@ -42,16 +42,16 @@ Four launches on one stream:
                           tok(y_u) + dur(j) + beta(t+e_j,u+1)  [u < L_b, t+e_j < T_b] )
 
    The alpha block writes ``logp[b]`` and ``costs[b] = -(1 + lambda) log P`` (+inf
-   when impossible, 0 for T_b = 0 = L_b, NaN when ``bad[b]``).
+   when impossible, +0.0 for T_b = 0 = L_b, NaN when ``bad[b]``).
 
-3. :func:`tdt_weights_kernel` (one thread per cell, float64): the step occupancies
-   ``W = exp(alpha(t,u) + step log-prob + beta(dest) - log P)``, summed per token and
-   per duration and written over the cell's own ``lpw`` entries: [W_blank, W_label,
-   W_dur(0), ..., W_dur(D-1)].
+3. the weights kernel (``device_ops.make_weights_kernel``; one thread per cell,
+   float64): the step occupancies ``W = exp(alpha(t,u) + step log-prob + beta(dest)
+   - log P)``, summed per token and per duration and written over the cell's own
+   ``lpw`` entries: [W_blank, W_label, W_dur(0), ..., W_dur(D-1)].
 
-4. :func:`tdt_grad_kernel` (every row, padding included; may run in the autograd
-   backward with the incoming gradient in ``factors``), with gamma = W_blank +
-   W_label::
+4. the gradient kernel (``device_ops.make_grad_kernel``; every row, padding
+   included; may run in the autograd backward with the incoming gradient in
+   ``factors``), with gamma = W_blank + W_label::
 
        g[k]     = (gamma + lambda W_label) exp(x_k - denom0) - W_blank [k = blank]
                   - (1 + lambda) W_label [k = y_u]                        (k < V)
@@ -64,59 +64,54 @@ Four launches on one stream:
 
 import math
 
-import numba
 from numba import cuda
 
-from espnet_multiblank.lattice import TDTLattice
 from espnet_multiblank.loss.cuda.device_ops import (
     NEG_INF,
-    dp_kernels,
-    family_kernels,
-    lattice_block,
-    lattice_cell,
+    kernel_getters,
     log_sum_exp,
-    make_diagonal_sweeps,
-    make_grad_row,
+    make_alpha_beta,
+    make_grad_kernel,
+    make_weights_kernel,
     nan_max,
     row_denominator,
     row_parts,
+    store_step_lps,
 )
-
-_KERNEL_CACHE = {}
-
-
-def get_tdt_kernels(storage: str, lattice: TDTLattice, row_cfg):
-    """The four TDT kernels specialised (and cached) for one storage kind and lattice.
-
-    Args:
-        storage: "float64", "float32", "float16" or "bfloat16" (int16 bits).
-        lattice: its durations become compile-time constants (the blank stays a
-            launch argument).
-        row_cfg: ``(team, block, unroll)`` of the row kernels (see
-            :func:`espnet_multiblank.loss.cuda.kernels.get_kernels`).
-
-    Returns:
-        (row_stats, alpha_beta, weights, grad) kernels (module docstring).
-    """
-    team, block, unroll = (int(x) for x in row_cfg)
-    key = (storage, lattice.durations, team, block, unroll)
-    return family_kernels(
-        _KERNEL_CACHE, key, _make_row_kernels, get_tdt_dp_kernels, lattice
-    )
-
-
-def get_tdt_dp_kernels(lattice):
-    """The two lattice kernels (alpha_beta, weights) of ``lattice``, compiled once
-    per duration set (``device_ops.dp_kernels``)."""
-    return dp_kernels(_KERNEL_CACHE, lattice.durations, _make_dp_kernels)
 
 
 def _make_row_kernels(storage, durations, team, block, unroll):
     parts = row_parts(storage, team, block, unroll)
-    CT, load, store, row_lse, step_loads = parts[:5]
-    row_start, grad_start, token_coefs, denom_split = parts[5:]
+    CT, load, row_lse, row_begin = parts.CT, parts.load, parts.row_lse, parts.row_begin
+    denom_split = parts.denom_split
     D = len(durations)
-    NB = block
+
+    @cuda.jit(device=True, inline=True)
+    def row_constants(
+        wts, denom, b, t, u, V, blank, lab, gamma, w_label, c_blank, c_label, lam, wdur
+    ):
+        """The constants of row (b, t, u) that :func:`grad_of` reads (``wdur``: the
+        durations' weights)."""
+        c_tok = CT(gamma + lam * w_label)
+        c_dur = CT(gamma)
+        for j in range(D):
+            wdur[j] = CT(wts[b, t, u, 2 + j])
+        t_hi, t_lo = denom_split(denom[b, t, u, 0])
+        e_hi, e_lo = denom_split(denom[b, t, u, 1])
+        return (
+            V,
+            c_tok,
+            t_hi,
+            t_lo,
+            blank,
+            lab,
+            c_blank,
+            c_label,
+            c_dur,
+            e_hi,
+            e_lo,
+            wdur,
+        )
 
     @cuda.jit(device=True, inline=True)
     def grad_of(k, x, p):
@@ -135,8 +130,6 @@ def _make_row_kernels(storage, durations, team, block, unroll):
                     g -= wdur[i]
         return g
 
-    grad_row = make_grad_row(load, store, CT, team, unroll, grad_of)
-
     @cuda.jit
     def tdt_row_stats_kernel(
         acts, labels, act_lens, label_lens, blank, V, sigma, denom, lpw, bad
@@ -153,18 +146,16 @@ def _make_row_kernels(storage, durations, team, block, unroll):
                 -inf (zero-initialised by the caller).
         Grid: ceil(B*T*U / (block / TS)) blocks of ``block`` threads.
         """
-        sm_m = cuda.shared.array(NB, CT)
-        sm_s = cuda.shared.array(NB, CT)
-        tid, lane, _, b, t, u, Ub, active = row_start(acts, act_lens, label_lens)
-        lead = active and lane == 0
-        x_blank = CT(0.0)
-        x_label = CT(NEG_INF)
+        # lane 0's loads of the logits the lattice needs: in flight during the row
+        # loop
+        tid, lane, b, t, u, Ub, active, lead, x_blank, x_label = row_begin(
+            acts, labels, act_lens, label_lens, blank
+        )
         xd = cuda.local.array(D, CT)
-        if lead:  # in flight during the row loop
-            x_blank, x_label = step_loads(acts, labels, b, t, u, Ub, blank)
+        if lead:
             for j in range(D):
                 xd[j] = load(acts[b, t, u, V + j])
-        m, s = row_lse(acts, b, t, u, V, lane, active, sm_m, sm_s, tid)
+        m, s = row_lse(acts, b, t, u, V, lane, active, tid)
         if lead:
             d_tok = row_denominator(m, s)
             # the duration part is short: lane 0, from registers
@@ -180,72 +171,12 @@ def _make_row_kernels(storage, durations, team, block, unroll):
                 bad[b] = 1
             denom[b, t, u, 0] = d_tok
             denom[b, t, u, 1] = d_dur
-            off = d_tok + sigma
-            lpw[b, t, u, 0] = numba.float64(x_blank) - off
-            lpw[b, t, u, 1] = numba.float64(x_label) - off
-            for j in range(D):
-                lpw[b, t, u, 2 + j] = numba.float64(xd[j]) - d_dur
+            store_step_lps(lpw, b, t, u, x_blank, x_label, d_tok + sigma, xd, D, d_dur)
 
-    @cuda.jit
-    def tdt_grad_kernel(
-        acts,
-        labels,
-        act_lens,
-        label_lens,
-        blank,
-        V,
-        fastemit_lambda,
-        clamp,
-        factors,
-        denom,
-        wts,
-        logp,
-        grads,
-    ):
-        """d cost_b / d acts (clamped, times factors[b]), one team per row.
-
-        Args:
-            acts: (B, T, U, V + D) logits (storage dtype).  labels: (B, L) int64.
-            act_lens, label_lens: (B,) int64.  blank, V: ints.
-            fastemit_lambda, clamp: floats (clamp 0 = off).
-            factors: (B,) float64.  denom: (B, T, U, 2) float64.
-            wts: (B, T, U, 2 + D) float64 from the weights kernel.  logp: (B,).
-            grads: (B, T, U, V + D) out (storage dtype), every element written.
-        Grid: as the row kernel (streaming; no shared memory).
-        """
-        VD = acts.shape[3]
-        go, lane, b, t, u, Ub = grad_start(acts, act_lens, label_lens, logp, grads, VD)
-        if not go:
-            return
-        gamma, w_label, c_blank, c_label, lab = token_coefs(
-            wts, labels, b, t, u, Ub, fastemit_lambda
-        )
-        c_tok = CT(gamma + fastemit_lambda * w_label)
-        c_dur = CT(gamma)
-        wdur = cuda.local.array(D, CT)  # registers: indexed by constants below
-        for j in range(D):
-            wdur[j] = CT(wts[b, t, u, 2 + j])
-        t_hi, t_lo = denom_split(denom[b, t, u, 0])
-        e_hi, e_lo = denom_split(denom[b, t, u, 1])
-        gw = CT(factors[b])
-        cl = CT(clamp)
-        p = (
-            V,
-            c_tok,
-            t_hi,
-            t_lo,
-            blank,
-            lab,
-            c_blank,
-            c_label,
-            c_dur,
-            e_hi,
-            e_lo,
-            wdur,
-        )
-        grad_row(acts, grads, b, t, u, VD, lane, cl, gw, p)
-
-    return tdt_row_stats_kernel, tdt_grad_kernel
+    # grads: (B, T, U, V + D); denom: (B, T, U, 2) float64 (token / duration part);
+    # wts: (B, T, U, 2 + D)
+    grad_kernel = make_grad_kernel(parts, team, unroll, D, row_constants, grad_of)
+    return tdt_row_stats_kernel, grad_kernel
 
 
 def _make_dp_kernels(durations):
@@ -255,7 +186,8 @@ def _make_dp_kernels(durations):
 
     @cuda.jit(device=True, inline=True)
     def alpha_of(lpw, alphas, b, t, u, terms):
-        """alpha(t, u) of a cell with t + u >= 1 (module docstring)."""
+        """alpha(t, u) of a cell with t + u >= 1: the LSE of the blank and the label
+        step of every duration into it (module docstring)."""
         for j in range(D):
             e = DUR[j]
             s = t - e
@@ -293,7 +225,22 @@ def _make_dp_kernels(durations):
                 terms[D + j] = lpl + dj + betas[b, dest, u + 1]
         return log_sum_exp(terms, NT)
 
-    alpha_sweep, beta_sweep = make_diagonal_sweeps(alpha_of, beta_of)
+    @cuda.jit(device=True, inline=True)
+    def log_p_of(lpw, alphas, terms, b, Tb, Ub, bad):
+        """log P from alpha (module docstring), NaN when ``bad[b]``."""
+        L = Ub - 1
+        for j in range(D):
+            e = DUR[j]
+            s = Tb - e
+            terms[j] = NEG_INF
+            if e >= 1 and s >= 0:
+                terms[j] = alphas[b, s, L] + lpw[b, s, L, 0] + lpw[b, s, L, 2 + j]
+        lp = log_sum_exp(terms, D)
+        if bad[b] != 0:
+            lp = math.nan
+        return lp
+
+    alpha_beta = make_alpha_beta(alpha_of, beta_of, log_p_of, NT)
 
     @cuda.jit
     def tdt_alpha_beta_kernel(
@@ -312,54 +259,17 @@ def _make_dp_kernels(durations):
 
         Args:
             lpw: (B, T, U, 2 + D) float64 from the row kernel.
-            act_lens, label_lens: (B,) int64.  bad: (B,) int32.
-            fastemit_lambda: float.  do_beta: int (0: costs only, grid (B, 1)).
-            alphas, betas: (B, T, U) float64 out (valid cells only).
-            logp: (B,) float64 out.  costs: (B,) float32 or float64 out.
-        Grid: (B, 1 + do_beta) blocks of any number of threads (they stride).
+            bad: (B,) int32 (rows of the utterance with NaN / +inf logits).
+            The others as the multi-blank ``alpha_beta_kernel``'s.
         """
-        b, which, tid, nthr, Tb, Ub = lattice_block(act_lens, label_lens)
-        if Tb == 0:
-            if which == 0 and tid == 0:
-                lp0 = 0.0 if Ub == 1 else NEG_INF
-                logp[b] = lp0
-                costs[b] = -(1.0 + fastemit_lambda) * lp0 + 0.0
-            return
-        terms = cuda.local.array(NT, numba.float64)
-        if which == 0:
-            alpha_sweep(lpw, alphas, terms, b, tid, nthr, Tb, Ub)
-            if tid == 0:
-                L = Ub - 1
-                for j in range(D):
-                    e = DUR[j]
-                    s = Tb - e
-                    terms[j] = NEG_INF
-                    if e >= 1 and s >= 0:
-                        terms[j] = (
-                            alphas[b, s, L] + lpw[b, s, L, 0] + lpw[b, s, L, 2 + j]
-                        )
-                lp = log_sum_exp(terms, D)
-                if bad[b] != 0:
-                    lp = math.nan
-                logp[b] = lp
-                costs[b] = -(1.0 + fastemit_lambda) * lp
-        else:
-            beta_sweep(lpw, betas, terms, b, tid, nthr, Tb, Ub)
+        alpha_beta(
+            lpw, act_lens, label_lens, fastemit_lambda, alphas, betas, logp, costs, bad
+        )
 
-    @cuda.jit
-    def tdt_weights_kernel(lpw, act_lens, label_lens, alphas, betas, logp):
-        """Step occupancies of every valid cell, written over its ``lpw`` entries.
-
-        Args:
-            lpw: (B, T, U, 2 + D) float64: in, the step log-probs; out (valid cells of
-                utterances with a finite log P), [W_blank, W_label, W_dur(0..D-1)].
-            act_lens, label_lens: (B,) int64.
-            alphas, betas: (B, T, U) float64.  logp: (B,) float64.
-        Grid: ceil(B*T*U / blockDim) blocks, one thread per cell.
-        """
-        go, b, t, u, Tb, Ub, lp_tot = lattice_cell(lpw, act_lens, label_lens, logp)
-        if not go:
-            return
+    @cuda.jit(device=True, inline=True)
+    def cell_weights(lpw, alphas, betas, b, t, u, Tb, Ub, lp_tot):
+        """The step occupancies [W_blank, W_label, W_dur(0..D-1)] of a valid cell
+        (module docstring) over its ``lpw`` entries."""
         last_row = u == Ub - 1
         base = alphas[b, t, u] - lp_tot
         lpb = lpw[b, t, u, 0]
@@ -385,4 +295,17 @@ def _make_dp_kernels(durations):
         lpw[b, t, u, 0] = w_blank
         lpw[b, t, u, 1] = w_label
 
-    return tdt_alpha_beta_kernel, tdt_weights_kernel
+    # lpw: (B, T, U, 2 + D), [W_blank, W_label, W_dur(0..D-1)] out
+    return tdt_alpha_beta_kernel, make_weights_kernel(cell_weights)
+
+
+#: ``get_tdt_kernels(storage, lattice, row_cfg) -> (tdt_row_stats_kernel,
+#: tdt_alpha_beta_kernel, weights kernel, gradient kernel)`` (module docstring; the
+#: durations are compile-time constants) and ``get_tdt_dp_kernels(lattice)``, as
+#: ``device_ops.kernel_getters`` says
+get_tdt_kernels, get_tdt_dp_kernels = kernel_getters(
+    _make_row_kernels,
+    _make_dp_kernels,
+    lambda lattice: (lattice.durations,),
+    lambda lattice: lattice.durations,
+)

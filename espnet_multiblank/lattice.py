@@ -138,7 +138,7 @@ class _SearchRules:
         return joint_size - self.num_duration_outputs
 
 
-def decide_early(choose, room: int, cap: int):
+def decide_early(choices: Sequence[tuple], room: int):
     """A step a stream may take before T is known, or None.
 
     A stream has received N frames of an utterance whose T >= N is unknown; its
@@ -147,19 +147,18 @@ def decide_early(choose, room: int, cap: int):
     t``). The step is taken when every one of them chooses the same arc.
 
     Args:
-        choose: ``choose(r)`` -> ``(arc..., score)`` of the step with
-            ``min(T - t, cap) = r``: a tuple whose last item is the score.
+        choices: The step's choice with ``min(T - t, cap) = r`` for r = ``room``,
+            ``room + 1``, ..., ``cap``: each a tuple ``(arc..., score)`` whose last
+            item is the score.
         room: ``N - t`` (< cap).
-        cap: C.
 
     Returns:
         ``(the first choice, {r: score})``, or None when the choices differ.
     """
-    options = [choose(r) for r in range(room, cap + 1)]
-    first = options[0][:-1]
-    if any(o[:-1] != first for o in options[1:]):
+    arc = choices[0][:-1]
+    if any(option[:-1] != arc for option in choices[1:]):
         return None
-    return options[0], {r: o[-1] for r, o in zip(range(room, cap + 1), options)}
+    return choices[0], {room + i: option[-1] for i, option in enumerate(choices)}
 
 
 def _as_int(name: str, value: Any) -> int:

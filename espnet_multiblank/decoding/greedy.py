@@ -269,6 +269,19 @@ class GreedySearch(TransducerSearch):
                 choices[room] = out
             return out
 
+        def choose_all(info, guarded: bool, room: int) -> list:
+            """The choices with min(T - t, cap) = ``room`` .. ``cap``, kept in
+            ``info``: those not kept yet (the rooms below the smallest one an
+            earlier evaluation asked for, fewer frames having arrived then) from one
+            call of the table."""
+            choices = info[1]
+            todo = [r for r in range(room, cap + 1) if r not in choices]
+            if todo:
+                rooms = range(todo[0], todo[-1] + 1)
+                new = table.one_choices(info[0], rooms, guarded, max_sym, decision)
+                choices.update(zip(rooms, new))
+            return [choices[r] for r in range(room, cap + 1)]
+
         while hyp.frame < length:
             t = hyp.frame
             tail = t > length - cap  # near the last frame: other runs may take it
@@ -300,7 +313,7 @@ class GreedySearch(TransducerSearch):
             else:  # T decides which arcs fit: taken if every T >= N agrees
                 if info is None:
                     info = [outputs, {}]
-                early = decide_early(lambda r: choose(info, guarded, r), room, cap)
+                early = decide_early(choose_all(info, guarded, room), room)
                 if early is None:
                     break  # this step waits for more frames
                 (is_label, k, _, frames, score), pending = early

@@ -11,7 +11,8 @@ interface:
   ``beam_candidates(scores, nodes, max_sym, decision)``: every candidate arc of each
   row (both :class:`Arcs`);
 * ``one_outputs`` / ``one_choice``: the same step for one row in Python floats (the
-  one-utterance greedy loop);
+  one-utterance greedy loop), ``one_choices`` for several rooms at once (a stream's
+  step before T is known);
 * ``max_frames``: the longest arc.
 
 The rows a step reads (:class:`RowNodes`) and the arcs it returns (:class:`Arcs`) are
@@ -386,6 +387,39 @@ class SymbolTable:
             score = float(logp[0, k])
         return frames == 0, k, None, frames, score
 
+    def one_choices(
+        self, logp: torch.Tensor, rooms: range, guarded: bool, max_sym: int, decision
+    ) -> List[Tuple[bool, int, None, int, float]]:
+        """:meth:`one_choice` for each room of ``rooms`` (consecutive, within 0 .. R),
+        from one masked (len(rooms), V) tensor: what a stream asks before T is known
+        (:func:`~espnet_multiblank.lattice.decide_early`), one torch call for every
+        room instead of one each (the same values: the same sums and arg-maxes)."""
+        R = self.max_frames
+        first = guarded * (R + 1) + rooms.start
+        masked = logp + self.mask_rows(max_sym)[first : first + len(rooms)]
+        values = logp[0].tolist()
+        frames_list = self.frames_list
+        total = decision == "total"
+        if total:
+            lo, hi = self.blank_range
+            blank_rows = masked[:, lo:hi].tolist()
+        out = []
+        seen = None  # consecutive rooms often allow the same blanks: one total each
+        for i, k in enumerate(masked.argmax(-1).tolist()):
+            frames = frames_list[k]
+            if total:
+                blanks = blank_rows[i]
+                if blanks != seen:
+                    seen, blank_lp = blanks, log_sum_exp(blanks)
+                if frames == 0 and values[k] <= blank_lp:
+                    k = lo + blanks.index(max(blanks))
+                    frames = frames_list[k]
+                score = blank_lp if frames else values[k]
+            else:
+                score = values[k]
+            out.append((frames == 0, k, None, frames, score))
+        return out
+
     def best_arcs(
         self, logp: torch.Tensor, nodes: RowNodes, max_sym: int, blank_decision: str
     ) -> Arcs:
@@ -588,6 +622,14 @@ class TDTSymbolTable:
         if blank_tok is None or label_score > blank_tok + b_val:
             return True, label_k, l_j, min(durations[l_j], room), label_score
         return False, blank, b_j, min(durations[b_j], room), blank_tok + b_val
+
+    def one_choices(
+        self, outputs: list, rooms: range, guarded: bool, max_sym: int, decision
+    ) -> List[Tuple[bool, int, int, int, float]]:
+        """:meth:`one_choice` for each room of ``rooms`` (Python floats already)."""
+        return [
+            self.one_choice(outputs, room, guarded, max_sym, decision) for room in rooms
+        ]
 
     def step_scores(self, stepper, nodes: RowNodes) -> TDTScores:
         """What :meth:`best_arcs` and :meth:`beam_candidates` choose from: the

@@ -142,6 +142,22 @@ class TransducerSearch(ABC):
         self.blank_decision = check_blank_decision(blank_decision)
         self.end_rule = lattice.check_end_rule(end_rule)
 
+    #: the arguments every search takes, kept under their own names
+    SETTINGS = (
+        "stepper",
+        "lattice",
+        "max_sym_per_frame",
+        "blank_decision",
+        "fusion",
+        "end_rule",
+    )
+
+    def settings(self, **changes) -> Dict[str, Any]:
+        """The arguments every search takes (:attr:`SETTINGS`) as this search has
+        them, with ``changes``: another search of the same model that decides as this
+        one does is ``Other(**search.settings())``."""
+        return {**{name: getattr(self, name) for name in self.SETTINGS}, **changes}
+
     @property
     def num_tokens(self) -> int:
         """V: the joint network's token outputs (a TDT's duration logits excluded)."""

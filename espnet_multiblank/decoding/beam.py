@@ -214,14 +214,8 @@ class BeamSearch(TransducerSearch):
         log-probability of one path of the lattice, plus the fused LMs' weighted
         log P(y </s>))."""
         if self._path_search is None:
-            self._path_search = GreedySearch(
-                self.stepper,
-                self.lattice,
-                max_sym_per_frame=self.max_sym_per_frame,
-                blank_decision="symbol",
-                fusion=self.fusion,
-                end_rule=self.end_rule,  # its paths end as this search's do
-            )
+            # its paths end as this search's do (end_rule), one path's score each
+            self._path_search = GreedySearch(**self.settings(blank_decision="symbol"))
         return self._path_search
 
     def rank(self, hyps: List[Hypothesis]) -> List[Hypothesis]:

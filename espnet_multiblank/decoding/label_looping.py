@@ -287,14 +287,7 @@ class LabelLoopingGreedySearch(TransducerSearch):
         """The frame-looping search :meth:`search` runs (built once, on the same
         stepper, lattice, inner-loop limit, blank decision and fusion)."""
         if getattr(self, "_one", None) is None:
-            self._one = GreedySearch(
-                self.stepper,
-                self.lattice,
-                max_sym_per_frame=self.max_sym_per_frame,
-                blank_decision=self.blank_decision,
-                fusion=self.fusion,
-                end_rule=self.end_rule,
-            )
+            self._one = GreedySearch(**self.settings())
         return self._one
 
     def _follow_blanks(

@@ -636,13 +636,5 @@ def streamable(search, one_loop: bool):
         return search.one_utterance if one_loop else search
     if isinstance(search, GreedySearch) and not one_loop:
         looping = greedy_search_class(search.lattice, loop_labels=True)
-        return looping(
-            search.stepper,
-            search.lattice,
-            max_sym_per_frame=search.max_sym_per_frame,
-            blank_decision=search.blank_decision,
-            fusion=search.fusion,
-            end_rule=search.end_rule,
-            window=1,
-        )
+        return looping(**search.settings(window=1))
     return search

@@ -148,6 +148,12 @@ def log_sum_exp(values: List[float]) -> float:
 class SymbolTable:
     """Frames covered by each symbol, as tensors on one device, and the masks.
 
+    Serves every lattice scored by one softmax over its symbols (no duration
+    outputs): its blanks are ``lattice.blank_arcs`` (contiguous indices, the
+    multi-blank layout) and every other symbol is a label with the lattice's one
+    ``label_moves`` entry (standard and multi-blank: 0 frames; a lattice whose labels
+    cover e >= 1 frames never lets a label land on T).
+
     Args:
         lattice: The lattice.
         vocab_size: V, the joint network's output size.
@@ -155,15 +161,18 @@ class SymbolTable:
         end_rule: ``"exact"``, the lattice's (the only one it supports).
 
     Attributes:
-        frames: (V,) long, frames covered by each symbol (0 for labels);
-            ``frames_list`` is the same as a Python list.
-        is_label: (V,) bool.
+        frames: (V,) long, frames covered by each symbol (labels: the lattice's
+            label move, 0 for standard and multi-blank); ``frames_list`` is the same
+            as a Python list.
+        is_label: (V,) bool; ``is_label_list`` as a Python list.
         blank_index: (N + 1,) long, every blank: the standard blank, then big blank
             0, 1, ...; ``blank_index_list`` as a Python list.
         blank_range: ``(lo, hi)``: the blanks are the indices ``lo .. hi - 1``.
         big_ids: (N,) long, index of big blank i.
         durations: (N,) long, d_i.
         max_frames: The most frames one symbol covers.
+        room_cap: C, the lattice's ``room_cap``: the frames left ``T - t`` past which
+            every arc is allowed (the masks' rows).
     """
 
     def __init__(
@@ -177,18 +186,30 @@ class SymbolTable:
         lattice.check_end_rule(end_rule)
         self.lattice = lattice
         self.vocab_size = vocab_size
-        self.frames = torch.zeros(vocab_size, dtype=torch.long, device=device)
-        for symbol, n in lattice.blank_moves:
-            self.frames[symbol] = n
+        moves = lattice.label_moves
+        if len(moves) != 1 or moves[0].slot is not None:
+            raise ValueError(
+                "SymbolTable scores lattices with one softmax over the symbols: one "
+                f"label move without a duration output, got {moves}"
+            )
+        self.label_frames = moves[0].frames
+        self.frames = torch.full(
+            (vocab_size,), self.label_frames, dtype=torch.long, device=device
+        )
+        self.is_label = torch.ones(vocab_size, dtype=torch.bool, device=device)
+        for arc in lattice.blank_arcs:
+            self.frames[arc.token] = arc.frames
+            self.is_label[arc.token] = False
         self.big_ids = torch.tensor(
             lattice.big_blank_ids, dtype=torch.long, device=device
         )
         self.durations = torch.tensor(
             lattice.big_blank_durations, dtype=torch.long, device=device
         )
-        self.is_label = self.frames == 0
+        self.is_label_list: List[bool] = self.is_label.tolist()
         self.frames_list: List[int] = self.frames.tolist()
         self.max_frames = lattice.max_frames
+        self.room_cap = lattice.room_cap
         self.blank_index = torch.tensor(
             lattice.blank_ids, dtype=torch.long, device=device
         )
@@ -207,9 +228,10 @@ class SymbolTable:
     ) -> torch.Tensor:
         """Set the log-probability of the symbols a search may not emit to -inf.
 
-        Not allowed: labels once ``max_sym`` labels were emitted at this frame, and big
+        Not allowed: labels once ``max_sym`` labels were emitted at this frame, big
         blank ``i`` where ``frame + d_i > length`` (a path ends exactly on T, as in
-        the loss). The standard blank is always allowed.
+        the loss) and, where labels cover e >= 1 frames, labels where ``frame + e >=
+        length`` (a blank ends a path). The standard blank is always allowed.
 
         Args:
             logp: (A, V) log-probabilities (not modified).
@@ -230,6 +252,9 @@ class SymbolTable:
                 length.unsqueeze(1)
             )
             out[:, self.big_ids] = torch.where(over, neg, out[:, self.big_ids])
+        if self.label_frames:
+            lands = (frame + self.label_frames >= length).unsqueeze(1)
+            out = torch.where(lands & self.is_label.unsqueeze(0), neg, out)
         return out
 
     def blank_total(self, masked: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -270,17 +295,17 @@ class SymbolTable:
         """:meth:`mask` as a lookup (cached per ``max_sym``).
 
         The mask of a row depends only on whether the guard holds (``num_sym >=
-        max_sym``) and on the frames left, ``T - t``, up to the longest blank: row
-        ``g * (R + 1) + r`` (``R = max_frames``) is the mask of a row with guard ``g``
-        and ``min(T - t, R) = r`` frames left, taken from :meth:`mask` itself.
+        max_sym``) and on the frames left, ``T - t``, up to C (:attr:`room_cap`): row
+        ``g * (C + 1) + r`` is the mask of a row with guard ``g`` and ``min(T - t, C)
+        = r`` frames left, taken from :meth:`mask` itself.
 
         Returns:
-            (2 (R + 1), V) additive masks: 0 where allowed, -inf where not.
+            (2 (C + 1), V) additive masks: 0 where allowed, -inf where not.
         """
         rows = self._mask_rows.get(max_sym)
         if rows is None:
             device = self.frames.device
-            R = self.max_frames
+            R = self.room_cap
             left = torch.arange(R + 1, device=device).repeat(2)
             n = left.numel()
             guard = torch.arange(n, device=device) > R
@@ -306,7 +331,7 @@ class SymbolTable:
     def _masked(self, logp: torch.Tensor, nodes: RowNodes, max_sym: int):
         """``logp`` with the symbols not allowed at the rows' nodes at -inf
         (:meth:`mask_rows`)."""
-        R = self.max_frames
+        R = self.room_cap
         guard = nodes.num_sym >= max_sym
         which = (nodes.length - nodes.frame).clamp(0, R) + (R + 1) * guard.long()
         return logp + self.mask_rows(max_sym)[which]
@@ -360,45 +385,44 @@ class SymbolTable:
 
         Args:
             logp: (1, V) :meth:`one_outputs`.
-            room: ``min(T - t, R)`` (R = :attr:`max_frames`).
+            room: ``min(T - t, C)`` (C = :attr:`room_cap`).
             guarded: Whether ``max_sym`` labels stayed at this frame.
             decision: ``"total"`` or ``"symbol"``.
 
         Returns:
             ``(is label, symbol, None, frames, score)``.
         """
-        R = self.max_frames
-        if room >= R and not guarded:  # every big blank fits: no mask needed
+        R = self.room_cap
+        if room >= R and not guarded:  # every arc fits: no mask needed
             masked = logp
         else:
             # (0 or -inf: exact in any dtype)
             masked = logp + self.mask_rows(max_sym)[guarded * (R + 1) + room]
         k = int(masked[0].argmax())
-        frames = self.frames_list[k]
+        is_label = self.is_label_list[k]
         if decision == "total":
             lo, hi = self.blank_range
             blanks = masked[0, lo:hi].tolist()
             blank_lp = log_sum_exp(blanks)
-            if frames == 0 and float(logp[0, k]) <= blank_lp:
-                k = lo + blanks.index(max(blanks))
-                frames = self.frames_list[k]
-            score = blank_lp if frames else float(logp[0, k])
+            if is_label and float(logp[0, k]) <= blank_lp:
+                k, is_label = lo + blanks.index(max(blanks)), False
+            score = float(logp[0, k]) if is_label else blank_lp
         else:
             score = float(logp[0, k])
-        return frames == 0, k, None, frames, score
+        return is_label, k, None, self.frames_list[k], score
 
     def one_choices(
         self, logp: torch.Tensor, rooms: range, guarded: bool, max_sym: int, decision
     ) -> List[Tuple[bool, int, None, int, float]]:
-        """:meth:`one_choice` for each room of ``rooms`` (consecutive, within 0 .. R),
+        """:meth:`one_choice` for each room of ``rooms`` (consecutive, within 0 .. C),
         from one masked (len(rooms), V) tensor: what a stream asks before T is known
         (:func:`~espnet_multiblank.lattice.decide_early`), one torch call for every
         room instead of one each (the same values: the same sums and arg-maxes)."""
-        R = self.max_frames
+        R = self.room_cap
         first = guarded * (R + 1) + rooms.start
         masked = logp + self.mask_rows(max_sym)[first : first + len(rooms)]
         values = logp[0].tolist()
-        frames_list = self.frames_list
+        frames_list, is_label_list = self.frames_list, self.is_label_list
         total = decision == "total"
         if total:
             lo, hi = self.blank_range
@@ -406,18 +430,17 @@ class SymbolTable:
         out = []
         seen = None  # consecutive rooms often allow the same blanks: one total each
         for i, k in enumerate(masked.argmax(-1).tolist()):
-            frames = frames_list[k]
+            is_label = is_label_list[k]
             if total:
                 blanks = blank_rows[i]
                 if blanks != seen:
                     seen, blank_lp = blanks, log_sum_exp(blanks)
-                if frames == 0 and values[k] <= blank_lp:
-                    k = lo + blanks.index(max(blanks))
-                    frames = frames_list[k]
-                score = blank_lp if frames else values[k]
+                if is_label and values[k] <= blank_lp:
+                    k, is_label = lo + blanks.index(max(blanks)), False
+                score = values[k] if is_label else blank_lp
             else:
                 score = values[k]
-            out.append((frames == 0, k, None, frames, score))
+            out.append((is_label, k, None, frames_list[k], score))
         return out
 
     def best_arcs(
@@ -435,8 +458,7 @@ class SymbolTable:
         """
         masked = self._masked(logp, nodes, max_sym)
         symbol, score = self.decide(logp, masked, blank_decision)
-        frames = self.frames[symbol]
-        return Arcs(symbol, frames, score, frames == 0)
+        return Arcs(symbol, self.frames[symbol], score, self.is_label[symbol])
 
 
 def _durations_value(raw, ex, slots, total: bool):

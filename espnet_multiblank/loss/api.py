@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from espnet_multiblank.loss.batch import LossBatch
 from espnet_multiblank.loss.dispatch import (  # noqa: F401  (BACKENDS re-exported)
     BACKENDS,
     check_backend,
@@ -37,18 +38,19 @@ def transducer_loss(
     the public functions and modules; arguments and result as theirs)."""
     family = family_of(opts)
     check_backend(backend)
-    labels, act_lens, label_lens = validate_inputs(
-        acts, labels, act_lens, label_lens, opts, family
+    batch = LossBatch(
+        acts, *validate_inputs(acts, labels, act_lens, label_lens, opts, family)
     )
     rnnt_opts = family.rnnt_branch(opts)
     if rnnt_opts is not None:
         # omega's branch: the standard RNN-T loss on the token logits; the duration
         # logits are not read, but a bad joint output must not pass silently here
         # either, and they get an exactly zero gradient (autograd of the slice)
-        check_valid_rows(acts, act_lens, label_lens)
+        check_valid_rows(acts, batch.act_lens, batch.label_lens)
         V = family.layout(opts).num_tokens(acts.shape[3])
-        acts, opts, family = acts[..., :V], rnnt_opts, family_of(rnnt_opts)
-    return dispatch_loss(acts, labels, act_lens, label_lens, opts, family, backend)
+        batch = batch._replace(acts=acts[..., :V])
+        opts, family = rnnt_opts, family_of(rnnt_opts)
+    return dispatch_loss(batch, opts, family, backend)
 
 
 def multiblank_rnnt_loss(

@@ -10,6 +10,7 @@ the lattice stage (``stages.run_lattice``) and the fused joint + loss share.
 
 import torch
 
+from espnet_multiblank.loss.batch import LossBatch
 from espnet_multiblank.loss.function import FusedTransducerFunction, reduce_costs
 from espnet_multiblank.loss.validation import check_valid_rows
 
@@ -64,35 +65,28 @@ class ClampedReferenceFunction(torch.autograd.Function):
         return grads * g, None, None, None, None, None
 
 
-def dispatch_loss(
-    acts: torch.Tensor,
-    labels: torch.Tensor,
-    act_lens: torch.Tensor,
-    label_lens: torch.Tensor,
-    opts,
-    family,
-    backend: str,
-) -> torch.Tensor:
-    """The reduced loss of validated inputs.
+def dispatch_loss(batch: LossBatch, opts, family, backend: str) -> torch.Tensor:
+    """The reduced loss of a validated batch.
 
     Args:
-        acts, labels, act_lens, label_lens, opts: validated for ``family``.
+        batch: the :class:`~espnet_multiblank.loss.batch.LossBatch` (acts (B, T, U,
+            V') float, labels (B, L) int64, lengths (B,) int64), validated for
+            ``family`` and ``opts``.
         family: the :class:`~espnet_multiblank.loss.families.LatticeFamily` of opts.
         backend: one of BACKENDS.
+    Returns:
+        The reduced loss (scalar) or the (B,) costs (reduction "none").
     """
     check_backend(backend)
+    acts = batch.acts
     kernel = numba_kernel(family, acts.device, backend)
     if kernel is not None:
-        return FusedTransducerFunction.apply(
-            acts, labels, act_lens, label_lens, opts, kernel
-        )
+        return FusedTransducerFunction.apply(*batch, opts, kernel)
     # the kernels flag these rows themselves (NaN costs); the reference would not
     parts = family.layout(opts).parts(acts.shape[3])
-    check_valid_rows(acts, act_lens, label_lens, parts)
+    check_valid_rows(acts, batch.act_lens, batch.label_lens, parts)
     if opts.clamp > 0 and acts.requires_grad and torch.is_grad_enabled():
-        costs = ClampedReferenceFunction.apply(
-            acts, labels, act_lens, label_lens, opts, family.reference
-        )
+        costs = ClampedReferenceFunction.apply(*batch, opts, family.reference)
     else:
-        costs = family.reference(acts, labels, act_lens, label_lens, opts)
-    return reduce_costs(costs, opts, label_lens)
+        costs = family.reference(*batch, opts)
+    return reduce_costs(costs, opts, batch.label_lens)

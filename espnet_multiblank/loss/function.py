@@ -32,6 +32,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from espnet_multiblank.loss import reductions
+from espnet_multiblank.loss.batch import LossBatch
 from espnet_multiblank.loss.validation import nonfinite_logits_message
 
 
@@ -93,7 +94,9 @@ class FusedTransducerFunction(torch.autograd.Function):
     deferred contract, used for the logits dtypes in ``kernel.begin_dtypes`` (default
     float32 and float64):
 
-    * ``kernel.begin(acts, labels, act_lens, label_lens, opts, need_grad)`` ->
+    * ``kernel.begin(batch, opts, need_grad)`` (batch: the
+      :class:`~espnet_multiblank.loss.batch.LossBatch` of the contiguous acts and
+      the other three tensors) ->
       ``(costs, pending)``: costs (B,) as a numpy array or a tensor, pending None or
       the tensors to save for backward (a tuple, or an object whose ``tensors()``
       returns it), the gradient buffer first;
@@ -120,14 +123,8 @@ class FusedTransducerFunction(torch.autograd.Function):
         ):
             # host bookkeeping in numpy: a torch op costs microseconds, a small
             # problem's whole loss well under a millisecond
-            costs, pending = begin(
-                acts.detach().contiguous(),
-                labels,
-                act_lens,
-                label_lens,
-                opts,
-                need_grad,
-            )
+            batch = LossBatch(acts.detach().contiguous(), labels, act_lens, label_lens)
+            costs, pending = begin(batch, opts, need_grad)
             if isinstance(costs, torch.Tensor):
                 costs = costs.detach().cpu().numpy()
             costs = costs.astype(np.float64, copy=False)

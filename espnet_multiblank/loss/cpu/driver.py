@@ -28,6 +28,7 @@ import numba
 import numpy as np
 import torch
 
+from espnet_multiblank.loss.batch import LossBatch
 from espnet_multiblank.loss.cpu import kernels, tdt_kernels
 from espnet_multiblank.loss.options import LossOptions, TDTOptions
 from espnet_multiblank.loss.rows import check_rows, multiblank_rows, tdt_rows
@@ -269,20 +270,15 @@ class KernelDriver:
         return buffer
 
     def begin(
-        self,
-        acts: torch.Tensor,
-        labels: torch.Tensor,
-        act_lens: torch.Tensor,
-        label_lens: torch.Tensor,
-        opts,
-        need_grad: bool,
+        self, batch: LossBatch, opts, need_grad: bool
     ) -> Tuple[np.ndarray, Optional[Tuple[torch.Tensor, ...]]]:
         """Passes 1 and 2: costs and, when ``need_grad``, what pass 3 needs.
 
         Args:
-            acts: (B, T, U, V') contiguous float32/float64 CPU tensor of raw logits.
-            labels: (B, L) int64, L <= U - 1, padding replaced by valid ids.
-            act_lens, label_lens: (B,) int64.
+            batch: the validated :class:`~espnet_multiblank.loss.batch.LossBatch` on
+                the CPU: acts (B, T, U, V') contiguous float32/float64 raw logits,
+                labels (B, L) int64 (L <= U - 1, padding replaced by valid ids),
+                act_lens, label_lens (B,) int64.
             opts: the loss's options.
             need_grad: whether the gradient will be wanted.
         Returns:
@@ -292,6 +288,7 @@ class KernelDriver:
             pending: the tensors :meth:`finish` takes (the gradient buffer first),
                 or None (not need_grad, or NaN costs).
         """
+        acts, labels, act_lens, label_lens = batch
         B, T, U, _ = acts.shape
         x = acts.numpy()
         if not labels.is_contiguous():
@@ -355,14 +352,15 @@ class KernelDriver:
         """Costs and (optionally) gradients on CPU (the CUDA backend's contract).
 
         Args:
-            acts, labels, act_lens, label_lens, opts, need_grad: as for
-                :meth:`begin`.
+            acts, labels, act_lens, label_lens: the fields of :meth:`begin`'s batch.
+            opts, need_grad: as for :meth:`begin`.
             grad_weights: (B,) per-utterance weight applied after the clamp.
         Returns:
             costs: (B,) acts.dtype (see :meth:`begin`).
             grads: acts' shape and dtype, or None; zeros when a cost is NaN.
         """
-        costs, pending = self.begin(acts, labels, act_lens, label_lens, opts, need_grad)
+        batch = LossBatch(acts, labels, act_lens, label_lens)
+        costs, pending = self.begin(batch, opts, need_grad)
         costs = torch.from_numpy(costs).to(acts.dtype)
         if not need_grad:
             return costs, None

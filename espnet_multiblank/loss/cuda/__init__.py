@@ -22,7 +22,8 @@ logits (B, T, U, V + D)) offers the autograd Function's two contracts
   utterances) or None. All work is queued on torch's current stream of acts' device
   without host synchronisation; the first call for a new dtype / duration set / row
   layout compiles the kernels (a few seconds);
-* ``compute.begin(acts, labels, act_lens, label_lens, opts, need_grad)`` ->
+* ``compute.begin(batch, opts, need_grad)`` (batch: a
+  :class:`~espnet_multiblank.loss.batch.LossBatch` of the tensors above) ->
   ``(costs (B,) float64 numpy, pending)`` and ``compute.finish(pending.tensors(),
   opts, factors (B,) float64 numpy)`` -> the gradient, written into the one
   logits-sized buffer that ``begin`` allocated, with the factors (reduction weight
@@ -80,8 +81,8 @@ class LazyCudaDriver:
             acts, labels, act_lens, label_lens, opts, grad_weights, need_grad
         )
 
-    def begin(self, acts, labels, act_lens, label_lens, opts, need_grad):
-        return self.driver().begin(acts, labels, act_lens, label_lens, opts, need_grad)
+    def begin(self, batch, opts, need_grad):
+        return self.driver().begin(batch, opts, need_grad)
 
     def finish(self, tensors, opts, factors):
         return self.driver().finish(tensors, opts, factors)

@@ -55,6 +55,7 @@ try:  # numba-cuda has its own warning classes
 except ImportError:  # pragma: no cover - older numba-cuda / numba's built-in cuda
     _CudaPerfWarning = NumbaPerformanceWarning
 
+from espnet_multiblank.loss.batch import LossBatch
 from espnet_multiblank.loss.cuda.device_ops import SIMULATOR
 from espnet_multiblank.loss.cuda.kernels import get_dp_kernels, get_kernels
 from espnet_multiblank.loss.cuda.tdt_kernels import get_tdt_dp_kernels, get_tdt_kernels
@@ -440,13 +441,12 @@ class CudaKernelDriver:
         run_on_stream(acts.device, body)
         return buffer
 
-    def begin(self, acts, labels, act_lens, label_lens, opts, need_grad: bool):
-        """Kernels 1-3: ``(costs (B,) float64 numpy, pending or None)`` (one host
-        sync). ``pending.tensors()`` is what :meth:`finish` takes (autograd saves
-        them)."""
-        costs, pending = self.forward(
-            acts, labels, act_lens, label_lens, opts, need_grad
-        )
+    def begin(self, batch: LossBatch, opts, need_grad: bool):
+        """Kernels 1-3 on a validated
+        :class:`~espnet_multiblank.loss.batch.LossBatch` (its tensors on the
+        device): ``(costs (B,) float64 numpy, pending or None)`` (one host sync).
+        ``pending.tensors()`` is what :meth:`finish` takes (autograd saves them)."""
+        costs, pending = self.forward(*batch, opts, need_grad)
         return costs.to("cpu", torch.float64).numpy(), pending
 
     def finish(self, tensors, opts, factors: np.ndarray) -> torch.Tensor:

@@ -178,10 +178,7 @@ def make_options(
     return LossOptions(
         blank=lattice.blank,
         big_blank_durations=lattice.big_blank_durations,
-        reduction=check_reduction(reduction),
-        fastemit_lambda=check_nonneg_float("fastemit_lambda", fastemit_lambda),
-        clamp=check_nonneg_float("clamp", clamp),
-        sigma=check_nonneg_float("sigma", sigma),
+        **_shared_options(reduction, fastemit_lambda, clamp, sigma),
     )
 
 
@@ -205,9 +202,16 @@ def make_tdt_options(
     return TDTOptions(
         blank=lattice.blank,
         durations=lattice.durations,
-        reduction=check_reduction(reduction),
-        sigma=check_nonneg_float("sigma", sigma),
         omega=check_probability("omega", omega),
+        **_shared_options(reduction, fastemit_lambda, clamp, sigma),
+    )
+
+
+def _shared_options(reduction, fastemit_lambda, clamp, sigma) -> dict:
+    """The options every loss family validates the same way, by field name."""
+    return dict(
+        reduction=check_reduction(reduction),
         fastemit_lambda=check_nonneg_float("fastemit_lambda", fastemit_lambda),
         clamp=check_nonneg_float("clamp", clamp),
+        sigma=check_nonneg_float("sigma", sigma),
     )

@@ -27,6 +27,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "helpers"))
 
 import devices  # noqa: E402
+import simulator_fixes  # noqa: E402
 
 #: the simulator's subprocess as a whole may take this long
 SIM_TIMEOUT_S = 3600
@@ -41,6 +42,8 @@ def pytest_configure(config):
         # the simulator's block manager polls its threads: a short switch interval
         # makes each simulated syncthreads much cheaper
         sys.setswitchinterval(1e-4)
+        # ... which also makes a race of the simulator's own more likely
+        simulator_fixes.make_shared_arrays_thread_safe()
 
 
 def _is_sim(item) -> bool:

@@ -33,6 +33,7 @@ from espnet_multiblank.decoding.streaming import (
     StreamingGreedySearch,
     StreamingRowGreedySearch,
 )
+from espnet_multiblank.decoding.tables import SymbolTable, early_choice
 from espnet_multiblank.lattice import LabelMove, MultiblankLattice
 
 pytestmark = pytest.mark.timeout(600)
@@ -261,3 +262,39 @@ def test_streamed_greedy_equals_offline(toy, one_loop, decision):
             want.score,
             want.timing,
         )
+
+
+@pytest.mark.parametrize(
+    "lattice",
+    [MultiblankLattice(4, (2, 4, 8)), MultiblankLattice(1, ())]
+    + [SkippingLabelsLattice(*toy[:3]) for toy in TOYS],
+    ids=lambda lattice: f"{lattice.kind}-{lattice.blank}-{lattice.max_frames}",
+)
+@pytest.mark.parametrize("decision", ["symbol", "total"])
+def test_the_tables_early_shortcut_is_the_every_room_rule(lattice, decision):
+    """A stream's early step from the widest room's choice alone
+    (``SymbolTable.early_choice``) is the general rule's (every room's choice, one by
+    one): the same step, or the same wait, with the same score at every room."""
+    V = max(lattice.blank + 1, 6)
+    table = SymbolTable(lattice, V, torch.device("cpu"))
+    C = lattice.room_cap
+    gen = torch.Generator().manual_seed(0)
+    decided = waited = 0
+    for trial in range(400):
+        # spread enough that labels and blank totals often come close
+        logp = (torch.randn(1, V, generator=gen) * 2.0).log_softmax(-1)
+        for guarded in (False, True):
+            for room in range(1, C):
+                got = table.early_choice(logp, room, guarded, 1, decision, {})
+                want = early_choice(table, logp, room, guarded, 1, decision, {})
+                assert (got is None) == (want is None), (trial, guarded, room)
+                if want is None:
+                    waited += 1
+                    continue
+                decided += 1
+                assert got[0][:4] == want[0][:4]
+                scores = got[1] or {r: got[0][4] for r in range(room, C + 1)}
+                for r, score in want[1].items():
+                    assert scores[r] == score, (trial, guarded, room, r)
+    if C > 1:
+        assert decided and waited  # both outcomes were compared

@@ -54,7 +54,6 @@ from espnet_multiblank.decoding.base import TransducerSearch
 from espnet_multiblank.decoding.fusion import FusionState
 from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
 from espnet_multiblank.decoding.tables import RowNodes
-from espnet_multiblank.lattice import decide_early
 
 #: a score term that T decides: (frame t, {min(T - t, cap): value}, and for a
 #: label whose timing holds it: (index in ``timing``, frames covered, LM part))
@@ -258,6 +257,7 @@ class GreedySearch(TransducerSearch):
         hyp, dec_proj, state, lm = run.hyp, run.dec_proj, run.state, run.lm
         cache = run.cache
         one_outputs, one_choice = table.one_outputs, table.one_choice
+        early_choice = table.early_choice
 
         def choose(info, guarded: bool, room: int):
             """The table's choice with min(T - t, cap) = ``room``, kept in the
@@ -268,19 +268,6 @@ class GreedySearch(TransducerSearch):
                 out = one_choice(info[0], room, guarded, max_sym, decision)
                 choices[room] = out
             return out
-
-        def choose_all(info, guarded: bool, room: int) -> list:
-            """The choices with min(T - t, cap) = ``room`` .. ``cap``, kept in
-            ``info``: those not kept yet (the rooms below the smallest one an
-            earlier evaluation asked for, fewer frames having arrived then) from one
-            call of the table."""
-            choices = info[1]
-            todo = [r for r in range(room, cap + 1) if r not in choices]
-            if todo:
-                rooms = range(todo[0], todo[-1] + 1)
-                new = table.one_choices(info[0], rooms, guarded, max_sym, decision)
-                choices.update(zip(rooms, new))
-            return [choices[r] for r in range(room, cap + 1)]
 
         while hyp.frame < length:
             t = hyp.frame
@@ -313,7 +300,7 @@ class GreedySearch(TransducerSearch):
             else:  # T decides which arcs fit: taken if every T >= N agrees
                 if info is None:
                     info = [outputs, {}]
-                early = decide_early(choose_all(info, guarded, room), room)
+                early = early_choice(info[0], room, guarded, max_sym, decision, info[1])
                 if early is None:
                     break  # this step waits for more frames
                 (is_label, k, _, frames, score), pending = early

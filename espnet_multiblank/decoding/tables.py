@@ -11,8 +11,9 @@ interface:
   ``beam_candidates(scores, nodes, max_sym, decision)``: every candidate arc of each
   row (both :class:`Arcs`);
 * ``one_outputs`` / ``one_choice``: the same step for one row in Python floats (the
-  one-utterance greedy loop), ``one_choices`` for several rooms at once (a stream's
-  step before T is known);
+  one-utterance greedy loop), ``one_choices`` for several rooms at once, and
+  ``early_choice``: a stream's step before T is known (:func:`early_choice`; the
+  one-softmax table settles most steps from the widest room's choice alone);
 * ``max_frames``: the longest arc.
 
 The rows a step reads (:class:`RowNodes`) and the arcs it returns (:class:`Arcs`) are
@@ -70,7 +71,11 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from espnet_multiblank.lattice import MultiblankLattice, TDTLattice
+from espnet_multiblank.lattice import (
+    MultiblankLattice,
+    TDTLattice,
+    decide_early,
+)
 
 
 class RowNodes(NamedTuple):
@@ -217,6 +222,7 @@ class SymbolTable:
         # the blanks are the contiguous indices blank - N .. blank
         self.blank_range = (lattice.blank - lattice.num_big_blanks, lattice.blank + 1)
         self._mask_rows: Dict[int, torch.Tensor] = {}
+        self._allowed_lists: Dict[int, Optional[List[List[bool]]]] = {}
 
     def mask(
         self,
@@ -443,6 +449,71 @@ class SymbolTable:
             out.append((is_label, k, None, frames_list[k], score))
         return out
 
+    def early_choice(
+        self,
+        logp: torch.Tensor,
+        room: int,
+        guarded: bool,
+        max_sym: int,
+        decision: str,
+        choices: Dict[int, tuple],
+    ):
+        """The step a stream may take before T is known (:func:`early_choice`), from
+        the widest room's choice alone where the allowed symbols grow with the room
+        (:meth:`allowed_lists`).
+
+        The most probable symbol of a set is the most probable of every subset that
+        holds it, and a blank total only grows with its set. So the choice at C is
+        the step at every room from ``room`` up when it is allowed at ``room`` and
+        is a label (with ``"total"`` it beat the total at C, which bounds the
+        others), or with ``"symbol"`` any arc, or a blank whose total at ``room``
+        is at least the best label's (always so when the blank is the arg-max
+        symbol). A choice not allowed at ``room`` is not the choice there: the step
+        waits. What is left (a best label not allowed at ``room``) asks every room.
+
+        Arguments and result as :func:`early_choice`; a blank's scores (its totals
+        by room) are computed when read.
+        """
+        rows = self.allowed_lists(max_sym)
+        if rows is None:
+            return early_choice(self, logp, room, guarded, max_sym, decision, choices)
+        R = self.room_cap
+        widest = choices.get(R)
+        if widest is None:
+            widest = choices[R] = self.one_choice(logp, R, guarded, max_sym, decision)
+        is_label, k = widest[:2]
+        first = guarded * (R + 1)
+        if not rows[first + room][k]:
+            return None  # not allowed at room: the choice there differs
+        if is_label or decision != "total":
+            return widest, None  # the same arc and score at every room
+        lo, hi = self.blank_range
+        totals = _BlankTotals(logp[0, lo:hi].tolist(), lo, rows[first : first + R + 1])
+        top = k if guarded else int(logp.argmax())  # guarded: every label masked
+        if top != k:  # a label beat blank k but not the blanks' total at C
+            if not rows[first + room][top]:
+                return early_choice(
+                    self, logp, room, guarded, max_sym, decision, choices
+                )
+            if float(logp[0, top]) > totals[room]:
+                return None  # the label wins at room
+        return (False, k, None, self.frames_list[k], totals[room]), totals
+
+    def allowed_lists(self, max_sym: int) -> Optional[List[List[bool]]]:
+        """:meth:`mask_rows` as Python lists of allowed (True) symbols, when each
+        room's allowed symbols hold the smaller room's (the arcs need only fit in
+        the frames left), else None (cached per ``max_sym``)."""
+        if max_sym not in self._allowed_lists:
+            rows = (self.mask_rows(max_sym) == 0).tolist()
+            R = self.room_cap
+            nested = all(
+                all(b or not a for a, b in zip(rows[g + r], rows[g + r + 1]))
+                for g in (0, R + 1)
+                for r in range(1, R)
+            )
+            self._allowed_lists[max_sym] = rows if nested else None
+        return self._allowed_lists[max_sym]
+
     def best_arcs(
         self, logp: torch.Tensor, nodes: RowNodes, max_sym: int, blank_decision: str
     ) -> Arcs:
@@ -459,6 +530,64 @@ class SymbolTable:
         masked = self._masked(logp, nodes, max_sym)
         symbol, score = self.decide(logp, masked, blank_decision)
         return Arcs(symbol, self.frames[symbol], score, self.is_label[symbol])
+
+
+def early_choice(
+    table,
+    outputs,
+    room: int,
+    guarded: bool,
+    max_sym: int,
+    decision: str,
+    choices: Dict[int, tuple],
+):
+    """The step a stream may take at frame t before T is known, or None (it waits
+    for more frames): :func:`~espnet_multiblank.lattice.decide_early` of the
+    table's choices with ``min(T - t, C) = room .. C`` (``room = N - t < C``, N the
+    frames received, C the table's ``room_cap``).
+
+    Args:
+        table: The symbol table.
+        outputs: Its ``one_outputs`` at the step.
+        room, guarded, max_sym, decision: As for its ``one_choice``.
+        choices: The step's choices by room computed so far (a stream evaluates a
+            step again when more frames arrive); the new ones are added.
+
+    Returns:
+        ``(choice, scores)``: the choice at ``room`` and ``{r: score}`` for r =
+        ``room .. C`` (None: the same score at every room), or None.
+    """
+    C = table.lattice.room_cap
+    todo = [r for r in range(room, C + 1) if r not in choices]
+    if todo:  # the rooms below those an earlier evaluation asked for: one call
+        rooms = range(todo[0], todo[-1] + 1)
+        new = table.one_choices(outputs, rooms, guarded, max_sym, decision)
+        choices.update(zip(rooms, new))
+    return decide_early([choices[r] for r in range(room, C + 1)], room)
+
+
+class _BlankTotals(dict):
+    """``{r: the total log-probability of the blanks allowed at room r}``, each
+    computed when first read, as :meth:`SymbolTable.one_choice` computes it (the
+    blanks not allowed at -inf).
+
+    Args:
+        blanks: The blanks' log-probabilities (indices lo .. hi - 1).
+        lo: The first blank's index.
+        rows: The allowed symbols by room (:meth:`SymbolTable.allowed_lists`).
+    """
+
+    def __init__(self, blanks: List[float], lo: int, rows: List[List[bool]]):
+        super().__init__()
+        self.blanks, self.lo, self.rows = blanks, lo, rows
+
+    def __missing__(self, room: int) -> float:
+        allowed = self.rows[room][self.lo : self.lo + len(self.blanks)]
+        neg = float("-inf")
+        self[room] = value = log_sum_exp(
+            [x if ok else neg for x, ok in zip(self.blanks, allowed)]
+        )
+        return value
 
 
 def _durations_value(raw, ex, slots, total: bool):
@@ -652,6 +781,10 @@ class TDTSymbolTable:
         return [
             self.one_choice(outputs, room, guarded, max_sym, decision) for room in rooms
         ]
+
+    def early_choice(self, outputs, room, guarded, max_sym, decision, choices):
+        """The step a stream may take before T is known (:func:`early_choice`)."""
+        return early_choice(self, outputs, room, guarded, max_sym, decision, choices)
 
     def step_scores(self, stepper, nodes: RowNodes) -> TDTScores:
         """What :meth:`best_arcs` and :meth:`beam_candidates` choose from: the

@@ -250,7 +250,7 @@ class GreedySearch(TransducerSearch):
         device = enc_proj.device
         table = self.table(device)
         stepper = self.stepper
-        cap = self.lattice.room_cap  # the step depends on T via min(T - t, cap)
+        cap = table.room_cap  # the step depends on T via min(T - t, cap)
         max_sym = self.max_sym_per_frame
         decision = self.blank_decision
         run.fold(length, final, cap)
@@ -280,16 +280,15 @@ class GreedySearch(TransducerSearch):
                 outputs = one_outputs(
                     stepper, enc_proj[t : t + 1], dec_proj, lm, decision
                 )
-                if cache is not None:
+                if cache is not None and tail:  # (a step before it is not asked again)
                     info = [outputs, {}]
-                    if tail:
-                        cache.put_step(cache.key(hyp) if key is None else key, info)
+                    cache.put_step(cache.key(hyp) if key is None else key, info)
             else:
                 outputs = info[0]
             guarded = hyp.num_sym_frame >= max_sym
             room = length - t
             if final or room >= cap:
-                if info is None:  # offline: every step is taken once
+                if info is None:  # offline, or not near the last frame: taken once
                     choice = one_choice(
                         outputs, min(room, cap), guarded, max_sym, decision
                     )

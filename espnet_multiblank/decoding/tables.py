@@ -404,7 +404,7 @@ class SymbolTable:
         else:
             # (0 or -inf: exact in any dtype)
             masked = logp + self.mask_rows(max_sym)[guarded * (R + 1) + room]
-        k = int(masked[0].argmax())
+        k = int(masked.argmax())  # (1, V): the flat index is the symbol
         is_label = self.is_label_list[k]
         if decision == "total":
             lo, hi = self.blank_range
@@ -557,7 +557,7 @@ def early_choice(
         ``(choice, scores)``: the choice at ``room`` and ``{r: score}`` for r =
         ``room .. C`` (None: the same score at every room), or None.
     """
-    C = table.lattice.room_cap
+    C = table.room_cap
     todo = [r for r in range(room, C + 1) if r not in choices]
     if todo:  # the rooms below those an earlier evaluation asked for: one call
         rooms = range(todo[0], todo[-1] + 1)
@@ -625,6 +625,7 @@ class TDTSymbolTable:
             same as a list.
         moves: (D,) bool, slots with a duration >= 1 (the blank's slots).
         max_frames: The longest duration.
+        room_cap: C, the lattice's ``room_cap`` (R + 1).
     """
 
     def __init__(
@@ -645,6 +646,7 @@ class TDTSymbolTable:
         self.durations_list = list(lattice.durations)
         self.moves = self.durations >= 1
         self.max_frames = lattice.max_frames
+        self.room_cap = lattice.room_cap
         label = torch.zeros(self.num_tokens)
         label[self.blank] = float("-inf")
         self.label_mask = label.to(device)  # (V,), -inf on the blank

@@ -11,9 +11,9 @@ interface:
   ``beam_candidates(scores, nodes, max_sym, decision)``: every candidate arc of each
   row (both :class:`Arcs`);
 * ``one_outputs`` / ``one_choice``: the same step for one row in Python floats (the
-  one-utterance greedy loop), ``one_choices`` for several rooms at once, and
-  ``early_choice``: a stream's step before T is known (:func:`early_choice`; the
-  one-softmax table settles most steps from the widest room's choice alone);
+  one-utterance greedy loop), and ``early_choice``: a stream's step before T is known
+  (:func:`early_choice`; the one-softmax table settles most steps from the widest
+  room's choice alone);
 * ``max_frames``: the longest arc.
 
 The rows a step reads (:class:`RowNodes`) and the arcs it returns (:class:`Arcs`) are
@@ -417,38 +417,6 @@ class SymbolTable:
             score = float(logp[0, k])
         return is_label, k, None, self.frames_list[k], score
 
-    def one_choices(
-        self, logp: torch.Tensor, rooms: range, guarded: bool, max_sym: int, decision
-    ) -> List[Tuple[bool, int, None, int, float]]:
-        """:meth:`one_choice` for each room of ``rooms`` (consecutive, within 0 .. C),
-        from one masked (len(rooms), V) tensor: what a stream asks before T is known
-        (:func:`~espnet_multiblank.lattice.decide_early`), one torch call for every
-        room instead of one each (the same values: the same sums and arg-maxes)."""
-        R = self.room_cap
-        first = guarded * (R + 1) + rooms.start
-        masked = logp + self.mask_rows(max_sym)[first : first + len(rooms)]
-        values = logp[0].tolist()
-        frames_list, is_label_list = self.frames_list, self.is_label_list
-        total = decision == "total"
-        if total:
-            lo, hi = self.blank_range
-            blank_rows = masked[:, lo:hi].tolist()
-        out = []
-        seen = None  # consecutive rooms often allow the same blanks: one total each
-        for i, k in enumerate(masked.argmax(-1).tolist()):
-            is_label = is_label_list[k]
-            if total:
-                blanks = blank_rows[i]
-                if blanks != seen:
-                    seen, blank_lp = blanks, log_sum_exp(blanks)
-                if is_label and values[k] <= blank_lp:
-                    k, is_label = lo + blanks.index(max(blanks)), False
-                score = values[k] if is_label else blank_lp
-            else:
-                score = values[k]
-            out.append((is_label, k, None, frames_list[k], score))
-        return out
-
     def early_choice(
         self,
         logp: torch.Tensor,
@@ -557,13 +525,15 @@ def early_choice(
         ``(choice, scores)``: the choice at ``room`` and ``{r: score}`` for r =
         ``room .. C`` (None: the same score at every room), or None.
     """
-    C = table.room_cap
-    todo = [r for r in range(room, C + 1) if r not in choices]
-    if todo:  # the rooms below those an earlier evaluation asked for: one call
-        rooms = range(todo[0], todo[-1] + 1)
-        new = table.one_choices(outputs, rooms, guarded, max_sym, decision)
-        choices.update(zip(rooms, new))
-    return decide_early([choices[r] for r in range(room, C + 1)], room)
+    options = []
+    for r in range(room, table.room_cap + 1):
+        choice = choices.get(r)
+        if choice is None:
+            choice = choices[r] = table.one_choice(
+                outputs, r, guarded, max_sym, decision
+            )
+        options.append(choice)
+    return decide_early(options, room)
 
 
 class _BlankTotals(dict):
@@ -775,14 +745,6 @@ class TDTSymbolTable:
         if blank_tok is None or label_score > blank_tok + b_val:
             return True, label_k, l_j, min(durations[l_j], room), label_score
         return False, blank, b_j, min(durations[b_j], room), blank_tok + b_val
-
-    def one_choices(
-        self, outputs: list, rooms: range, guarded: bool, max_sym: int, decision
-    ) -> List[Tuple[bool, int, int, int, float]]:
-        """:meth:`one_choice` for each room of ``rooms`` (Python floats already)."""
-        return [
-            self.one_choice(outputs, room, guarded, max_sym, decision) for room in rooms
-        ]
 
     def early_choice(self, outputs, room, guarded, max_sym, decision, choices):
         """The step a stream may take before T is known (:func:`early_choice`)."""

@@ -348,7 +348,9 @@ def stream_beam(sb, projs, seed, check=()):
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("kind", ["standard", "multiblank", "tdt_0_4", "tdt_2_3"])
-def test_beam_search_streams_exactly(kind, fused):
+def test_beam_search_streams_exactly(kind, fused, monkeypatch):
+    # frame buffers of 2 frames at first: the 26-frame stream grows them 4 times
+    monkeypatch.setattr(StreamingBeamSearch, "initial_frames", 2)
     model = MODELS[kind](4)
     tdt = kind.startswith("tdt")
     search_type = "tdt_beam" if tdt else "mb_beam"
@@ -503,3 +505,18 @@ def test_cuda_streams_match_the_cpu_offline_search(kind):
         assert g.yseq == w.yseq and g.frame == w.frame
         assert g.frames_skipped == w.frames_skipped
         assert g.score == pytest.approx(w.score, rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_frame_buffers_grow_by_doubling_and_keep_what_is_used(dim):
+    from espnet_multiblank.decoding.streaming import frames_with_room
+
+    buf = torch.arange(2 * 5 * 3.0).view(2, 5, 3)
+    buf = buf[0] if dim == 0 else buf  # (5, 3) or (2, 5, 3)
+    assert frames_with_room(buf, 4, 5, 64, dim) is buf  # room enough: no copy
+    grown = frames_with_room(buf, 4, 6, 2, dim)
+    assert grown.size(dim) == 10  # twice the capacity
+    assert torch.equal(grown.narrow(dim, 0, 4), buf.narrow(dim, 0, 4))
+    assert not grown.narrow(dim, 4, 6).any()  # only the used frames are copied
+    assert frames_with_room(buf, 0, 30, 2, dim).size(dim) == 30  # as many as asked
+    assert frames_with_room(buf.narrow(dim, 0, 0), 0, 1, 64, dim).size(dim) == 64

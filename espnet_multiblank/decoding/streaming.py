@@ -73,6 +73,23 @@ def decision_lookahead(search) -> int:
     return lattice.room_cap
 
 
+def frames_with_room(
+    buf: torch.Tensor, used: int, needed: int, first: int, dim: int = 0
+) -> torch.Tensor:
+    """``buf`` when it holds ``needed`` frames along ``dim``, else a zero buffer of
+    ``max(first, 2 * capacity, needed)`` frames with ``buf``'s first ``used`` copied:
+    a stream's frames grow by doubling (appending costs amortised O(1) per frame,
+    not a copy of the whole stream per chunk)."""
+    capacity = buf.size(dim)
+    if needed <= capacity:
+        return buf
+    shape = list(buf.shape)
+    shape[dim] = max(first, 2 * capacity, needed)
+    grown = buf.new_zeros(shape)
+    grown.narrow(dim, 0, used).copy_(buf.narrow(dim, 0, used))
+    return grown
+
+
 def _check_frames(name: str, frames: torch.Tensor, J: Optional[int]) -> None:
     if frames.dim() != 2 or (J is not None and frames.size(1) != J):
         want = "(n, J)" if J is None else f"(n, {J})"
@@ -251,18 +268,12 @@ class StreamingGreedySearch(StreamingSearch):
         self.final[row] = True
 
     def _reserve(self, frames: int, like: torch.Tensor) -> None:
-        if self.enc_proj is None:
-            self.enc_proj = like.new_zeros(
-                self.batch, max(self.initial_frames, frames), like.size(1)
-            )
-        capacity = self.enc_proj.size(1)
-        if frames > capacity:
-            grown = self.enc_proj.new_zeros(
-                self.batch, max(2 * capacity, frames), self.enc_proj.size(2)
-            )
-            grown[:, :capacity] = self.enc_proj
-            self.enc_proj = grown
-            self._ctx = None
+        buf = self.enc_proj
+        if buf is None:
+            buf = like.new_zeros(self.batch, 0, like.size(1))
+        grown = frames_with_room(buf, buf.size(1), frames, self.initial_frames, dim=1)
+        if grown is not self.enc_proj:
+            self.enc_proj, self._ctx = grown, None
 
     def _context(self) -> LoopBatch:
         table, W = self.search.table(self.device), self.search.window
@@ -389,13 +400,10 @@ class StreamingRowGreedySearch(StreamingSearch):
         _check_frames("enc_proj", enc_proj, None if buf is None else buf.size(1))
         n, start = enc_proj.size(0), self.received[row]
         if n:
-            if buf is None or start + n > buf.size(0):
-                grown = enc_proj.new_zeros(
-                    max(self.initial_frames, 2 * start, start + n), enc_proj.size(1)
-                )
-                if buf is not None:
-                    grown[:start] = buf[:start]
-                buf = self._frames[row] = grown
+            if buf is None:
+                buf = enc_proj.new_zeros(0, enc_proj.size(1))
+            buf = frames_with_room(buf, start, start + n, self.initial_frames)
+            self._frames[row] = buf
             buf[start : start + n] = enc_proj
             self.received[row] = start + n
         if final:
@@ -452,15 +460,17 @@ class _BeamStream:
     Attributes:
         queues: Q[0 .. N] (:meth:`BeamSearch.start_queues`), None for the
             frames expanded.
-        enc_proj: (N, J) the frames appended (None before the first).
+        enc_proj: (>= N, J) the frames appended first (None before the first;
+            room for more after them, :func:`frames_with_room`).
         received: N.
         decided: Frames whose hypotheses have been expanded.
         final: Whether the stream has ended.
     """
 
-    def __init__(self, search: BeamSearch, lookahead: int, device):
+    def __init__(self, search: BeamSearch, lookahead: int, device, first: int):
         self.search = search
         self.lookahead = lookahead
+        self.first = first  # frames of the first buffer
         self.queues: List[Optional[Queue]] = search.start_queues(device, 0)
         self.enc_proj: Optional[torch.Tensor] = None
         self.received = 0
@@ -470,13 +480,14 @@ class _BeamStream:
 
     def append(self, enc_proj: torch.Tensor, final: bool) -> None:
         """(n, J) frames, checked (:meth:`StreamingBeamSearch.append`)."""
-        if enc_proj.size(0):
-            self.enc_proj = (
-                enc_proj.clone()
-                if self.enc_proj is None
-                else torch.cat([self.enc_proj, enc_proj])
-            )
-            self.received += enc_proj.size(0)
+        n, start = enc_proj.size(0), self.received
+        if n:
+            buf = self.enc_proj
+            if buf is None:
+                buf = enc_proj.new_zeros(0, enc_proj.size(1))
+            buf = self.enc_proj = frames_with_room(buf, start, start + n, self.first)
+            buf[start : start + n] = enc_proj
+            self.received = start + n
         self.final = self.final or final
 
     def advance(self) -> None:
@@ -529,6 +540,8 @@ class StreamingBeamSearch(StreamingSearch):
     """
 
     search_class = BeamSearch
+    #: first frame capacity per row (doubled when full)
+    initial_frames = 64
 
     def __init__(self, search: BeamSearch, batch: int, device):
         super().__init__(search, batch, device)
@@ -541,7 +554,9 @@ class StreamingBeamSearch(StreamingSearch):
         self._streams = [self._start() for _ in range(batch)]
 
     def _start(self) -> _BeamStream:
-        return _BeamStream(self.search, self.lookahead, self.device)
+        return _BeamStream(
+            self.search, self.lookahead, self.device, self.initial_frames
+        )
 
     @property
     def received(self) -> List[int]:

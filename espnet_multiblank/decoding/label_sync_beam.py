@@ -56,80 +56,6 @@ FIRST_WINDOW = 16
 NEXT_WINDOW = 32
 
 
-class LatticeArcs:
-    """The arcs of a lattice kind as columns of the joint network's log-probs.
-
-    Attributes:
-        labels: (L,) long, the label symbols (every token but the blanks).
-        blank_d: (NB,) long (host), frames each blank arc covers.
-        label_d: (NL,) long (host), frames each label arc covers.
-
-    Columns are read through :func:`_columns`: a run of consecutive columns is a
-    slice (a view), which saves a copy of a (rows, frames, columns) tensor per step.
-    """
-
-    def __init__(self, lattice, num_tokens: int, device: torch.device):
-        # factorised (TDT): an arc reads a token column and a duration column
-        self.tdt = lattice.factorised
-        self.V = num_tokens
-        blanks = set(lattice.blank_ids)
-        labels = [k for k in range(num_tokens) if k not in blanks]
-        self.labels = torch.tensor(labels, dtype=torch.long, device=device)
-        self.label_cols = _columns(labels, device)
-        arcs = lattice.blank_arcs
-        self.blank_d = torch.tensor([arc.frames for arc in arcs], dtype=torch.long)
-        self.label_d = torch.tensor(
-            [move.frames for move in lattice.label_moves], dtype=torch.long
-        )
-        if self.tdt:
-            self.blank = lattice.blank
-            self.blank_dur = _columns([arc.slot for arc in arcs], device)
-        else:
-            self.blank_cols = _columns([arc.token for arc in arcs], device)
-
-    def log_probs(self, logits: torch.Tensor):
-        """(..., V') raw logits -> what the arcs read: (token log-probs (..., V),
-        duration log-probs (..., D) or None); non-finite outputs become -inf (no
-        path through them)."""
-        logits = logits.float()
-        if self.tdt:
-            tok = _log_softmax(logits[..., : self.V])
-            dur = _log_softmax(logits[..., self.V :])
-            return tok.nan_to_num(NEG), dur.nan_to_num(NEG)
-        return _log_softmax(logits).nan_to_num(NEG), None
-
-    def blank_weights(self, tok, dur) -> torch.Tensor:
-        """(..., NB) log-probability of each blank arc."""
-        if self.tdt:
-            return tok[..., self.blank, None] + dur[..., self.blank_dur]
-        return tok[..., self.blank_cols]
-
-    def label_weights(self, tok_l, dur) -> torch.Tensor:
-        """(..., NL) log-probability of each arc of a label whose token log-prob is
-        ``tok_l`` (...)."""
-        if self.tdt:
-            return tok_l.unsqueeze(-1) + dur
-        return tok_l.unsqueeze(-1)
-
-
-def _columns(cols: List[int], device: torch.device):
-    """An index for the last dimension: a slice when ``cols`` are consecutive (a
-    view), else a (len,) long tensor (a gather)."""
-    if cols and cols == list(range(cols[0], cols[0] + len(cols))):
-        return slice(cols[0], cols[0] + len(cols))
-    return torch.tensor(cols, dtype=torch.long, device=device)
-
-
-def _log_softmax(x: torch.Tensor) -> torch.Tensor:
-    """``torch.log_softmax(x, -1)``. On the CPU, with fewer than 16 columns (the
-    recipe's vocabularies, a TDT's durations) torch's kernel takes a slow path, 4-8
-    times slower than ``x - logsumexp(x)`` (the same max-shifted sum; bench/RESULTS.md).
-    """
-    if x.device.type == "cpu" and x.size(-1) < 16:
-        return x - torch.logsumexp(x, -1, keepdim=True)
-    return torch.log_softmax(x, -1)
-
-
 def _host(x: torch.Tensor):
     return x.detach().cpu().numpy()
 
@@ -146,7 +72,7 @@ class LabelSyncRun(BeamRun):
         device = self.device
         self.T = enc_out.size(1)
         self.M = search.nbest
-        self.arcs = LatticeArcs(search.lattice, search.num_tokens, device)
+        self.arcs = search.table(device)  # the arcs as columns of the joint
         self.rows = self.utts.unsqueeze(1) * K + torch.arange(K, device=device)
         self.row_lens = lens.repeat_interleave(K)  # (B K,)
         self.entry = torch.full((B * K, self.T), NEG, dtype=torch.float64)
@@ -236,7 +162,7 @@ class LabelSyncRun(BeamRun):
             logits = self.stepper.joint_many(
                 self.enc_proj[b_of], self.dec_proj[idx].unsqueeze(1)
             )  # (A, T, V')
-            tok, dur = arcs.log_probs(logits)
+            tok, dur = arcs.arc_log_probs(logits)
             blank_w = arcs.blank_weights(tok, dur)
             return (tok, dur, blank_w) + self._forward(entry, blank_w, row_lens)
         # the paths through frame t of prefix y add at most alpha_y(t) + LM(y) to
@@ -254,11 +180,9 @@ class LabelSyncRun(BeamRun):
         hi = torch.where(any_near, T - near.flip(1).float().argmax(1), 0)
         hi = torch.minimum(hi + FIRST_WINDOW, row_lens) * any_near
         done = lo.clone()
-        tok = torch.full((A, T, arcs.V), NEG, device=device)
+        tok = torch.full((A, T, arcs.num_tokens), NEG, device=device)
         blank_w = torch.full((A, T, arcs.blank_d.numel()), NEG, device=device)
-        dur = None
-        if arcs.tdt:
-            dur = torch.full((A, T, arcs.label_d.numel()), NEG, device=device)
+        dur = None  # (A, T, D) where the joint has duration outputs
         frames = torch.arange(T, device=device)
         while True:
             rows = (done < hi).nonzero().squeeze(1)
@@ -271,12 +195,14 @@ class LabelSyncRun(BeamRun):
                     self.enc_proj[b_of[rows].unsqueeze(1), t],
                     self.dec_proj[idx[rows]].unsqueeze(1),
                 )  # (R, W, V')
-                tk, du = arcs.log_probs(logits)
+                tk, du = arcs.arc_log_probs(logits)
                 r = rows.unsqueeze(1).expand_as(t)[valid]
                 tv = t[valid]
                 tok[r, tv] = tk[valid]
                 blank_w[r, tv] = arcs.blank_weights(tk, du)[valid]
                 if du is not None:
+                    if dur is None:
+                        dur = torch.full((A, T, du.size(-1)), NEG, device=device)
                     dur[r, tv] = du[valid]
                 done[rows] = hi[rows]
             alpha, end = self._forward(entry, blank_w, row_lens)
@@ -359,14 +285,15 @@ class LabelSyncRun(BeamRun):
         arcs = self.arcs
         top = alpha.max(1, keepdim=True).values
         weight = torch.exp(alpha - torch.where(top > NEG, top, 0.0))  # (A, T)
-        if arcs.tdt:
-            # a label arc must land before T_b: the durations that do, summed
+        if arcs.labels_move:
+            # a label arc must land before T_b: the label moves that do, summed
             t = torch.arange(self.T, device=self.device)
             lands = (t.view(1, -1, 1) + arcs.label_d.to(self.device)) < row_lens.view(
                 -1, 1, 1
             )
+            moves = arcs.label_weights(torch.zeros_like(alpha, dtype=tok.dtype), dur)
             # (probabilities <= 1: their float32 sum needs no shift)
-            fits = torch.where(lands, dur.exp(), 0.0).sum(-1)  # (A, T)
+            fits = torch.where(lands, moves.exp(), 0.0).sum(-1)  # (A, T)
             weight = weight * fits.double()
         probs = torch.exp(tok[..., arcs.label_cols])  # (A, T, L)
         mass = torch.bmm(weight.float().unsqueeze(1), probs).squeeze(1)  # (A, L)

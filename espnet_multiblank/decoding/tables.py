@@ -14,6 +14,9 @@ interface:
   one-utterance greedy loop), and ``early_choice``: a stream's step before T is known
   (:func:`early_choice`; the one-softmax table settles most steps from the widest
   room's choice alone);
+* ``arc_log_probs`` / ``blank_weights`` / ``label_weights`` (with ``labels``,
+  ``blank_d``, ``label_d``): the arcs as columns of the joint network's outputs, for
+  a search that scores every frame of a prefix at once (the label-synchronous beam);
 * ``max_frames``: the longest arc.
 
 The rows a step reads (:class:`RowNodes`) and the arcs it returns (:class:`Arcs`) are
@@ -150,6 +153,46 @@ def log_sum_exp(values: List[float]) -> float:
     return top + math.log(sum([math.exp(v - top) for v in values]))
 
 
+NEG = float("-inf")
+
+
+def _columns(cols: List[int], device: torch.device):
+    """An index for the last dimension: a slice when ``cols`` are consecutive (a
+    view, which saves a copy of a (rows, frames, columns) tensor per step), else a
+    (len,) long tensor (a gather)."""
+    if cols and cols == list(range(cols[0], cols[0] + len(cols))):
+        return slice(cols[0], cols[0] + len(cols))
+    return torch.tensor(cols, dtype=torch.long, device=device)
+
+
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """``torch.log_softmax(x, -1)``. On the CPU, with fewer than 16 columns (the
+    recipe's vocabularies, a TDT's durations) torch's kernel takes a slow path, 4-8
+    times slower than ``x - logsumexp(x)`` (the same max-shifted sum; bench/RESULTS.md).
+    """
+    if x.device.type == "cpu" and x.size(-1) < 16:
+        return x - torch.logsumexp(x, -1, keepdim=True)
+    return torch.log_softmax(x, -1)
+
+
+def _arc_columns(table, lattice, num_tokens: int, device: torch.device) -> None:
+    """The attributes both tables give the searches that score every frame of a
+    prefix at once (the label-synchronous beam): ``labels`` (L,) long, the label
+    symbols, and ``label_cols`` (their columns, :func:`_columns`); ``blank_d`` (NB,)
+    and ``label_d`` (NL,) long (host), the frames each blank arc and each label move
+    covers; ``labels_move`` (the lattice's)."""
+    blanks = set(lattice.blank_ids)
+    labels = [k for k in range(num_tokens) if k not in blanks]
+    table.labels = torch.tensor(labels, dtype=torch.long, device=device)
+    table.label_cols = _columns(labels, device)
+    arcs = lattice.blank_arcs
+    table.blank_d = torch.tensor([arc.frames for arc in arcs], dtype=torch.long)
+    table.label_d = torch.tensor(
+        [move.frames for move in lattice.label_moves], dtype=torch.long
+    )
+    table.labels_move = lattice.labels_move
+
+
 class SymbolTable:
     """Frames covered by each symbol, as tensors on one device, and the masks.
 
@@ -223,6 +266,9 @@ class SymbolTable:
         self.blank_range = (lattice.blank - lattice.num_big_blanks, lattice.blank + 1)
         self._mask_rows: Dict[int, torch.Tensor] = {}
         self._allowed_lists: Dict[int, Optional[List[List[bool]]]] = {}
+        self.num_tokens = vocab_size
+        _arc_columns(self, lattice, vocab_size, device)
+        self._blank_cols = _columns([arc.token for arc in lattice.blank_arcs], device)
 
     def mask(
         self,
@@ -482,6 +528,21 @@ class SymbolTable:
             self._allowed_lists[max_sym] = rows if nested else None
         return self._allowed_lists[max_sym]
 
+    def arc_log_probs(self, logits: torch.Tensor):
+        """(..., V) raw joint outputs -> what the arcs read: the symbols'
+        log-probabilities (..., V) float32, and None (no duration outputs);
+        non-finite outputs become -inf (no path through them)."""
+        return _log_softmax(logits.float()).nan_to_num(NEG), None
+
+    def blank_weights(self, tok: torch.Tensor, dur) -> torch.Tensor:
+        """(..., NB) log-probability of each blank arc."""
+        return tok[..., self._blank_cols]
+
+    def label_weights(self, tok_l: torch.Tensor, dur) -> torch.Tensor:
+        """(..., NL) log-probability of each arc of a label whose log-probability is
+        ``tok_l`` (...): its one move."""
+        return tok_l.unsqueeze(-1)
+
     def best_arcs(
         self, logp: torch.Tensor, nodes: RowNodes, max_sym: int, blank_decision: str
     ) -> Arcs:
@@ -617,6 +678,8 @@ class TDTSymbolTable:
         self.moves = self.durations >= 1
         self.max_frames = lattice.max_frames
         self.room_cap = lattice.room_cap
+        _arc_columns(self, lattice, self.num_tokens, device)
+        self._blank_slots = _columns([arc.slot for arc in lattice.blank_arcs], device)
         label = torch.zeros(self.num_tokens)
         label[self.blank] = float("-inf")
         self.label_mask = label.to(device)  # (V,), -inf on the blank
@@ -749,6 +812,25 @@ class TDTSymbolTable:
     def early_choice(self, outputs, room, guarded, max_sym, decision, choices):
         """The step a stream may take before T is known (:func:`early_choice`)."""
         return early_choice(self, outputs, room, guarded, max_sym, decision, choices)
+
+    def arc_log_probs(self, logits: torch.Tensor):
+        """(..., V + D) raw joint outputs -> what the arcs read: token (..., V) and
+        duration (..., D) log-probabilities, float32; non-finite outputs become -inf
+        (no path through them)."""
+        logits = logits.float()
+        V = self.num_tokens
+        tok = _log_softmax(logits[..., :V])
+        dur = _log_softmax(logits[..., V:])
+        return tok.nan_to_num(NEG), dur.nan_to_num(NEG)
+
+    def blank_weights(self, tok: torch.Tensor, dur: torch.Tensor) -> torch.Tensor:
+        """(..., NB) log-probability of each blank arc (the blank with a duration)."""
+        return tok[..., self.blank, None] + dur[..., self._blank_slots]
+
+    def label_weights(self, tok_l: torch.Tensor, dur: torch.Tensor) -> torch.Tensor:
+        """(..., NL) log-probability of each arc of a label whose token
+        log-probability is ``tok_l`` (...): one per duration."""
+        return tok_l.unsqueeze(-1) + dur
 
     def step_scores(self, stepper, nodes: RowNodes) -> TDTScores:
         """What :meth:`best_arcs` and :meth:`beam_candidates` choose from: the

@@ -5,14 +5,16 @@ For each lattice (standard RNN-T, multi-blank [2, 4, 8], TDT durations 0..8) and
 size (default 1, 16, 128), the same encoder outputs are decoded, in interleaved
 timed rounds, by
 
-* ``frame``: the frame-looping batched greedy search (``GreedySearch``; one joint
-  call per step for every active utterance, one prediction-network call for the
-  rows that emitted a label);
-* ``frame-one`` (batch 1 only): the same search's one-utterance loop (``search_one``,
+* ``frame``: the greedy search's batch loops in the frame-looping order
+  (``LabelLoopingGreedySearch`` with ``window = 1, max_inner = 1``: one joint call
+  per step for every utterance, then the prediction network for the rows that
+  emitted a label);
+* ``frame-one`` (batch 1 only): the one-utterance loop (``GreedySearch.search_one``,
   what ``--batch_size 1`` decoding runs);
 * ``label``: the label-looping search (``LabelLoopingGreedySearch``) with its
-  default window; ``label-w1`` (when that default
-  is not 1) with ``window = 1``, the paper's loop.
+  default window and inner-loop limit; ``label-w1`` (when that default window is
+  not 1) with ``window = 1``, the paper's loop, which is also what
+  ``GreedySearch.search_batch`` (``mb_greedy`` batched) runs.
 
 Columns: median search seconds over the rounds, ms per utterance, RTF of the search
 (search seconds / audio seconds, audio = encoder frames x the frame shift, 40 ms in
@@ -146,11 +148,11 @@ def random_model(kind: str, seed: int = 0):
 
 def searches(kind, stepper, lattice, batch):
     """[(name, search, method)] of the contenders at this batch size."""
-    frame = GreedySearch(stepper, lattice)
+    frame = LabelLoopingGreedySearch(stepper, lattice, window=1, max_inner=1)
     label = LabelLoopingGreedySearch(stepper, lattice)
     out = [("frame", frame, "batch")]
     if batch == 1:
-        out.append(("frame-one", frame, "one"))
+        out.append(("frame-one", GreedySearch(stepper, lattice), "one"))
     out.append(("label", label, "batch"))
     if label.window != 1:
         out.append(

@@ -5,7 +5,7 @@ ESPnet glue (``Speech2Text``, the search factory for decode configs) lives in
 :mod:`espnet_multiblank.espnet` and imports this package, never the reverse.
 
 * :class:`Stepper` / :class:`JointStepper`: the prediction and joint networks.
-* :class:`Hypothesis`, :class:`BatchedHyps`: search results and batched bookkeeping.
+* :class:`Hypothesis`: a search result.
 * :class:`SymbolTable`: frames per symbol and the allowed-symbol masks of a lattice.
 * :class:`TransducerSearch`: the searches' base class; :class:`GreedySearch` (one
   utterance and batched), :class:`LabelLoopingGreedySearch` (batched) and
@@ -23,7 +23,7 @@ from espnet_multiblank.decoding.base import TransducerSearch, single_thread_on_c
 from espnet_multiblank.decoding.beam import BeamSearch
 from espnet_multiblank.decoding.fusion import FusionState, ShallowFusion, TokenLM
 from espnet_multiblank.decoding.greedy import GreedySearch
-from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
+from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.label_looping import LabelLoopingGreedySearch
 from espnet_multiblank.decoding.stepper import JointStepper, Stepper
 from espnet_multiblank.decoding.tables import Arcs, SymbolTable, TDTSymbolTable
@@ -36,7 +36,6 @@ MultiblankLabelLoopingSearch = TDTLabelLoopingSearch = LabelLoopingGreedySearch
 
 __all__ = [
     "Arcs",
-    "BatchedHyps",
     "BeamSearch",
     "FusionState",
     "GreedySearch",

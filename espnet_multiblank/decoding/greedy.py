@@ -1,4 +1,4 @@
-"""Greedy search (frame-looping) of every lattice, one utterance and batched.
+"""Greedy search of every lattice: the one-utterance loop and the batch loops.
 
 Algorithm (Xu et al. 2023, "multi-blank greedy"; ``docs/decoding.md``): a hypothesis
 sits at frame t with label history y and emits one allowed symbol k of
@@ -14,10 +14,17 @@ most probable blank; ``"symbol"``: the arg-max symbol):
   jump past the last frame (t + d_i > T) are not allowed, so the path is a path of the
   loss's lattice and its score is that path's log-probability.
 
-It stops when t == T. The batched version takes the same step for every active
-utterance at once (one joint call; one prediction-network call for the rows that
-emitted a label); each utterance has its own t and leaves when it reaches its T. Both
-choose the same symbols (tested).
+It stops when t == T.
+
+Batches (:meth:`GreedySearch.search_batch`) run the label-looping loops
+(:mod:`~espnet_multiblank.decoding.label_looping`, Bataev et al. 2024) with a window
+of one frame: the same arcs of every utterance, taken in another order. An *inner
+loop* evaluates the joint network for the whole batch and every row whose arc is a
+blank takes it (at most :meth:`~GreedySearch.inner_limit` calls: 3 on a CPU, no
+limit on an accelerator); then the *outer loop* records the rows' labels and runs the
+prediction network once for the batch. The rows are fixed-size tensors with masks
+(:class:`LoopState`), so the only host synchronisations are the loop conditions.
+Every utterance takes the steps of the one-utterance loop (tested).
 
 A token-and-duration transducer (TDT; ``docs/decoding.md``, "TDT searches") takes the
 same loop with (token, duration) arcs: the joint network gives token log-probabilities
@@ -41,19 +48,26 @@ the loop, the stream's early decisions and the bookkeeping are here, once.
 :meth:`GreedySearch.run_one` takes the steps of one utterance on a :class:`OneRun`:
 offline it runs to T in one call; a stream
 (:class:`~espnet_multiblank.decoding.streaming.StreamingRowGreedySearch`) calls it
-as frames arrive, with a :class:`StepCache` that its provisional copies share.
+as frames arrive, with a :class:`StepCache` that its provisional copies share. The
+loops of a batch run on a :class:`LoopState`, which the label-looping stream
+(:class:`~espnet_multiblank.decoding.streaming.StreamingGreedySearch`) keeps across
+chunks.
+
+Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs,
+W = window (1 here).
 """
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from espnet_multiblank.decoding.base import TransducerSearch
+from espnet_multiblank.decoding.base import TransducerSearch, check_batch
 from espnet_multiblank.decoding.fusion import FusionState
-from espnet_multiblank.decoding.hypothesis import BatchedHyps, Hypothesis
-from espnet_multiblank.decoding.tables import RowNodes
+from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
+from espnet_multiblank.decoding.tables import Arcs, RowNodes
 
 #: a score term that T decides: (frame t, {min(T - t, cap): value}, and for a
 #: label whose timing holds it: (index in ``timing``, frames covered, LM part))
@@ -169,13 +183,148 @@ class OneRun:
         )
 
 
+class Window(NamedTuple):
+    """The blank arcs one inner-loop iteration took for each row.
+
+    Attributes:
+        offset: (B,) long, frames moved (0: none; ``>= W``: the arcs left the window,
+            the row goes on searching).
+        score: (B,) float, their total log-probability.
+        moves: (B,) long, arcs taken.
+        big: (B,) long, arcs taken over more than one frame.
+        arcs: The arc at ``offset`` when ``offset < W``: a label arc, unless the row
+            has reached its end.
+    """
+
+    offset: torch.Tensor
+    score: torch.Tensor
+    moves: torch.Tensor
+    big: torch.Tensor
+    arcs: Arcs
+
+
+class LoopBatch:
+    """Constant tensors of one :meth:`GreedySearch.search_batch` call.
+
+    ``padded``: ``enc_proj`` already has at least W frames after every row's length
+    (the streaming search's buffer; it is then used as it is, not copied, so frames
+    written into it later and ``lens`` updated in place are seen)."""
+
+    def __init__(
+        self,
+        table,
+        enc_proj: torch.Tensor,
+        lens: torch.Tensor,
+        W: int,
+        padded: bool = False,
+    ):
+        B = lens.size(0)
+        device = lens.device
+        self.table = table
+        # W frames of padding: a row reads frames t .. t + W - 1 with t <= T_b <=
+        # T_max (what it reads past T_b is ignored)
+        if padded:
+            self.enc_proj = enc_proj
+        else:
+            pad = enc_proj.new_zeros(B, W, enc_proj.size(2))
+            self.enc_proj = torch.cat([enc_proj, pad], 1)  # (B, T_max + W, J)
+        self.lens = lens  # (B,)
+        self.rows = torch.arange(B, device=device)
+        # windows of W frames
+        self.offsets = torch.arange(W, device=device)  # (W,)
+        self.first = self.offsets == 0
+        self.rows_w = self.rows.unsqueeze(1)  # (B, 1)
+        self.lens_w = lens.unsqueeze(1).expand(B, W)
+        extra = table.max_frames  # landing points past the window
+        self.after = torch.arange(W, W + extra, device=device).expand(B, extra)
+        self.after_values = torch.zeros(B, extra, 3, dtype=torch.float64, device=device)
+
+
+@dataclass
+class LoopState:
+    """The search state of B rows, carried between calls of
+    :meth:`GreedySearch.run_loops` (the streaming search keeps one
+    across chunks).
+
+    Attributes:
+        frame, num_sym: (B,) long, t of each row and the labels emitted at t.
+        score: (B,) float64, the path's score (fused with the LMs).
+        moves, big: (B,) long, arcs that moved, and those over > 1 frame.
+        labels: (B, capacity) long, the labels emitted since the last
+            :meth:`drain`, one column per outer iteration that ran the prediction
+            network (-1: none).
+        timing: (B, capacity, 3) float64, each column's label timing (frame,
+            frames its arc covers, acoustic log-probability:
+            :attr:`~espnet_multiblank.decoding.hypothesis.Hypothesis.timing`).
+        iteration: Columns of ``labels`` used.
+        dec_proj: (B, J) projected prediction-network output after the labels.
+        state: The prediction network's state (the stepper's type).
+        lm: The fused LMs' state, or None.
+    """
+
+    frame: torch.Tensor
+    num_sym: torch.Tensor
+    score: torch.Tensor
+    moves: torch.Tensor
+    big: torch.Tensor
+    labels: torch.Tensor
+    dec_proj: torch.Tensor
+    state: Any
+    timing: torch.Tensor
+    lm: Any = None
+    iteration: int = 0
+
+    def record(
+        self,
+        symbols: torch.Tensor,
+        frame: torch.Tensor,
+        covered: torch.Tensor,
+        acoustic: torch.Tensor,
+    ) -> None:
+        """One outer iteration's labels ((B,) long, -1 where a row emitted none)
+        and their timing ((B,) each: the frame, the frames the arc covers, its
+        acoustic log-probability); the buffers doubled when full."""
+        if self.iteration == self.labels.size(1):
+            self.labels = torch.cat([self.labels, torch.full_like(self.labels, -1)], 1)
+            self.timing = torch.cat([self.timing, torch.zeros_like(self.timing)], 1)
+        self.labels[:, self.iteration] = symbols
+        column = self.timing[:, self.iteration]
+        column[:, 0] = frame
+        column[:, 1] = covered
+        column[:, 2] = acoustic
+        self.iteration += 1
+
+    def drain(self) -> Tuple[List[List[int]], List[List[TokenTiming]]]:
+        """The labels recorded since the last drain and their timings, per row;
+        the buffers are emptied."""
+        used = self.labels[:, : self.iteration].tolist()
+        timing = self.timing[:, : self.iteration].tolist()
+        labels = [[k for k in row if k >= 0] for row in used]
+        timings = [
+            [(int(t), int(e), lp) for k, (t, e, lp) in zip(row, times) if k >= 0]
+            for row, times in zip(used, timing)
+        ]
+        self.labels.fill_(-1)
+        self.iteration = 0
+        return labels, timings
+
+    def empty_copy(self, **tensors) -> "LoopState":
+        """A copy with ``tensors`` replaced and empty label buffers (what a
+        provisional run to the end records into)."""
+        return dataclasses.replace(
+            self,
+            **tensors,
+            labels=torch.full_like(self.labels, -1),
+            timing=torch.zeros_like(self.timing),
+            iteration=0,
+        )
+
+
 class GreedySearch(TransducerSearch):
     """Greedy search of every lattice (see the module docstring): one utterance
-    at a time with :meth:`search_one`, and B at once with :meth:`search_batch`,
-    which takes one step for every active utterance per iteration: one joint
-    call, :meth:`TransducerSearch.row_arcs` for every row, one prediction-network
-    call for the rows that emitted a label; each utterance advances by its own
-    number of frames and leaves when it reaches its T_b.
+    at a time with :meth:`search_one` (a plain Python loop), and B at once with
+    :meth:`search_batch` (the label-looping loops with a window of one frame); the
+    arc of a joint row is :meth:`TransducerSearch.row_arcs` in both.
 
     Args: those of :class:`~espnet_multiblank.decoding.base.TransducerSearch`
     (``blank_decision``: ``"total"`` (default) or ``"symbol"``). With a TDT
@@ -184,6 +333,12 @@ class GreedySearch(TransducerSearch):
     """
 
     batched = True
+    #: frames the inner loop evaluates per joint call and row
+    #: (:class:`~espnet_multiblank.decoding.label_looping.LabelLoopingGreedySearch`
+    #: chooses it)
+    window = 1
+    #: first label-buffer capacity, in outer iterations (doubled when full)
+    initial_capacity = 32
 
     def search(self, enc_out: torch.Tensor) -> List[Hypothesis]:
         return [self.search_one(enc_out)]
@@ -368,71 +523,219 @@ class GreedySearch(TransducerSearch):
     def search_batch(
         self, enc_out: torch.Tensor, enc_lens: torch.Tensor
     ) -> List[Hypothesis]:
-        """Greedy search for B utterances at once (the same symbols as
-        :meth:`search_one`, tested).
+        """Greedy search for B utterances at once: the loops (module docstring).
 
         Args:
             enc_out: (B, T_max, D_enc) padded encoder output.
-            enc_lens: (B,) encoder lengths T_b.
+            enc_lens: (B,) encoder lengths T_b <= T_max.
 
         Returns:
-            B hypotheses, in input order.
+            B hypotheses, in input order, as the one-utterance greedy search gives
+            them (``frame == T_b``; ``dec_state`` / ``dec_proj`` after the last
+            label).
         """
-        device = enc_out.device
-        table = self.table(device)
+        lens = check_batch(enc_out, enc_lens)
+        return self.batch_projected(self.stepper.project_enc(enc_out), lens)
+
+    @torch.no_grad()
+    def batch_projected(
+        self, enc_proj: torch.Tensor, lens: torch.Tensor
+    ) -> List[Hypothesis]:
+        """:meth:`search_batch` on encoder frames already projected by
+        ``stepper.project_enc`` ((B, T_max, J); ``lens`` (B,) long on its device)."""
+        B = enc_proj.size(0)
+        loop = self.init_loop(B, enc_proj.device)
+        ctx = LoopBatch(self.table(enc_proj.device), enc_proj, lens, self.window)
+        self.run_loops(ctx, loop, lens)
+        self.finish_loop(loop)
+        return self.hypotheses(loop, *loop.drain())
+
+    def inner_limit(self, device: torch.device) -> float:
+        """Joint-network calls per outer iteration (module docstring): no limit on
+        an accelerator, 3 on a CPU."""
+        return float("inf") if device.type != "cpu" else 3
+
+    def _follow_blanks(
+        self,
+        ctx: LoopBatch,
+        dec_proj: torch.Tensor,
+        frame: torch.Tensor,
+        num_sym: torch.Tensor,
+        rows: torch.Tensor,
+        lm_labels: Optional[torch.Tensor] = None,
+    ) -> Window:
+        """Evaluate the joint network at frames ``t .. t + W - 1`` of every row and
+        follow the blank arcs of the rows in ``rows`` from ``t`` until a label, the
+        row's end or the window's end (here W = 1: the arc at ``t``, taken if a
+        blank).
+
+        Args:
+            ctx: The batch's constant tensors.
+            dec_proj: (B, J) projected prediction-network outputs.
+            frame: (B,) long, t of each row.
+            num_sym: (B,) long, labels emitted at ``t`` (the later frames of the
+                window are reached by a blank: 0 there).
+            rows: (B,) bool, rows inside their utterance that follow their blank
+                arcs (the others get offset 0, and their ``arcs`` are to be ignored).
+            lm_labels: (B, V) float32 weighted LM scores of the next label (they
+                do not change before the next label either), or None.
+        """
+        enc_rows = ctx.enc_proj[ctx.rows, frame]
+        nodes = RowNodes(enc_rows, dec_proj, frame, ctx.lens, num_sym, lm_labels)
+        arcs = self.row_arcs(ctx.table, nodes)
+        blank = rows & ~arcs.is_label
+        moved = torch.where(blank, arcs.frames, 0)
+        score = torch.where(blank, arcs.score, 0.0)
+        return Window(moved, score, blank, moved > 1, arcs)
+
+    def init_loop(self, batch: int, device: torch.device) -> LoopState:
+        """The search of ``batch`` rows before the first frame."""
+        dec_proj, state = self.start(batch, device)  # (B, J)
+
+        def zeros(dtype=torch.long):
+            return torch.zeros(batch, dtype=dtype, device=device)
+
+        labels = torch.full(
+            (batch, self.initial_capacity), -1, dtype=torch.long, device=device
+        )
+        return LoopState(
+            timing=labels.new_zeros(labels.shape + (3,), dtype=torch.float64),
+            frame=zeros(),
+            num_sym=zeros(),
+            score=zeros(torch.float64),
+            moves=zeros(),
+            big=zeros(),
+            labels=labels,
+            dec_proj=dec_proj,
+            state=state,
+            lm=self.start_lm(batch, device),
+        )
+
+    def run_loops(self, ctx: LoopBatch, loop: LoopState, limit: torch.Tensor) -> None:
+        """The outer and inner loops, for as long as some row may take its next
+        window: a row at frame t evaluates frames ``t .. t + W - 1`` only while
+        ``t < limit`` (offline: ``limit`` = the utterance lengths, ``ctx.lens``; the
+        streaming search stops each row where the frames received no longer decide
+        its arcs as the whole utterance would, ``docs/streaming.md``).
+
+        Args:
+            ctx: The batch's constant tensors (``ctx.lens``: T of each row, or the
+                frames received so far).
+            loop: The rows' search state (updated in place).
+            limit: (B,) long, ``<= ctx.lens``.
+        """
+        ready = loop.frame < limit
+        # on a CPU a host sync costs little against the prediction network's call,
+        # so an outer iteration in which no row stands at a label (the inner loop
+        # stopped at max_inner) skips it: _emit with no row emitting changes nothing
+        on_cpu = ctx.lens.device.type == "cpu"
+        while bool(ready.any()):
+            arcs, searching = self._inner_loop(ctx, loop, ready, limit)
+            # every ready row that is not still searching stands at a label arc
+            emit = ready & ~searching & (loop.frame < ctx.lens)
+            if not on_cpu or bool(emit.any()):
+                self._emit(loop, arcs, emit)
+            ready = loop.frame < limit
+
+    def _inner_loop(self, ctx, loop: LoopState, ready, limit):
+        """Blank arcs, joint network only, for at most ``max_inner`` calls. Returns
+        the arcs each row stands at and the rows still searching (their blanks left
+        the last window evaluated, or they wait at ``limit``)."""
+        max_inner = self.inner_limit(ctx.lens.device)
+        lm_labels = None if loop.lm is None else loop.lm.labels
+        window = self._follow_blanks(
+            ctx, loop.dec_proj, loop.frame, loop.num_sym, ready, lm_labels
+        )
+        arcs = window.arcs
+        searching = self._take(ctx, loop, window)
+        calls = 1
+        go = searching & (loop.frame < limit)
+        while calls < max_inner and bool(go.any()):
+            window = self._follow_blanks(
+                ctx, loop.dec_proj, loop.frame, loop.num_sym, go, lm_labels
+            )
+            arcs = window.arcs.where(go, arcs)
+            searching = self._take(ctx, loop, window) | (searching & ~go)
+            go = searching & (loop.frame < limit)
+            calls += 1
+        return arcs, searching
+
+    def _take(self, ctx, loop: LoopState, window: Window) -> torch.Tensor:
+        """Apply a window's blank arcs; True where a row is still searching (its
+        arcs left the window)."""
+        loop.frame.add_(window.offset)
+        loop.score.add_(window.score)
+        loop.moves.add_(window.moves)
+        loop.big.add_(window.big)
+        moved = window.offset > 0
+        loop.num_sym.masked_fill_(moved, 0)
+        left = moved if self.window == 1 else window.offset >= self.window
+        return left & (loop.frame < ctx.lens)
+
+    def _emit(self, loop: LoopState, arcs: Arcs, emit: torch.Tensor) -> None:
+        """Record the label arcs of the rows in ``emit`` and run the prediction
+        network (and the fused LMs) once for the batch."""
+        moved = torch.where(emit, arcs.frames, 0)  # TDT: a label's duration
+        acoustic = arcs.score  # the LM part left out
+        if loop.lm is not None:
+            lm_labels = loop.lm.labels
+            acoustic = acoustic - lm_labels.gather(1, arcs.symbol.unsqueeze(1))[:, 0]
+        loop.record(torch.where(emit, arcs.symbol, -1), loop.frame, moved, acoustic)
+        loop.score.add_(torch.where(emit, arcs.score, 0.0))
+        loop.frame.add_(moved)
+        loop.moves.add_(moved > 0)
+        loop.num_sym = torch.where(moved > 0, 0, loop.num_sym + emit.long())
+        emitted = torch.where(emit, arcs.symbol, self.blank_id)
+        new_proj, new_state = self.stepper.step(emitted, loop.state)
+        loop.dec_proj = torch.where(emit.unsqueeze(1), new_proj, loop.dec_proj)
+        loop.state = self.stepper.where_state(emit, new_state, loop.state)
+        if loop.lm is not None:
+            fusion = self.fusion
+            loop.lm = fusion.where(emit, fusion.step(emitted, loop.lm), loop.lm)
+
+    def finish_loop(self, loop: LoopState, rows: Optional[torch.Tensor] = None):
+        """The end of the sentence for complete rows (all, or ``rows`` (B,) bool):
+        the fused LMs' end-of-sentence score."""
+        if loop.lm is not None:
+            end = loop.lm.end.double()
+            loop.score.add_(end if rows is None else torch.where(rows, end, 0.0))
+
+    def hypotheses(
+        self, loop: LoopState, labels, timings, rows: Optional[List[int]] = None
+    ) -> List[Hypothesis]:
+        """Rows of ``loop`` (default: all) as :class:`Hypothesis` objects.
+
+        Args:
+            loop: The search state.
+            labels: The labels of each row (indexed by row: a list or a dict).
+            timings: Their timings, indexed as ``labels``.
+            rows: The rows wanted.
+        """
         stepper = self.stepper
-        B = enc_out.size(0)
-        lens = enc_lens.to(device=device, dtype=torch.long)
-        enc_proj = stepper.project_enc(enc_out)  # (B, T_max, J)
-        dec_proj, state = self.start(B, device)  # (B, J)
-        lm = self.start_lm(B, device)
-        fusion = self.fusion
-        hyps = BatchedHyps(B, device)
-
-        active = (hyps.frame < lens).nonzero().squeeze(1)
-        while active.numel() > 0:
-            t = hyps.frame[active]  # (A,)
-            nodes = RowNodes(
-                enc_proj[active, t],
-                dec_proj[active],
-                t,
-                lens[active],
-                hyps.num_sym[active],
-                None if lm is None else lm.labels[active],
-            )
-            arcs = self.row_arcs(table, nodes)
-            is_label = arcs.is_label
-            lm_part = None
-            if lm is not None:  # timing: the labels' acoustic part
-                lm_part = lm.labels[active].gather(1, arcs.symbol.unsqueeze(1))[:, 0]
-            hyps.record(active, arcs.symbol, arcs.frames, arcs.score, is_label, lm_part)
-            if bool(is_label.any()):
-                rows = active[is_label]
-                labels = arcs.symbol[is_label]
-                new_proj, new_state = stepper.step(
-                    labels, stepper.select_state(state, rows)
-                )
-                dec_proj[rows] = new_proj
-                stepper.scatter_state(state, rows, new_state)
-                if lm is not None:
-                    fusion.scatter(
-                        lm, rows, fusion.step(labels, fusion.select(lm, rows))
-                    )
-            active = (hyps.frame < lens).nonzero().squeeze(1)
-
-        if lm is not None:  # every hypothesis is complete: the end of the sentence
-            hyps.score += lm.end.double()
-        return [
-            hyps.hypothesis(
-                b,
-                self.blank_id,
-                stepper.select_state(state, torch.tensor([b], device=device)),
-                dec_proj[b],
-                (
-                    None
-                    if lm is None
-                    else fusion.select(lm, torch.tensor([b], device=device))
-                ),
-            )
-            for b in range(B)
+        device = loop.frame.device
+        # every arc that moved covered one frame more than it skipped
+        skipped = loop.frame - loop.moves
+        values = [
+            t.tolist()
+            for t in (loop.score, loop.frame, loop.num_sym, loop.big, skipped)
         ]
+        out = []
+        for b in range(loop.frame.size(0)) if rows is None else rows:
+            row = torch.tensor([b], device=device)
+            out.append(
+                Hypothesis(
+                    score=values[0][b],
+                    yseq=[self.blank_id] + labels[b],
+                    timing=list(timings[b]),
+                    dec_state=stepper.select_state(loop.state, row),
+                    dec_proj=loop.dec_proj[b],
+                    frame=values[1][b],
+                    num_sym_frame=values[2][b],
+                    big_blank_emissions=values[3][b],
+                    frames_skipped=values[4][b],
+                    lm_state=(
+                        None if loop.lm is None else self.fusion.select(loop.lm, row)
+                    ),
+                )
+            )
+        return out

@@ -52,11 +52,10 @@ from typing import List, Optional, Sequence
 import torch
 
 from espnet_multiblank.decoding.beam import BeamSearch, Queue
-from espnet_multiblank.decoding.greedy import GreedySearch, StepCache
+from espnet_multiblank.decoding.greedy import GreedySearch, LoopBatch, StepCache
 from espnet_multiblank.decoding.hypothesis import Hypothesis, TokenTiming
 from espnet_multiblank.decoding.label_looping import (
     LabelLoopingGreedySearch,
-    LoopBatch,
     greedy_search_class,
 )
 
@@ -648,7 +647,7 @@ def streamable(search, one_loop: bool):
     more); a label-looping search keeps its window.
     """
     if isinstance(search, LabelLoopingGreedySearch):
-        return search.one_utterance if one_loop else search
+        return GreedySearch(**search.settings()) if one_loop else search
     if isinstance(search, GreedySearch) and not one_loop:
         looping = greedy_search_class(search.lattice, loop_labels=True)
         return looping(**search.settings(window=1))

@@ -62,7 +62,7 @@ from typing import List, Optional
 import torch
 
 from espnet_multiblank.decoding.base import check_positive_int
-from espnet_multiblank.decoding.greedy import GreedySearch, LoopBatch, Window
+from espnet_multiblank.decoding.greedy import GreedySearch, Window
 from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.tables import Arcs, RowNodes
 from espnet_multiblank.lattice import is_lattice
@@ -125,15 +125,7 @@ class LabelLoopingGreedySearch(GreedySearch):
             return float("inf")
         return 1 if self.window > 1 else 3
 
-    def _follow_blanks(
-        self,
-        ctx: LoopBatch,
-        dec_proj: torch.Tensor,
-        frame: torch.Tensor,
-        num_sym: torch.Tensor,
-        rows: torch.Tensor,
-        lm_labels: Optional[torch.Tensor] = None,
-    ) -> Window:
+    def _follow_blanks(self, ctx, dec_proj, frame, num_sym, rows, lm_labels=None):
         """:meth:`GreedySearch._follow_blanks
         <espnet_multiblank.decoding.greedy.GreedySearch._follow_blanks>` over a
         window of W frames: one joint call for B * W rows, then the blank arcs

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pytest
 import search_cases as sc
 import torch
+from one_loop import one_loop_projected
 from search_oracles import _predict
 
 from espnet_multiblank.decoding import (
@@ -247,7 +248,10 @@ def test_streamed_greedy_equals_offline(toy, one_loop, decision):
         )
         rows = StreamingGreedySearch(search, len(lens), "cpu")
     proj = stepper.project_enc(enc)
-    offline = search.search_projected(proj, enc_lens)
+    if one_loop:
+        offline = one_loop_projected(search, proj, enc_lens)
+    else:
+        offline = search.search_projected(proj, enc_lens)
     assert any(hyp.labels for hyp in offline)  # labels move in these streams
     rows.reset(range(len(lens)))
     for t in range(max(lens)):

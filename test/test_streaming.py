@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from one_loop import one_loop_projected
 from streaming_cases import FS, KINDS, make_experiment, pieces, speech2text, waveform
 
 from espnet_multiblank.decoding.streaming import (
@@ -136,6 +137,8 @@ def offline(decoder, frames):
     if isinstance(decoder.rows, StreamingBeamSearch):
         return decoder.search.nbest_projected(frames)
     lens = torch.tensor([frames.size(0)])
+    if isinstance(decoder.rows, StreamingRowGreedySearch):
+        return one_loop_projected(decoder.search, frames[None], lens)
     return decoder.search.search_projected(frames[None], lens)
 
 

@@ -1,7 +1,8 @@
 """Streaming searches (decoding/streaming.py) against the offline searches.
 
 The oracle is the offline search on the same projected encoder frames
-(``search_projected``): a stream's final hypothesis must be identical (labels,
+(``search_projected``, or for the one-utterance loop's streams that loop on each row,
+``helpers/one_loop.py``): a stream's final hypothesis must be identical (labels,
 score, frames, counts) whatever the chunks the frames arrive in, for every lattice,
 window and inner-loop limit, with LM fusion, for rows that start and end at any time
 in a batch; its provisional labels must be the offline search's on the frames
@@ -13,6 +14,7 @@ import random
 
 import pytest
 import torch
+from one_loop import one_loop_projected
 from test_decoding_lm import lm_tokens_for, make_rnnlm
 from test_label_looping import D_ENC, mb_model, searches, tdt_model
 
@@ -69,6 +71,15 @@ def same(got, want):
     assert got.timing == want.timing and len(got.timing) == len(got.yseq) - 1
 
 
+def offline(search, proj, lens):
+    """The oracle of ``search``'s streams on these frames: a label-looping search's
+    batch loops (``search_projected``), a greedy search's one-utterance loop on each
+    row (what its row streams run)."""
+    if isinstance(search, LabelLoopingGreedySearch):
+        return search.search_projected(proj, lens)
+    return one_loop_projected(search, proj, lens)
+
+
 def stream_rows(search, proj, lens, seed, check_provisional=False, device="cpu"):
     """Feed each row its frames in random chunks (0-5 frames, the end at a random
     later call), one ``advance`` per round; returns the final hypotheses. A
@@ -98,7 +109,7 @@ def stream_rows(search, proj, lens, seed, check_provisional=False, device="cpu")
         st.advance()
         if check_provisional:
             got = st.provisional()
-            want = search.search_projected(proj, torch.tensor(pos))
+            want = offline(search, proj, torch.tensor(pos))
             assert got == [h.labels for h in want]
     return [st.hypothesis(b) for b in range(B)]
 
@@ -110,7 +121,7 @@ def test_final_hypotheses_equal_the_offline_search(kind, window, max_inner):
     for seed in range(2):
         _, search = searches(MODELS[kind](seed), window=window, max_inner=max_inner)
         proj = frames_of(search, lens, seed)
-        want = search.search_projected(proj, torch.tensor(lens))
+        want = offline(search, proj, torch.tensor(lens))
         for got, w in zip(stream_rows(search, proj, lens, seed), want):
             same(got, w)
 
@@ -137,7 +148,7 @@ def test_one_utterance_loop_streams_exactly(kind, decision):
         if kind.startswith("tdt"):
             search.blank_decision = decision
         proj = frames_of(search, lens, seed)
-        want = search.search_projected(proj, torch.tensor(lens))
+        want = offline(search, proj, torch.tensor(lens))
         for check in (False, True):
             got = stream_rows(search, proj, lens, seed, check_provisional=check)
             for g, w in zip(got, want):
@@ -158,7 +169,7 @@ def test_one_utterance_loop_decides_inside_the_lookahead(kind, decision):
         if kind.startswith("tdt"):
             search.blank_decision = decision
         proj = frames_of(search, lens, seed)
-        want = search.search_projected(proj, torch.tensor(lens))
+        want = offline(search, proj, torch.tensor(lens))
         st = StreamingRowGreedySearch(search, len(lens), "cpu")
         L = st.lookahead
         decided = [[] for _ in lens]
@@ -198,7 +209,7 @@ def test_one_utterance_loop_cache_serves_only_the_same_step(kind):
             model = mb_model(seed, vocab=6, blank_bias=0.0)
         search, _ = searches(model, max_sym=2)
         proj = frames_of(search, lens, seed)
-        want = search.search_projected(proj, torch.tensor(lens))
+        want = offline(search, proj, torch.tensor(lens))
         st = StreamingRowGreedySearch(search, len(lens), "cpu")
         for t in range(30):
             for b in range(len(lens)):
@@ -221,12 +232,12 @@ def test_one_utterance_loop_provisional_runs_only_the_rows_asked():
         st.append(b, proj[b, :16])
     st.advance()
     got = st.provisional([1])
-    offline = search.search_projected(proj[:, :16], torch.tensor([16, 16]))
+    want = offline(search, proj[:, :16], torch.tensor([16, 16]))
     # (with these frames neither row has decided all of the labels so far)
-    assert all(st.tokens[b] != offline[b].labels for b in range(2))
+    assert all(st.tokens[b] != want[b].labels for b in range(2))
     assert got[0] == st.tokens[0]  # not asked: its decided labels
-    assert got[1] == offline[1].labels
-    assert st.provisional() == [h.labels for h in offline]
+    assert got[1] == want[1].labels
+    assert st.provisional() == [h.labels for h in want]
 
 
 def test_one_utterance_loop_fuses_language_models_exactly():
@@ -237,7 +248,7 @@ def test_one_utterance_loop_fuses_language_models_exactly():
         )
         lens = [19, 33, 0]
         proj = frames_of(search, lens, 2)
-        want = search.search_projected(proj, torch.tensor(lens))
+        want = offline(search, proj, torch.tensor(lens))
         for got, w in zip(stream_rows(search, proj, lens, 2, True), want):
             same(got, w)
 
@@ -246,7 +257,7 @@ def test_one_utterance_loop_restarts_rows():
     search, _ = searches(MODELS["multiblank"](1))
     lens = [25, 12]
     proj = frames_of(search, lens, 5)
-    want = search.search_projected(proj, torch.tensor(lens))
+    want = offline(search, proj, torch.tensor(lens))
     st = StreamingRowGreedySearch(search, 2, "cpu")
     for b in range(2):  # a first stream in each row, left half way
         st.append(b, frames_of(search, lens, 6)[b, :10])
@@ -267,7 +278,7 @@ def test_rows_restart_and_other_rows_do_not_matter():
     lens = [25, 12, 31]
     proj = frames_of(search, lens, 5)
     other = frames_of(search, lens, 6)
-    want = search.search_projected(proj, torch.tensor(lens))
+    want = offline(search, proj, torch.tensor(lens))
     st = StreamingGreedySearch(search, 3, "cpu")
     # a first stream in every row (other frames), ended; then the real ones
     for b in range(3):
@@ -307,7 +318,7 @@ def test_language_model_fusion_streams_exactly(kind):
     assert search.fusion is not None
     lens = [19, 33, 0]
     proj = frames_of(search, lens, 2)
-    want = search.search_projected(proj, torch.tensor(lens))
+    want = offline(search, proj, torch.tensor(lens))
     for got, w in zip(stream_rows(search, proj, lens, 2), want):
         same(got, w)
 
@@ -413,7 +424,7 @@ def test_deciding_one_frame_early_changes_hypotheses(kind):
     for seed in range(6):
         _, search = searches(MODELS[kind](seed), window=1)
         proj = frames_of(search, lens, seed)
-        want = search.search_projected(proj, torch.tensor(lens))
+        want = offline(search, proj, torch.tensor(lens))
         st = StreamingGreedySearch(search, len(lens), "cpu")
         st.lookahead -= 1
         for t in range(40):
@@ -498,7 +509,7 @@ def test_cuda_streams_match_the_cpu_offline_search(kind):
     model = MODELS[kind](0)
     _, search = searches(model)
     proj = frames_of(search, lens, 0)
-    want = search.search_projected(proj, torch.tensor(lens))
+    want = offline(search, proj, torch.tensor(lens))
     model.decoder.cuda()
     model.joint_network.cuda()
     got = stream_rows(search, proj.cuda(), lens, 0, device="cuda")

@@ -352,22 +352,6 @@ class GreedySearch(TransducerSearch):
         return self._one_projected(self.stepper.project_enc(enc_out))
 
     @torch.no_grad()
-    def search_projected(
-        self, enc_proj: torch.Tensor, enc_lens: torch.Tensor
-    ) -> List[Hypothesis]:
-        """:meth:`search_one` for each of B utterances, on encoder frames already
-        projected by ``stepper.project_enc`` (what a stream decides on).
-
-        Args:
-            enc_proj: (B, T_max, J) projected encoder frames.
-            enc_lens: (B,) long, frames of each utterance.
-        """
-        return [
-            self._one_projected(enc_proj[b, :n])
-            for b, n in enumerate(enc_lens.tolist())
-        ]
-
-    @torch.no_grad()
     def _one_projected(self, enc_proj: torch.Tensor) -> Hypothesis:
         """:meth:`search_one` on (T, J) projected encoder frames."""
         run = self.start_one(enc_proj.device)
@@ -535,14 +519,15 @@ class GreedySearch(TransducerSearch):
             label).
         """
         lens = check_batch(enc_out, enc_lens)
-        return self.batch_projected(self.stepper.project_enc(enc_out), lens)
+        return self.search_projected(self.stepper.project_enc(enc_out), lens)
 
     @torch.no_grad()
-    def batch_projected(
+    def search_projected(
         self, enc_proj: torch.Tensor, lens: torch.Tensor
     ) -> List[Hypothesis]:
         """:meth:`search_batch` on encoder frames already projected by
-        ``stepper.project_enc`` ((B, T_max, J); ``lens`` (B,) long on its device)."""
+        ``stepper.project_enc`` ((B, T_max, J); ``lens`` (B,) long on its device):
+        what the label-looping stream decides on, chunk by chunk."""
         B = enc_proj.size(0)
         loop = self.init_loop(B, enc_proj.device)
         ctx = LoopBatch(self.table(enc_proj.device), enc_proj, lens, self.window)

@@ -57,13 +57,12 @@ Notation: B = utterances, T = encoder frames, J = joint space, V = joint outputs
 W = window.
 """
 
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
 from espnet_multiblank.decoding.base import check_positive_int
 from espnet_multiblank.decoding.greedy import GreedySearch, Window
-from espnet_multiblank.decoding.hypothesis import Hypothesis
 from espnet_multiblank.decoding.tables import Arcs, RowNodes
 from espnet_multiblank.lattice import is_lattice
 
@@ -204,15 +203,6 @@ class LabelLoopingGreedySearch(GreedySearch):
             nxt = nxt.gather(1, nxt)
         score, moves, big = values[:, 0].unbind(1)
         return nxt[:, 0], score, moves.long(), big.long()
-
-    @torch.no_grad()
-    def search_projected(
-        self, enc_proj: torch.Tensor, lens: torch.Tensor
-    ) -> List[Hypothesis]:
-        """The loops on encoder frames already projected by ``stepper.project_enc``
-        ((B, T_max, J); ``lens`` (B,) long on its device): what the streaming search
-        decides on, chunk by chunk (:meth:`batch_projected`)."""
-        return self.batch_projected(enc_proj, lens)
 
 
 def greedy_search_class(lattice, loop_labels: bool) -> type:

@@ -11,8 +11,8 @@ is decided, leave the rest (a big blank or a TDT duration may have carried a row
 frame N - L: it waits there), and when the stream ends finish with the true T (and
 the language models' end of sentence). The final hypothesis of a stream is then the
 offline search's on the same encoder frames: the same arcs, taken in the same order,
-the same scores (tested bit for bit against :meth:`LabelLoopingGreedySearch.
-search_projected` and :meth:`BeamSearch.nbest_projected`).
+the same scores (tested bit for bit against :meth:`GreedySearch.search_projected`,
+the one-utterance loop and :meth:`BeamSearch.nbest_projected`).
 
 * :class:`StreamingGreedySearch`: label-looping greedy search (every lattice) over a
   fixed number of rows, one stream per row; streams start and end independently

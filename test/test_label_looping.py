@@ -308,6 +308,23 @@ def test_empty_batches_and_lengths():
     assert h.yseq == [3] and h.frame == 0
 
 
+@pytest.mark.parametrize("window", [1, 4])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_a_non_finite_utterance_leaves_the_others_alone(kind, window):
+    """NaN encoder output for one utterance (its arcs can then pass its end): the
+    batch still ends, that utterance's score is not finite (the label-synchronous
+    beam's pruning bound reads it so), the others are as alone."""
+    frame_search, search = searches(MODELS[kind](2), max_sym=3, window=window)
+    enc, lens = enc_batch(2, [12, 9, 7])
+    enc[1, :9] = float("nan")
+    for batched in (frame_search, search):
+        hyps = batched.search_batch(enc, lens)
+        assert not math.isfinite(hyps[1].score)
+        for b in (0, 2):
+            T = int(lens[b])
+            assert_same(hyps[b], frame_search.search_one(enc[b, :T]), T)
+
+
 def test_search_is_one_utterance_batch():
     model = MODELS["tdt_0_4"](1)
     frame_search, search = searches(model)

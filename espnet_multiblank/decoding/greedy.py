@@ -206,9 +206,17 @@ class Window(NamedTuple):
 class LoopBatch:
     """Constant tensors of one :meth:`GreedySearch.search_batch` call.
 
-    ``padded``: ``enc_proj`` already has at least W frames after every row's length
-    (the streaming search's buffer; it is then used as it is, not copied, so frames
-    written into it later and ``lens`` updated in place are seen)."""
+    ``padded``: ``enc_proj`` already has at least :meth:`padding` frames after every
+    row's length (the streaming search's buffer; it is then used as it is, not
+    copied, so frames written into it later and ``lens`` updated in place are
+    seen)."""
+
+    @staticmethod
+    def padding(W: int, table) -> int:
+        """Frames a row may read after its length: a window's, and one arc's past
+        its end (non-finite joint outputs can choose an arc that its T forbids;
+        the row then stops there)."""
+        return W + table.max_frames
 
     def __init__(
         self,
@@ -221,13 +229,14 @@ class LoopBatch:
         B = lens.size(0)
         device = lens.device
         self.table = table
-        # W frames of padding: a row reads frames t .. t + W - 1 with t <= T_b <=
-        # T_max (what it reads past T_b is ignored)
+        # a row reads frames t .. t + W - 1 with t <= T_b <= T_max (what it reads
+        # past T_b is ignored), or t < T_b + max_frames after an arc that its T
+        # forbids
         if padded:
             self.enc_proj = enc_proj
         else:
-            pad = enc_proj.new_zeros(B, W, enc_proj.size(2))
-            self.enc_proj = torch.cat([enc_proj, pad], 1)  # (B, T_max + W, J)
+            pad = enc_proj.new_zeros(B, self.padding(W, table), enc_proj.size(2))
+            self.enc_proj = torch.cat([enc_proj, pad], 1)  # (B, T_max + padding, J)
         self.lens = lens  # (B,)
         self.rows = torch.arange(B, device=device)
         # windows of W frames
@@ -614,7 +623,19 @@ class GreedySearch(TransducerSearch):
         # so an outer iteration in which no row stands at a label (the inner loop
         # stopped at max_inner) skips it: _emit with no row emitting changes nothing
         on_cpu = ctx.lens.device.type == "cpu"
+        # every outer iteration a ready row emits a label or moves on, and takes at
+        # most max_sym_per_frame labels at a frame: past this many iterations the
+        # rows still ready take arcs their rules forbid (non-finite joint outputs
+        # choose any arc), and they end where they are, their score NaN
+        iterations = (self.max_sym_per_frame + 1) * (ctx.enc_proj.size(1) + 1)
         while bool(ready.any()):
+            if iterations == 0:
+                loop.score.masked_fill_(ready, math.nan)
+                loop.frame = torch.where(
+                    ready, torch.maximum(loop.frame, limit), loop.frame
+                )
+                break
+            iterations -= 1
             arcs, searching = self._inner_loop(ctx, loop, ready, limit)
             # every ready row that is not still searching stands at a label arc
             emit = ready & ~searching & (loop.frame < ctx.lens)

@@ -217,8 +217,10 @@ class StreamingGreedySearch(StreamingSearch):
         # the state before the first frame, computed for the whole batch as the
         # offline search computes it (a batch of one could round differently)
         self._fresh = search.init_loop(batch, self.device)
-        # (B, capacity, J), with at least W frames after every row's last frame
+        # (B, capacity, J), with at least LoopBatch.padding frames after every
+        # row's last frame
         self.enc_proj: Optional[torch.Tensor] = None
+        self._padding = LoopBatch.padding(search.window, search.table(self.device))
         self._ctx: Optional[LoopBatch] = (
             None  # the loops' view of it (rebuilt on growth)
         )
@@ -257,7 +259,7 @@ class StreamingGreedySearch(StreamingSearch):
         n = enc_proj.size(0)
         start = int(self.received[row])
         if n:
-            self._reserve(start + n + self.search.window, enc_proj)
+            self._reserve(start + n + self._padding, enc_proj)
             self.enc_proj[row, start : start + n] = enc_proj
             self.received[row] = start + n
         if final:
@@ -276,9 +278,12 @@ class StreamingGreedySearch(StreamingSearch):
 
     def _context(self) -> LoopBatch:
         table, W = self.search.table(self.device), self.search.window
-        if self.enc_proj is None:  # no frame yet anywhere: W zero frames to read
+        if self.enc_proj is None:  # no frame yet anywhere: zero frames to read
             enc = torch.zeros(
-                self.batch, W, self.loop.dec_proj.size(1), device=self.device
+                self.batch,
+                self._padding,
+                self.loop.dec_proj.size(1),
+                device=self.device,
             )
             enc = enc.to(self.loop.dec_proj.dtype)
             return LoopBatch(table, enc, self.received, W, padded=True)

@@ -120,9 +120,9 @@ class LabelLoopingGreedySearch(GreedySearch):
         """:attr:`max_inner`, or its default on ``device`` (class docstring)."""
         if self.max_inner is not None:
             return self.max_inner
-        if device.type != "cpu":
-            return float("inf")
-        return 1 if self.window > 1 else 3
+        if self.window > 1 and device.type == "cpu":
+            return 1
+        return super().inner_limit(device)
 
     def _follow_blanks(self, ctx, dec_proj, frame, num_sym, rows, lm_labels=None):
         """:meth:`GreedySearch._follow_blanks

@@ -317,9 +317,11 @@ def test_a_non_finite_utterance_leaves_the_others_alone(kind, window):
     frame_search, search = searches(MODELS[kind](2), max_sym=3, window=window)
     enc, lens = enc_batch(2, [12, 9, 7])
     enc[1, :9] = float("nan")
+    alone = frame_search.search_one(enc[1, :9])  # the one-utterance loop too
+    assert not math.isfinite(alone.score) and alone.frame == 9
     for batched in (frame_search, search):
         hyps = batched.search_batch(enc, lens)
-        assert not math.isfinite(hyps[1].score)
+        assert not math.isfinite(hyps[1].score) and hyps[1].frame == 9
         for b in (0, 2):
             T = int(lens[b])
             assert_same(hyps[b], frame_search.search_one(enc[b, :T]), T)

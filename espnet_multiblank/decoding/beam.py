@@ -105,9 +105,7 @@ def check_frame_prune(value, beam_sync: str) -> Optional[float]:
     ``beam_sync: label`` only."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
-    if not value > 0 or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"frame_prune must be a number > 0 or None, got {value!r}")
     if beam_sync != "label":
         raise ValueError(
@@ -334,22 +332,18 @@ class BeamSearch(TransducerSearch):
         enc_proj: torch.Tensor,
         first: int,
         stop: int,
-        length: Optional[int] = None,
     ) -> None:
         """Expand the hypotheses of frames ``first .. stop - 1`` (in place).
 
         Args:
-            queues: One queue per frame position (``len(queues) - 1`` = T).
+            queues: One queue per frame position (``len(queues) - 1`` = T, the T the
+                end rule sees: a stream's frames received, ``docs/streaming.md``).
             enc_proj: (>= stop, J) projected encoder frames.
-            length: The T the end rule sees (default ``len(queues) - 1``; the
-                streaming search gives the frames received, ``docs/streaming.md``).
         """
         device = enc_proj.device
         table = self.table(device)
         B = self.beam_size
-        length = torch.tensor(
-            [len(queues) - 1 if length is None else length], device=device
-        )
+        length = torch.tensor([len(queues) - 1], device=device)
         for t in range(first, stop):
             queue = queues[t]
             queues[t] = None
@@ -491,9 +485,10 @@ class BeamSearch(TransducerSearch):
                 symbols, fusion.cat([current[a].lm_state for a, _, _ in labels])
             )
         children = []
+        rows = torch.arange(len(labels), device=device)
         for j, (a, k, score) in enumerate(labels):
             parent = current[a]
-            row = torch.tensor([j], device=device)
+            row = rows[j : j + 1]  # a view: cheaper than a new tensor per child
             # the arc's acoustic log-probability (for timing): its LM part left out
             acoustic = score - parent.score
             if fusion is not None:

@@ -472,6 +472,8 @@ class GreedySearch(TransducerSearch):
                 else:
                     run.terms.append((t, pending, None))
                 hyp.advance(frames)
+        if hyp.frame > length:  # NaN outputs chose an arc past the end (score NaN)
+            hyp.frame = length
         run.dec_proj, run.state, run.lm = dec_proj, state, lm
 
     def _emit_one(

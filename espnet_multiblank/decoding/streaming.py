@@ -126,6 +126,8 @@ class StreamingSearch(ABC):
 
     #: the class of the searches the rows run
     search_class: type
+    #: first frame capacity per row (doubled when full)
+    initial_frames = 64
 
     def __init__(self, search, batch: int, device):
         kind = self.search_class
@@ -206,8 +208,6 @@ class StreamingGreedySearch(StreamingSearch):
     """
 
     search_class = LabelLoopingGreedySearch
-    #: first frame capacity per row (doubled when full)
-    initial_frames = 64
 
     def __init__(
         self, search: LabelLoopingGreedySearch, batch: int, device: torch.device
@@ -367,8 +367,6 @@ class StreamingRowGreedySearch(StreamingSearch):
     """
 
     search_class = GreedySearch
-    #: first frame capacity per row (doubled when full)
-    initial_frames = 64
 
     def __init__(self, search: GreedySearch, batch: int, device):
         super().__init__(search, batch, device)
@@ -544,8 +542,6 @@ class StreamingBeamSearch(StreamingSearch):
     """
 
     search_class = BeamSearch
-    #: first frame capacity per row (doubled when full)
-    initial_frames = 64
 
     def __init__(self, search: BeamSearch, batch: int, device):
         super().__init__(search, batch, device)

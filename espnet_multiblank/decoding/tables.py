@@ -213,6 +213,7 @@ class SymbolTable:
             label move, 0 for standard and multi-blank); ``frames_list`` is the same
             as a Python list.
         is_label: (V,) bool; ``is_label_list`` as a Python list.
+        symbols: (V,) long, ``0 .. V - 1``.
         blank_index: (N + 1,) long, every blank: the standard blank, then big blank
             0, 1, ...; ``blank_index_list`` as a Python list.
         blank_range: ``(lo, hi)``: the blanks are the indices ``lo .. hi - 1``.
@@ -221,6 +222,13 @@ class SymbolTable:
         max_frames: The most frames one symbol covers.
         room_cap: C, the lattice's ``room_cap``: the frames left ``T - t`` past which
             every arc is allowed (the masks' rows).
+        mask_rows: (2 (C + 1), V) float32 additive masks, 0 where an arc is allowed
+            and -inf where not: row ``g (C + 1) + r`` for a node whose guard is ``g``
+            (``max_sym_per_frame`` labels stayed at its frame) with ``min(T - t, C)
+            = r`` (:meth:`_build_masks`).
+        allowed_lists: The same as Python lists of allowed (True) symbols when each
+            room's allowed symbols hold the smaller room's (the arcs need only fit
+            in the frames left), else None.
     """
 
     def __init__(
@@ -245,6 +253,7 @@ class SymbolTable:
             (vocab_size,), self.label_frames, dtype=torch.long, device=device
         )
         self.is_label = torch.ones(vocab_size, dtype=torch.bool, device=device)
+        self.symbols = torch.arange(vocab_size, device=device)
         for arc in lattice.blank_arcs:
             self.frames[arc.token] = arc.frames
             self.is_label[arc.token] = False
@@ -264,50 +273,39 @@ class SymbolTable:
         self.blank_index_list: List[int] = list(lattice.blank_ids)
         # the blanks are the contiguous indices blank - N .. blank
         self.blank_range = (lattice.blank - lattice.num_big_blanks, lattice.blank + 1)
-        self._mask_rows: Dict[int, torch.Tensor] = {}
-        self._allowed_lists: Dict[int, Optional[List[List[bool]]]] = {}
+        self._row_arcs: Dict[int, List[torch.Tensor]] = {}
         self.num_tokens = vocab_size
+        self._build_masks(device)
         _arc_columns(self, lattice, vocab_size, device)
         self._blank_cols = _columns([arc.token for arc in lattice.blank_arcs], device)
 
-    def mask(
-        self,
-        logp: torch.Tensor,
-        frame: torch.Tensor,
-        length: torch.Tensor,
-        num_sym: torch.Tensor,
-        max_sym: int,
-    ) -> torch.Tensor:
-        """Set the log-probability of the symbols a search may not emit to -inf.
+    def _build_masks(self, device: torch.device) -> None:
+        """The arcs a search may take at a node, as :attr:`mask_rows` and
+        :attr:`allowed_lists`.
 
-        Not allowed: labels once ``max_sym`` labels were emitted at this frame, big
-        blank ``i`` where ``frame + d_i > length`` (a path ends exactly on T, as in
-        the loss) and, where labels cover e >= 1 frames, labels where ``frame + e >=
-        length`` (a blank ends a path). The standard blank is always allowed.
-
-        Args:
-            logp: (A, V) log-probabilities (not modified).
-            frame: (A,) long, current frame t of each row.
-            length: (A,) long, T of each row.
-            num_sym: (A,) long, labels already emitted at ``frame``.
-            max_sym: Labels allowed per frame.
-
-        Returns:
-            (A, V) masked copy.
+        Not allowed: labels once ``max_sym_per_frame`` labels stayed at the frame
+        (the guard), big blank ``i`` where ``t + d_i > T`` (a path ends exactly on
+        T, as in the loss) and, where labels cover e >= 1 frames, labels where ``t
+        + e >= T`` (a blank ends a path). The standard blank is always allowed. So a
+        node's mask depends only on the guard and on ``min(T - t, C)``.
         """
-        neg = torch.tensor(float("-inf"), dtype=logp.dtype, device=logp.device)
-        out = torch.where(
-            (num_sym >= max_sym).unsqueeze(1) & self.is_label.unsqueeze(0), neg, logp
-        )
-        if self.big_ids.numel():
-            over = (frame.unsqueeze(1) + self.durations.unsqueeze(0)) > (
-                length.unsqueeze(1)
-            )
-            out[:, self.big_ids] = torch.where(over, neg, out[:, self.big_ids])
+        C = self.room_cap
+        left = torch.arange(C + 1, device=device).repeat(2).unsqueeze(1)  # T - t
+        guard = torch.arange(2 * (C + 1), device=device).unsqueeze(1) > C
+        bad = guard & self.is_label
+        bad[:, self.big_ids] |= self.durations > left
         if self.label_frames:
-            lands = (frame + self.label_frames >= length).unsqueeze(1)
-            out = torch.where(lands & self.is_label.unsqueeze(0), neg, out)
-        return out
+            bad |= self.is_label & (left <= self.label_frames)
+        self.mask_rows = torch.zeros(bad.shape, device=device).masked_fill(
+            bad, float("-inf")
+        )
+        rows = (~bad).tolist()
+        nested = all(  # each room's allowed symbols hold the smaller room's
+            all(b or not a for a, b in zip(rows[g + r], rows[g + r + 1]))
+            for g in (0, C + 1)
+            for r in range(1, C)
+        )
+        self.allowed_lists = rows if nested else None
 
     def blank_total(self, masked: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Total log-probability of the allowed blanks and the most probable one.
@@ -343,34 +341,6 @@ class SymbolTable:
         k = torch.where(is_label, k, best_blank)
         return k, torch.where(is_label, label_lp, total)
 
-    def mask_rows(self, max_sym: int) -> torch.Tensor:
-        """:meth:`mask` as a lookup (cached per ``max_sym``).
-
-        The mask of a row depends only on whether the guard holds (``num_sym >=
-        max_sym``) and on the frames left, ``T - t``, up to C (:attr:`room_cap`): row
-        ``g * (C + 1) + r`` is the mask of a row with guard ``g`` and ``min(T - t, C)
-        = r`` frames left, taken from :meth:`mask` itself.
-
-        Returns:
-            (2 (C + 1), V) additive masks: 0 where allowed, -inf where not.
-        """
-        rows = self._mask_rows.get(max_sym)
-        if rows is None:
-            device = self.frames.device
-            R = self.room_cap
-            left = torch.arange(R + 1, device=device).repeat(2)
-            n = left.numel()
-            guard = torch.arange(n, device=device) > R
-            rows = self.mask(
-                torch.zeros(n, self.vocab_size, device=device),
-                frame=R - left,
-                length=torch.full((n,), R, device=device),
-                num_sym=guard.long() * max_sym,
-                max_sym=max_sym,
-            )
-            self._mask_rows[max_sym] = rows
-        return rows
-
     def step_scores(self, stepper, nodes: RowNodes) -> torch.Tensor:
         """What :meth:`best_arcs` and :meth:`beam_candidates` choose from: (A, V)
         float32 log-softmax of the joint network (``stepper``) at the rows' nodes,
@@ -382,17 +352,17 @@ class SymbolTable:
 
     def _masked(self, logp: torch.Tensor, nodes: RowNodes, max_sym: int):
         """``logp`` with the symbols not allowed at the rows' nodes at -inf
-        (:meth:`mask_rows`)."""
+        (:attr:`mask_rows`)."""
         R = self.room_cap
         guard = nodes.num_sym >= max_sym
-        which = (nodes.length - nodes.frame).clamp(0, R) + (R + 1) * guard.long()
-        return logp + self.mask_rows(max_sym)[which]
+        which = (nodes.length - nodes.frame).clamp_(0, R).add_(guard, alpha=R + 1)
+        return logp + self.mask_rows[which]
 
     def beam_candidates(
         self, logp: torch.Tensor, nodes: RowNodes, max_sym: int, blank_decision: str
     ) -> Arcs:
         """Every candidate arc of each row (beam search), N = V, one per symbol: the
-        masked scores (:meth:`mask_rows`); with ``"total"`` the blanks are replaced by
+        masked scores (:attr:`mask_rows`); with ``"total"`` the blanks are replaced by
         one candidate, the most probable allowed blank scored with the allowed
         blanks' total. Arguments as for :meth:`best_arcs` (``frame < length``).
 
@@ -400,17 +370,19 @@ class SymbolTable:
             (A, V) :class:`Arcs`, ``score`` -inf where not allowed.
         """
         scores = self._masked(logp, nodes, max_sym)
-        if blank_decision == "total":  # one blank candidate per hypothesis
+        # one blank candidate per hypothesis (with one blank, its total is itself)
+        if blank_decision == "total" and len(self.blank_index_list) > 1:
             total, best_blank = self.blank_total(scores)
             scores = scores.index_fill(1, self.blank_index, float("-inf"))
             scores.scatter_(1, best_blank.unsqueeze(1), total.unsqueeze(1))
-        A, V = scores.shape
-        return Arcs(
-            torch.arange(V, device=scores.device).expand(A, V),
-            self.frames.expand(A, V),
-            scores,
-            self.is_label.expand(A, V),
-        )
+        A = scores.size(0)
+        # symbols, frames and kinds are every row's: read-only views, kept per A
+        fixed = self._row_arcs.get(A)
+        if fixed is None:
+            columns = (self.symbols, self.frames, self.is_label)
+            fixed = self._row_arcs[A] = [x.expand(A, -1) for x in columns]
+        symbol, frames, is_label = fixed
+        return Arcs(symbol, frames, scores, is_label)
 
     def one_outputs(
         self, stepper, enc_proj: torch.Tensor, dec_proj: torch.Tensor, lm, decision
@@ -449,7 +421,7 @@ class SymbolTable:
             masked = logp
         else:
             # (0 or -inf: exact in any dtype)
-            masked = logp + self.mask_rows(max_sym)[guarded * (R + 1) + room]
+            masked = logp + self.mask_rows[guarded * (R + 1) + room]
         k = int(masked.argmax())  # (1, V): the flat index is the symbol
         is_label = self.is_label_list[k]
         if decision == "total":
@@ -474,7 +446,7 @@ class SymbolTable:
     ):
         """The step a stream may take before T is known (:func:`early_choice`), from
         the widest room's choice alone where the allowed symbols grow with the room
-        (:meth:`allowed_lists`).
+        (:attr:`allowed_lists`).
 
         The most probable symbol of a set is the most probable of every subset that
         holds it, and a blank total only grows with its set. So the choice at C is
@@ -488,7 +460,7 @@ class SymbolTable:
         Arguments and result as :func:`early_choice`; a blank's scores (its totals
         by room) are computed when read.
         """
-        rows = self.allowed_lists(max_sym)
+        rows = self.allowed_lists
         if rows is None:
             return early_choice(self, logp, room, guarded, max_sym, decision, choices)
         R = self.room_cap
@@ -512,21 +484,6 @@ class SymbolTable:
             if float(logp[0, top]) > totals[room]:
                 return None  # the label wins at room
         return (False, k, None, self.frames_list[k], totals[room]), totals
-
-    def allowed_lists(self, max_sym: int) -> Optional[List[List[bool]]]:
-        """:meth:`mask_rows` as Python lists of allowed (True) symbols, when each
-        room's allowed symbols hold the smaller room's (the arcs need only fit in
-        the frames left), else None (cached per ``max_sym``)."""
-        if max_sym not in self._allowed_lists:
-            rows = (self.mask_rows(max_sym) == 0).tolist()
-            R = self.room_cap
-            nested = all(
-                all(b or not a for a, b in zip(rows[g + r], rows[g + r + 1]))
-                for g in (0, R + 1)
-                for r in range(1, R)
-            )
-            self._allowed_lists[max_sym] = rows if nested else None
-        return self._allowed_lists[max_sym]
 
     def arc_log_probs(self, logits: torch.Tensor):
         """(..., V) raw joint outputs -> what the arcs read: the symbols'
@@ -605,7 +562,7 @@ class _BlankTotals(dict):
     Args:
         blanks: The blanks' log-probabilities (indices lo .. hi - 1).
         lo: The first blank's index.
-        rows: The allowed symbols by room (:meth:`SymbolTable.allowed_lists`).
+        rows: The allowed symbols by room (:attr:`SymbolTable.allowed_lists`).
     """
 
     def __init__(self, blanks: List[float], lo: int, rows: List[List[bool]]):
@@ -680,22 +637,30 @@ class TDTSymbolTable:
         self.room_cap = lattice.room_cap
         _arc_columns(self, lattice, self.num_tokens, device)
         self._blank_slots = _columns([arc.slot for arc in lattice.blank_arcs], device)
-        label = torch.zeros(self.num_tokens)
-        label[self.blank] = float("-inf")
-        self.label_mask = label.to(device)  # (V,), -inf on the blank
         # allowed() as a lookup for best_arcs(): the masks depend only on the guard and
         # on min(T - t, R + 1); row g * (R + 1) + r - 1, (blank, label) x D additive
         R1 = self.max_frames + 1
         room = torch.arange(1, R1 + 1, device=device).repeat(2)
         guard = torch.arange(2 * R1, device=device) >= R1
-        ok = torch.stack(self.allowed(room, guard), 1)  # (2 (R + 1), 2, D)
+        blank_ok, label_ok = self.allowed(room, guard)
+        ok = torch.stack((blank_ok, label_ok), 1)  # (2 (R + 1), 2, D)
         self._mask_rows = torch.zeros(ok.shape, device=device).masked_fill(
             ~ok, float("-inf")
         )
+        #: {(min(T - t, R + 1), guarded): (blank slots, label slots)}, the same as
+        #: Python lists (the one-utterance greedy loop's)
+        self.slot_sets = {
+            (r, g): (
+                [j for j, ok in enumerate(b) if ok],
+                [j for j, ok in enumerate(lab) if ok],
+            )
+            for r, g, b, lab in zip(
+                room.tolist(), guard.tolist(), blank_ok.tolist(), label_ok.tolist()
+            )
+        }
         # column of each token in (blank, label) pairs
         self._token_kind = torch.ones(self.num_tokens, dtype=torch.long, device=device)
         self._token_kind[self.blank] = 0
-        self._slot_sets = None
 
     def log_probs(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Token and duration log-probabilities of raw joint outputs.
@@ -710,26 +675,6 @@ class TDTSymbolTable:
         logits = logits.float()
         V = self.num_tokens
         return logits[:, :V].log_softmax(-1), logits[:, V:].log_softmax(-1)
-
-    def slot_sets(self):
-        """{(min(T - t, R + 1), guarded): (blank slots, label slots)}: the allowed
-        duration slots of :meth:`allowed` as Python lists (the one-utterance greedy
-        loop's; built on first use)."""
-        if self._slot_sets is None:
-            R1 = self.max_frames + 1
-            room = torch.arange(1, R1 + 1, device=self.durations.device).repeat(2)
-            guard = torch.arange(room.numel(), device=room.device) >= R1
-            blank_ok, label_ok = self.allowed(room, guard)
-            self._slot_sets = {
-                (r, g): (
-                    [j for j, ok in enumerate(b) if ok],
-                    [j for j, ok in enumerate(lab) if ok],
-                )
-                for r, g, b, lab in zip(
-                    room.tolist(), guard.tolist(), blank_ok.tolist(), label_ok.tolist()
-                )
-            }
-        return self._slot_sets
 
     def one_outputs(
         self, stepper, enc_proj: torch.Tensor, dec_proj: torch.Tensor, lm, decision
@@ -783,7 +728,7 @@ class TDTSymbolTable:
         raw, ex, norm, tok, best_tokens = outputs[:5]
         total = decision == "total"
         neg = float("-inf")
-        blank_slots, label_slots = self.slot_sets()[room, guarded]
+        blank_slots, label_slots = self.slot_sets[room, guarded]
         b_val, b_j = _durations_value(raw, ex, blank_slots, total)
         l_val, l_j = _durations_value(raw, ex, label_slots, total)
         b_val -= norm
@@ -866,16 +811,15 @@ class TDTSymbolTable:
         stuck = ~(blank_ok.any(1) | label_ok.any(1))
         return blank_ok | (stuck.unsqueeze(1) & moves), label_ok
 
-    def _duration_parts(self, dur, blank_ok, label_ok, decision):
-        """Per row, the blank's and the labels' duration term and best slot."""
+    def _duration_totals(self, dur, blank_ok, label_ok):
+        """Per row, the blank's and the labels' total over their allowed durations
+        and their most probable slots."""
         neg = torch.tensor(float("-inf"), dtype=dur.dtype, device=dur.device)
         blank_dur = torch.where(blank_ok, dur, neg)
         label_dur = torch.where(label_ok, dur, neg)
         blank_j = blank_dur.argmax(-1)
         label_j = label_dur.argmax(-1)
-        if decision == "total":
-            return blank_dur.logsumexp(-1), blank_j, label_dur.logsumexp(-1), label_j
-        return blank_dur.max(-1)[0], blank_j, label_dur.max(-1)[0], label_j
+        return blank_dur.logsumexp(-1), blank_j, label_dur.logsumexp(-1), label_j
 
     def best_arcs(
         self, scores: TDTScores, nodes: RowNodes, max_sym: int, decision: str
@@ -961,7 +905,7 @@ class TDTSymbolTable:
             tokens = torch.arange(V, device=tok.device).repeat_interleave(D)
             slots = torch.arange(D, device=tok.device).repeat(V)
             return scores.view(A, V * D), tokens.expand(A, -1), slots.expand(A, -1)
-        b_val, b_j, l_val, l_j = self._duration_parts(dur, blank_ok, label_ok, decision)
+        b_val, b_j, l_val, l_j = self._duration_totals(dur, blank_ok, label_ok)
         scores = tok + l_val.unsqueeze(1)  # (A, V)
         scores[:, self.blank] = tok[:, self.blank] + b_val
         slots = l_j.unsqueeze(1).repeat(1, V)

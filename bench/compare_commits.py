@@ -43,7 +43,10 @@ Benches (``--bench``):
   time of the chunk-masked encoder's output, a provisional hypothesis after every
   chunk but the last (as ``StreamingDecoder`` does), batch 1. The number per round
   is the median seconds per utterance (a batch's time divided by its utterances)
-  over the utterances and ``--reps`` passes.
+  over the utterances and ``--reps`` passes; with ``--metric pass``, the median over
+  the passes of a whole pass's time divided by its utterances (steadier for
+  searches of a few milliseconds, whose single calls move by +-8% between
+  processes).
 
 ``--clock cpu`` times with the process's CPU time instead of the wall clock: on a
 machine that other processes load, waiting for a core then does not count (the
@@ -349,12 +352,22 @@ def _decode_worker(cases, reps: int):
                 runs = None
             if runs:
                 runs[0][0]()  # warm-up
-                per_utt = []
-                for _ in range(reps):
-                    for fn, n in runs:
-                        per_utt.append(_time(fn) / n)
-                value = statistics.median(per_utt)
+                passes = [[(_time(fn), n) for fn, n in runs] for _ in range(reps)]
+                value = decode_value(passes, case.get("metric", "utterance"))
         print(json.dumps({"case": case["name"], "value": value}), flush=True)
+
+
+def decode_value(passes, metric: str) -> float:
+    """A decode case's number from its timed passes (each a list of ``(seconds,
+    utterances)``, one per call): ``"utterance"``, the median of every call's seconds
+    per utterance; ``"pass"``, the median over the passes of a whole pass's seconds
+    per utterance (steadier for millisecond searches: one slow call weighs its
+    share)."""
+    if metric == "pass":
+        return statistics.median(
+            sum(t for t, _ in calls) / sum(n for _, n in calls) for calls in passes
+        )
+    return statistics.median(t / n for calls in passes for t, n in calls)
 
 
 #: the clock of the timings: wall time, or the process's CPU time (user + system,
@@ -433,6 +446,7 @@ def _decode_cases(args):
                         search=search,
                         batch=batch,
                         chunk=args.chunk,
+                        metric=args.metric,
                     )
                 )
     return cases
@@ -513,6 +527,13 @@ def main() -> None:
     dec.add_argument("--batch", type=int, default=8, help="the batched cases' size")
     dec.add_argument("--chunk", type=int, default=16, help="streaming: frames a chunk")
     dec.add_argument("--searches", help="comma-separated names (default: all)")
+    dec.add_argument(
+        "--metric",
+        choices=("utterance", "pass"),
+        default="utterance",
+        help="a round's number: the median call's ms per utterance, or the median "
+        "pass's (all the utterances' time / their number)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reps is None:
@@ -552,7 +573,8 @@ def main() -> None:
         os.rmdir(tmp)
         if out:
             out.close()
-    unit = {"loss": "x log_softmax", "step": "s", "decode": "ms per utterance"}
+    per = "of a pass" if getattr(args, "metric", "") == "pass" else "of a call"
+    unit = {"loss": "x log_softmax", "step": "s", "decode": f"ms per utterance {per}"}
     unit = unit[args.bench]
     scale = 1000.0 if args.bench == "decode" else 1.0
     print(f"load average after: {os.getloadavg()}")

@@ -23,8 +23,8 @@ def _bench():
     return module
 
 
-@pytest.mark.parametrize("kind", ["multiblank", "tdt"])
-def test_decode_worker_times_every_search(kind, tmp_path, capsys):
+@pytest.mark.parametrize("kind, metric", [("multiblank", "utterance"), ("tdt", "pass")])
+def test_decode_worker_times_every_search(kind, metric, tmp_path, capsys):
     bench = _bench()
     exp = sc.make_experiment(tmp_path / "exp", kind)
     scp = sc.write_scp(tmp_path, [2000, 3000, 4000, 5000])
@@ -36,6 +36,7 @@ def test_decode_worker_times_every_search(kind, tmp_path, capsys):
         batch=2,
         chunk=2,
         searches=None,
+        metric=metric,
     )
     cases = bench._cases(argparse.Namespace(bench="decode", **vars(args)))
     names = [c["name"] for c in cases]
@@ -56,3 +57,12 @@ def test_decode_worker_times_every_search(kind, tmp_path, capsys):
     got = {x["case"]: x["value"] for x in lines[1:]}
     assert list(got) == names
     assert all(v is not None and v > 0 for v in got.values()), got
+
+
+def test_decode_value_by_utterance_and_by_pass():
+    """Two passes over a call of 1 utterance and a batch of 3 (hand-computed)."""
+    passes = [[(0.1, 1), (0.9, 3)], [(0.3, 1), (0.6, 3)]]
+    # every call's seconds per utterance: 0.1, 0.3, 0.3, 0.2
+    assert _bench().decode_value(passes, "utterance") == pytest.approx(0.25)
+    # each pass's: 1.0 / 4, 0.9 / 4
+    assert _bench().decode_value(passes, "pass") == pytest.approx(0.2375)

@@ -353,7 +353,7 @@ def _decode_worker(cases, reps: int):
             if runs:
                 runs[0][0]()  # warm-up
                 passes = [[(_time(fn), n) for fn, n in runs] for _ in range(reps)]
-                value = decode_value(passes, case.get("metric", "utterance"))
+                value = decode_value(passes, case["metric"])
         print(json.dumps({"case": case["name"], "value": value}), flush=True)
 
 
@@ -573,7 +573,7 @@ def main() -> None:
         os.rmdir(tmp)
         if out:
             out.close()
-    per = "of a pass" if getattr(args, "metric", "") == "pass" else "of a call"
+    per = "of a pass" if args.metric == "pass" else "of a call"
     unit = {"loss": "x log_softmax", "step": "s", "decode": f"ms per utterance {per}"}
     unit = unit[args.bench]
     scale = 1000.0 if args.bench == "decode" else 1.0

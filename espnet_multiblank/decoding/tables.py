@@ -370,8 +370,7 @@ class SymbolTable:
             (A, V) :class:`Arcs`, ``score`` -inf where not allowed.
         """
         scores = self._masked(logp, nodes, max_sym)
-        # one blank candidate per hypothesis (with one blank, its total is itself)
-        if blank_decision == "total" and len(self.blank_index_list) > 1:
+        if blank_decision == "total":  # one blank candidate per hypothesis
             total, best_blank = self.blank_total(scores)
             scores = scores.index_fill(1, self.blank_index, float("-inf"))
             scores.scatter_(1, best_blank.unsqueeze(1), total.unsqueeze(1))
